@@ -1,0 +1,126 @@
+// Package agentproto defines the one request berth-agent reads on stdin and the
+// one response it writes on stdout. It is the only contract between the
+// scheduler (which builds the request) and the agent (which runs inside a
+// sandbox), so it carries a version and nothing host-specific.
+//
+// Secrets (the provider key) travel only in Request.Provider.Key: never in the
+// environment, argv, labels or files.
+package agentproto
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Version is the protocol version this build speaks.
+const Version = 1
+
+// Exit codes of berth-agent. A response is written on stdout for every code
+// except ExitBadRequest (which may not know the run id) and ExitConfinement
+// (which must not proceed to write anything else than its reason on stderr).
+const (
+	ExitOK          = 0 // response written; Response.Error is empty
+	ExitAgentError  = 1 // response written; Response.Error says what failed (provider, max iterations, ...)
+	ExitBadRequest  = 2 // stdin was not a valid request of a supported version
+	ExitConfinement = 3 // the sandbox policy could not be enforced; nothing ran (fail closed)
+	ExitInternal    = 4 // unexpected failure inside berth-agent
+)
+
+// Request is what berth-agent reads on stdin.
+type Request struct {
+	Version   int        `json:"version"`
+	RunID     string     `json:"run_id"`
+	Agent     Agent      `json:"agent"`
+	Message   Message    `json:"message"`
+	Provider  Provider   `json:"provider"`
+	Fallback  []Provider `json:"fallback,omitempty"`
+	Policy    Policy     `json:"policy"`
+	Workspace string     `json:"workspace"` // absolute path of the workspace as the agent sees it
+	History   []Turn     `json:"history,omitempty"`
+}
+
+// Agent is the agent's effective settings for this run.
+type Agent struct {
+	ID            string            `json:"id"`
+	Name          string            `json:"name,omitempty"`
+	MaxIterations int               `json:"max_iterations"`
+	Tools         Tools             `json:"tools"`
+	Settings      map[string]string `json:"settings,omitempty"`
+}
+
+// Tools filters the tool set: an empty Allow allows every tool; Deny always wins.
+type Tools struct {
+	Allow []string `json:"allow,omitempty"`
+	Deny  []string `json:"deny,omitempty"`
+}
+
+// Message is the chat message that started the run.
+type Message struct {
+	ID          string    `json:"id"`
+	Connector   string    `json:"connector"`
+	Channel     string    `json:"channel"`
+	ChannelName string    `json:"channel_name,omitempty"`
+	Thread      string    `json:"thread,omitempty"`
+	Author      string    `json:"author"`
+	Text        string    `json:"text"`
+	ReceivedAt  time.Time `json:"received_at"`
+}
+
+// Provider says which model to call and how. Kind is "local", "openai" or "anthropic".
+type Provider struct {
+	Name      string `json:"name"`
+	Kind      string `json:"kind"`
+	BaseURL   string `json:"base_url,omitempty"`
+	Model     string `json:"model,omitempty"`
+	MaxTokens int    `json:"max_tokens,omitempty"`
+	Key       string `json:"key,omitempty"` // secret: never log, never pass on
+}
+
+// Policy is the confinement berth-agent applies to itself before it opens a
+// file or starts a tool. The scheduler computes it completely (workspace,
+// system read set, configured paths); the agent adds nothing of its own.
+type Policy struct {
+	// Unrestricted skips Landlock entirely. Only set when the admin configured it.
+	Unrestricted bool `json:"unrestricted,omitempty"`
+	// AllowRead and AllowReadWrite are absolute paths; Deny beats AllowReadWrite beats AllowRead.
+	AllowRead      []string `json:"allow_read,omitempty"`
+	AllowReadWrite []string `json:"allow_read_write,omitempty"`
+	Deny           []string `json:"deny,omitempty"`
+	// Network allows TCP bind/connect. When false, Landlock denies TCP and the
+	// runner puts the process in an empty network namespace.
+	Network bool `json:"network"`
+	// ConnectPorts lists TCP ports the agent may connect to even when Network is
+	// false (the provider's port).
+	ConnectPorts []uint16 `json:"connect_ports,omitempty"`
+}
+
+// Turn is one earlier exchange of the same conversation.
+type Turn struct {
+	Role string `json:"role"` // "user" or "assistant"
+	Text string `json:"text"`
+}
+
+// Response is what berth-agent writes on stdout.
+type Response struct {
+	Version   int        `json:"version"`
+	RunID     string     `json:"run_id"`
+	Reply     string     `json:"reply"`
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	Usage     Usage      `json:"usage"`
+	Error     string     `json:"error,omitempty"`
+}
+
+// ToolCall records one tool invocation of the run.
+type ToolCall struct {
+	Name   string          `json:"name"`
+	Args   json.RawMessage `json:"args,omitempty"`
+	Output string          `json:"output,omitempty"`
+	Error  string          `json:"error,omitempty"`
+}
+
+// Usage counts what the run consumed.
+type Usage struct {
+	Iterations   int `json:"iterations"`
+	InputTokens  int `json:"input_tokens,omitempty"`
+	OutputTokens int `json:"output_tokens,omitempty"`
+}
