@@ -1,0 +1,16 @@
+// Package units ships berth's systemd units, D-Bus policy, activation files and
+// interface XML exactly as they are installed. Go code embeds the interface
+// XML from here so `busctl introspect` shows the very file we install.
+package units
+
+import _ "embed"
+
+// SchedulerXML is the introspection data of dev.berth.Scheduler1.
+//
+//go:embed dbus/dev.berth.Scheduler1.xml
+var SchedulerXML string
+
+// IntakeXML is the introspection data of dev.berth.Intake1.
+//
+//go:embed dbus/dev.berth.Intake1.xml
+var IntakeXML string
