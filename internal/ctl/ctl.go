@@ -1,0 +1,443 @@
+// Package ctl is berthctl: a D-Bus client of the berth services plus offline
+// config checks. It holds no state and opens no database.
+package ctl
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/godbus/dbus/v5"
+
+	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/config"
+)
+
+const usage = `usage: berthctl COMMAND [ARGS]
+
+Commands:
+  config check [--config FILE] [--agent ID]   validate the config; with --agent print its effective settings
+  status                                      are the services up, queue depth, running runs
+  runs list [--state S] [--agent A] [--limit N] [--json]
+  runs show RUN_ID [--json]
+  runs cancel RUN_ID
+  send [--timeout D] AGENT TEXT               submit TEXT to AGENT and wait for the reply
+
+The bus is the system bus, or DBUS_SYSTEM_BUS_ADDRESS when set.
+`
+
+// Exit codes.
+const (
+	ExitOK      = 0
+	ExitFailed  = 1 // the command ran and the answer is "no" (bad config, failed run)
+	ExitUsage   = 2
+	ExitUnavail = 3 // a service could not be reached
+)
+
+// Main runs berthctl with args (without the program name).
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
+		if len(args) == 0 {
+			return ExitUsage
+		}
+		return ExitOK
+	}
+	c := &cli{out: stdout, errOut: stderr}
+	var err error
+	switch args[0] {
+	case "config":
+		err = c.config(args[1:])
+	case "status":
+		err = c.status(args[1:])
+	case "runs":
+		err = c.runs(args[1:])
+	case "send":
+		err = c.send(args[1:])
+	default:
+		err = usageError("unknown command %q", args[0])
+	}
+	if err == nil {
+		return ExitOK
+	}
+	fmt.Fprintf(stderr, "berthctl: %v\n", err)
+	var ue *usageErr
+	var ee *exitErr
+	switch {
+	case errors.As(err, &ue):
+		fmt.Fprint(stderr, usage)
+		return ExitUsage
+	case errors.As(err, &ee):
+		return ee.code
+	case bus.ErrorName(err) == "org.freedesktop.DBus.Error.ServiceUnknown" || bus.ErrorName(err) == "org.freedesktop.DBus.Error.NoReply":
+		return ExitUnavail
+	}
+	return ExitFailed
+}
+
+type usageErr struct{ msg string }
+
+func (e *usageErr) Error() string { return e.msg }
+
+func usageError(format string, args ...any) error {
+	return &usageErr{fmt.Sprintf(format, args...)}
+}
+
+type exitErr struct {
+	code int
+	msg  string
+}
+
+func (e *exitErr) Error() string { return e.msg }
+
+type cli struct {
+	out, errOut io.Writer
+	conn        *dbus.Conn
+}
+
+func (c *cli) connect() (*dbus.Conn, error) {
+	if c.conn != nil {
+		return c.conn, nil
+	}
+	conn, err := bus.ConnectSystem()
+	if err != nil {
+		return nil, &exitErr{ExitUnavail, err.Error()}
+	}
+	c.conn = conn
+	return conn, nil
+}
+
+func newFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+func (c *cli) config(args []string) error {
+	if len(args) == 0 || args[0] != "check" {
+		return usageError("usage: berthctl config check [--config FILE] [--agent ID]")
+	}
+	fs := newFlags("config check")
+	path := fs.String("config", "", "config file")
+	agent := fs.String("agent", "", "print this agent's effective settings")
+	if err := fs.Parse(args[1:]); err != nil {
+		return usageError("%v", err)
+	}
+	p := *path
+	if p == "" {
+		p = os.Getenv("BERTH_CONFIG")
+	}
+	if p == "" {
+		p = config.DefaultPath
+	}
+	if err := config.WriteCheck(c.out, p, *agent); err != nil {
+		return &exitErr{ExitFailed, fmt.Sprintf("config %s is not valid", p)}
+	}
+	return nil
+}
+
+func (c *cli) status(args []string) error {
+	if len(args) != 0 {
+		return usageError("status takes no arguments")
+	}
+	conn, err := c.connect()
+	if err != nil {
+		return err
+	}
+	var activatable []string
+	_ = conn.BusObject().Call("org.freedesktop.DBus.ListActivatableNames", 0).Store(&activatable)
+	down := 0
+	for _, svc := range []struct {
+		label, name string
+		path        dbus.ObjectPath
+		props       []string
+	}{
+		{"scheduler", bus.SchedulerName, bus.SchedulerPath, []string{"QueueDepth", "Running"}},
+		{"intake", bus.IntakeName, bus.IntakePath, []string{"InboxPending", "OutboxPending"}},
+	} {
+		// NoAutoStart: asking for status must not start a service.
+		call := conn.Object(svc.name, svc.path).Call("org.freedesktop.DBus.Properties.GetAll", dbus.FlagNoAutoStart, svc.name)
+		if call.Err != nil {
+			state := "not running"
+			for _, a := range activatable {
+				if a == svc.name {
+					state = "not running (starts on demand)"
+				}
+			}
+			if bus.ErrorName(call.Err) != "org.freedesktop.DBus.Error.ServiceUnknown" && bus.ErrorName(call.Err) != "org.freedesktop.DBus.Error.NameHasNoOwner" {
+				state = "unreachable: " + call.Err.Error()
+				down++
+			}
+			fmt.Fprintf(c.out, "%-10s %s\n", svc.label+":", state)
+			continue
+		}
+		var props map[string]dbus.Variant
+		if err := call.Store(&props); err != nil {
+			return fmt.Errorf("cannot read %s properties: %w", svc.label, err)
+		}
+		var parts []string
+		for _, p := range svc.props {
+			if v, ok := props[p]; ok {
+				parts = append(parts, fmt.Sprintf("%s=%v", p, v.Value()))
+			}
+		}
+		fmt.Fprintf(c.out, "%-10s running  %s\n", svc.label+":", strings.Join(parts, " "))
+	}
+	if down > 0 {
+		return &exitErr{ExitUnavail, "some services are unreachable"}
+	}
+	return nil
+}
+
+func (c *cli) scheduler() (dbus.BusObject, error) {
+	conn, err := c.connect()
+	if err != nil {
+		return nil, err
+	}
+	return conn.Object(bus.SchedulerName, bus.SchedulerPath), nil
+}
+
+func (c *cli) runs(args []string) error {
+	if len(args) == 0 {
+		return usageError("usage: berthctl runs list|show|cancel")
+	}
+	switch args[0] {
+	case "list":
+		fs := newFlags("runs list")
+		state := fs.String("state", "", "only runs in this state")
+		agent := fs.String("agent", "", "only runs of this agent")
+		limit := fs.Uint("limit", 50, "at most this many runs")
+		asJSON := fs.Bool("json", false, "print JSON")
+		if err := fs.Parse(args[1:]); err != nil {
+			return usageError("%v", err)
+		}
+		obj, err := c.scheduler()
+		if err != nil {
+			return err
+		}
+		filter := map[string]dbus.Variant{"limit": dbus.MakeVariant(uint32(*limit))}
+		if *state != "" {
+			filter["state"] = dbus.MakeVariant(*state)
+		}
+		if *agent != "" {
+			filter["agent"] = dbus.MakeVariant(*agent)
+		}
+		var runs []map[string]dbus.Variant
+		if err := obj.Call(bus.SchedulerInterface+".ListRuns", 0, filter).Store(&runs); err != nil {
+			return fmt.Errorf("cannot list runs: %w", err)
+		}
+		if *asJSON {
+			return writeJSON(c.out, plainRuns(runs))
+		}
+		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "RUN\tAGENT\tSTATE\tCREATED\tREASON")
+		for _, r := range runs {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", str(r, "id"), str(r, "agent"), str(r, "state"), usecTime(r, "created_usec"), str(r, "reason"))
+		}
+		return tw.Flush()
+	case "show":
+		fs := newFlags("runs show")
+		asJSON := fs.Bool("json", false, "print JSON")
+		if err := fs.Parse(args[1:]); err != nil {
+			return usageError("%v", err)
+		}
+		if fs.NArg() != 1 {
+			return usageError("usage: berthctl runs show RUN_ID")
+		}
+		obj, err := c.scheduler()
+		if err != nil {
+			return err
+		}
+		var run map[string]dbus.Variant
+		if err := obj.Call(bus.SchedulerInterface+".GetRun", 0, fs.Arg(0)).Store(&run); err != nil {
+			return fmt.Errorf("cannot get run %s: %w", fs.Arg(0), err)
+		}
+		if *asJSON {
+			return writeJSON(c.out, plainRun(run))
+		}
+		printRun(c.out, run)
+		return nil
+	case "cancel":
+		if len(args) != 2 {
+			return usageError("usage: berthctl runs cancel RUN_ID")
+		}
+		obj, err := c.scheduler()
+		if err != nil {
+			return err
+		}
+		if err := obj.Call(bus.SchedulerInterface+".CancelRun", 0, args[1]).Err; err != nil {
+			return fmt.Errorf("cannot cancel run %s: %w", args[1], err)
+		}
+		fmt.Fprintf(c.out, "run %s canceled\n", args[1])
+		return nil
+	}
+	return usageError("unknown runs command %q", args[0])
+}
+
+func (c *cli) send(args []string) error {
+	fs := newFlags("send")
+	timeout := fs.Duration("timeout", 10*time.Minute, "how long to wait for the reply")
+	if err := fs.Parse(args); err != nil {
+		return usageError("%v", err)
+	}
+	if fs.NArg() != 2 {
+		return usageError("usage: berthctl send [--timeout D] AGENT TEXT")
+	}
+	agentID, text := fs.Arg(0), fs.Arg(1)
+	conn, err := c.connect()
+	if err != nil {
+		return err
+	}
+	// Subscribe before submitting so the RunFinished signal cannot be missed.
+	if err := conn.AddMatchSignal(dbus.WithMatchInterface(bus.SchedulerInterface), dbus.WithMatchMember("RunFinished")); err != nil {
+		return fmt.Errorf("cannot subscribe to RunFinished: %w", err)
+	}
+	signals := make(chan *dbus.Signal, 64)
+	conn.Signal(signals)
+
+	author := "berthctl"
+	if u, err := user.Current(); err == nil {
+		author = u.Username
+	}
+	msg := map[string]string{"id": "berthctl/" + randomID(), "agent": agentID, "author": author, "text": text, "channel": "berthctl"}
+	var runID string
+	obj := conn.Object(bus.SchedulerName, bus.SchedulerPath)
+	if err := obj.Call(bus.SchedulerInterface+".Submit", 0, msg).Store(&runID); err != nil {
+		return fmt.Errorf("cannot submit: %w", err)
+	}
+	fmt.Fprintf(c.errOut, "run %s queued for agent %s\n", runID, agentID)
+
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	poll := time.NewTicker(2 * time.Second) // in case a signal was lost
+	defer poll.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return &exitErr{ExitFailed, fmt.Sprintf("run %s did not finish within %s (it goes on; see berthctl runs show %s)", runID, *timeout, runID)}
+		case s := <-signals:
+			if s == nil || len(s.Body) < 4 || s.Body[0] != runID {
+				continue
+			}
+		case <-poll.C:
+		}
+		var run map[string]dbus.Variant
+		if err := obj.Call(bus.SchedulerInterface+".GetRun", 0, runID).Store(&run); err != nil {
+			return fmt.Errorf("cannot get run %s: %w", runID, err)
+		}
+		switch str(run, "state") {
+		case "succeeded":
+			fmt.Fprintln(c.out, str(run, "reply"))
+			return nil
+		case "failed", "canceled":
+			if r := str(run, "reply"); r != "" {
+				fmt.Fprintln(c.out, r)
+			}
+			return &exitErr{ExitFailed, fmt.Sprintf("run %s %s: %s %s", runID, str(run, "state"), str(run, "reason"), str(run, "error"))}
+		}
+	}
+}
+
+func randomID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func str(m map[string]dbus.Variant, key string) string {
+	if v, ok := m[key]; ok {
+		if s, ok := v.Value().(string); ok {
+			return s
+		}
+		return fmt.Sprint(v.Value())
+	}
+	return ""
+}
+
+func usecTime(m map[string]dbus.Variant, key string) string {
+	v, ok := m[key]
+	if !ok {
+		return ""
+	}
+	u, ok := v.Value().(uint64)
+	if !ok || u == 0 {
+		return ""
+	}
+	return time.UnixMicro(int64(u)).Local().Format("2006-01-02 15:04:05")
+}
+
+func plainRun(m map[string]dbus.Variant) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v.Value()
+	}
+	return out
+}
+
+func plainRuns(runs []map[string]dbus.Variant) []map[string]any {
+	out := make([]map[string]any, 0, len(runs))
+	for _, r := range runs {
+		out = append(out, plainRun(r))
+	}
+	return out
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func printRun(w io.Writer, run map[string]dbus.Variant) {
+	order := []string{"id", "agent", "state", "reason", "error", "backend", "message_id", "connector", "channel", "thread", "author", "attempts", "created_usec", "started_usec", "finished_usec", "delivered", "text", "reply"}
+	seen := map[string]bool{}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, k := range order {
+		seen[k] = true
+		if _, ok := run[k]; !ok {
+			continue
+		}
+		val := str(run, k)
+		if strings.HasSuffix(k, "_usec") {
+			val = usecTime(run, k)
+		}
+		if val == "" || k == "text" || k == "reply" {
+			continue
+		}
+		fmt.Fprintf(tw, "%s:\t%s\n", strings.TrimSuffix(k, "_usec"), val)
+	}
+	var rest []string
+	for k := range run {
+		if !seen[k] && k != "stderr" {
+			rest = append(rest, k)
+		}
+	}
+	sort.Strings(rest)
+	for _, k := range rest {
+		if v := str(run, k); v != "" && v != "[]" {
+			fmt.Fprintf(tw, "%s:\t%s\n", k, v)
+		}
+	}
+	tw.Flush()
+	if t := str(run, "text"); t != "" {
+		fmt.Fprintf(w, "\nmessage:\n%s\n", indent(t))
+	}
+	if r := str(run, "reply"); r != "" {
+		fmt.Fprintf(w, "\nreply:\n%s\n", indent(r))
+	}
+}
+
+func indent(s string) string {
+	return "  " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n  ")
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# berth quickstart: builds the suite, starts it locally the way systemd would
+# (private system bus using units/dbus, berth-scheduler D-Bus-activated,
+# berth-intake socket-activated), posts MESSAGE signed to the webhook
+# connector, prints the agent's reply and the run, then stops everything.
+#
+#   scripts/quickstart.sh [--keep] [MESSAGE]
+#
+# Needs Go, dbus-daemon and systemd-socket-activate (installed when missing).
+# No Docker, no LLM key: the agent runs Landlock-confined with the offline
+# "local" provider. Try: scripts/quickstart.sh '/sh uname -a'
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+ensure_packages dbus-daemon:dbus systemd-socket-activate:systemd busctl:systemd
+exec go run ./scripts/quickstart "$@"

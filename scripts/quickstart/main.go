@@ -1,0 +1,178 @@
+// Command quickstart builds berth, starts the suite locally exactly as
+// systemd would (private system bus with units/dbus, berth-scheduler
+// D-Bus-activated, berth-intake socket-activated), posts one signed webhook
+// message, prints the agent's reply and the run as berthctl shows it, then
+// stops everything it started. Run it through scripts/quickstart.sh.
+package main
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"os/user"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/berth-dev/berth/internal/devstack"
+)
+
+const demoMessage = "Hello berth! Who are you?"
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "quickstart: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	keep := flag.Bool("keep", false, "keep the working directory (config, state, logs)")
+	timeout := flag.Duration("timeout", 2*time.Minute, "how long to wait for the reply")
+	flag.Parse()
+	message := demoMessage
+	if flag.NArg() > 0 {
+		message = flag.Arg(0)
+	}
+
+	repo, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp("", "berth-quickstart-")
+	if err != nil {
+		return err
+	}
+	if !*keep {
+		defer os.RemoveAll(work)
+	}
+	binDir := filepath.Join(work, "bin")
+	fmt.Fprintf(os.Stderr, "==> building berth into %s\n", binDir)
+	if err := devstack.Build(repo, binDir); err != nil {
+		return err
+	}
+
+	// The reply server stands in for the chat platform: intake POSTs the
+	// agent's reply here, signed like incoming webhooks.
+	secret := make([]byte, 24)
+	_, _ = rand.Read(secret)
+	secretHex := hex.EncodeToString(secret)
+	replies := make(chan map[string]any, 1)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		ts := r.Header.Get("X-Berth-Timestamp")
+		_, want := devstack.SignAt([]byte(secretHex), ts, body)
+		if !hmac.Equal([]byte(want), []byte(r.Header.Get("X-Berth-Signature"))) {
+			http.Error(w, "bad signature", http.StatusUnauthorized)
+			return
+		}
+		var reply map[string]any
+		if err := json.Unmarshal(body, &reply); err != nil {
+			http.Error(w, "bad json", http.StatusBadRequest)
+			return
+		}
+		select {
+		case replies <- reply:
+		default:
+		}
+		w.WriteHeader(http.StatusOK)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+
+	runAs := "nobody"
+	if os.Geteuid() != 0 {
+		if u, err := user.Current(); err == nil {
+			runAs = u.Username
+		}
+	}
+	cfg := fmt.Sprintf(`# written by scripts/quickstart.sh
+[providers]
+primary = "local"
+
+[[agents]]
+id = "demo"
+name = "Demo agent"
+max_iterations = 5
+
+[intake]
+default_agent = "demo"
+
+[[connectors]]
+id = "webhook"
+type = "webhook"
+secret = %q
+reply_url = "http://%s/reply"
+
+[scheduler]
+run_as = %q
+agent_binary = %q
+`, secretHex, ln.Addr(), runAs, filepath.Join(binDir, "berth-agent"))
+
+	fmt.Fprintln(os.Stderr, "==> starting the suite: private system bus (scheduler D-Bus-activated), intake socket-activated")
+	stack, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: filepath.Join(work, "suite"), Config: cfg})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fmt.Fprintln(os.Stderr, "==> stopping the suite")
+		stack.Stop()
+	}()
+
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	ctx, cancelTimeout := context.WithTimeout(ctx, *timeout)
+	defer cancelTimeout()
+
+	body, _ := json.Marshal(map[string]string{"channel": "quickstart", "author": "you", "text": message})
+	fmt.Fprintf(os.Stderr, "==> POST %s/hooks/webhook  %s\n", stack.IntakeURL, body)
+	resp, err := stack.Post(ctx, "webhook", []byte(secretHex), body)
+	if err != nil {
+		return fmt.Errorf("cannot post the message: %w", err)
+	}
+	respBody, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Fprintf(os.Stderr, "<== %s %s\n", resp.Status, respBody)
+	if resp.StatusCode != http.StatusAccepted {
+		return fmt.Errorf("intake refused the message (logs in %s)", stack.IntakeLog)
+	}
+
+	var reply map[string]any
+	select {
+	case reply = <-replies:
+	case <-ctx.Done():
+		return fmt.Errorf("no reply within %s: see %s and %s", *timeout, stack.IntakeLog, stack.Bus.LogPath)
+	}
+	fmt.Println("\n--- agent reply ---")
+	fmt.Println(reply["text"])
+	if e, _ := reply["error"].(string); e != "" {
+		fmt.Println("error:", e)
+	}
+
+	runID, _ := reply["run_id"].(string)
+	fmt.Printf("\n--- berthctl runs show %s ---\n", runID)
+	ctl := exec.Command(filepath.Join(binDir, "berthctl"), "runs", "show", runID)
+	ctl.Env = append(os.Environ(), "DBUS_SYSTEM_BUS_ADDRESS="+stack.Bus.Address)
+	ctl.Stdout, ctl.Stderr = os.Stdout, os.Stderr
+	if err := ctl.Run(); err != nil {
+		return fmt.Errorf("berthctl runs show: %w", err)
+	}
+	if *keep {
+		fmt.Fprintf(os.Stderr, "==> kept %s\n", work)
+	}
+	return nil
+}
