@@ -1,0 +1,186 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+)
+
+// WriteCheck loads the configuration at path and writes what `berthctl
+// config check` shows: a one-line summary, and with agentID that agent's
+// effective settings. Secrets are never written: providers show the name of
+// their key's environment variable, connector secrets show as "(set)". On
+// failure it writes every error, one per line, and returns a non-nil error.
+func WriteCheck(w io.Writer, path, agentID string) error {
+	c, err := Load(path)
+	if err != nil {
+		var errs Errors
+		if !errors.As(err, &errs) {
+			errs = Errors{{File: path, Msg: err.Error(), err: err}}
+		}
+		for _, e := range errs {
+			fmt.Fprintln(w, e)
+		}
+		return fmt.Errorf("configuration is invalid: %s", plural(len(errs), "error"))
+	}
+	fmt.Fprintf(w, "configuration ok: %s (%s), %s%s, %s%s\n",
+		plural(len(c.Sources), "file"), strings.Join(c.Sources, ", "),
+		plural(len(c.Agents), "agent"), listed(c.AgentIDs()),
+		plural(len(c.Connectors), "connector"), listed(c.connectorIDs()))
+	if agentID == "" {
+		return nil
+	}
+	a, err := c.Agent(agentID)
+	if err != nil {
+		fmt.Fprintln(w, err)
+		return err
+	}
+	c.writeAgent(w, a)
+	return nil
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
+}
+
+func listed(ids []string) string {
+	if len(ids) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(ids, ", ") + ")"
+}
+
+func (c *Config) connectorIDs() []string {
+	ids := make([]string, 0, len(c.Connectors))
+	for _, k := range c.Connectors {
+		ids = append(ids, k.ID)
+	}
+	return ids
+}
+
+// tomlWriter writes key = value lines in TOML syntax.
+type tomlWriter struct{ w io.Writer }
+
+func (t tomlWriter) table(name string) { fmt.Fprintf(t.w, "\n[%s]\n", name) }
+
+func (t tomlWriter) str(key, v string) {
+	if v != "" {
+		fmt.Fprintf(t.w, "%s = %s\n", key, strconv.Quote(v))
+	}
+}
+
+func (t tomlWriter) val(key string, v any) { fmt.Fprintf(t.w, "%s = %v\n", key, v) }
+
+func (t tomlWriter) list(key string, vs []string) {
+	if vs == nil {
+		return
+	}
+	quoted := make([]string, len(vs))
+	for i, v := range vs {
+		quoted[i] = strconv.Quote(v)
+	}
+	fmt.Fprintf(t.w, "%s = [%s]\n", key, strings.Join(quoted, ", "))
+}
+
+func (t tomlWriter) comment(format string, args ...any) {
+	fmt.Fprintf(t.w, "# "+format+"\n", args...)
+}
+
+func (c *Config) writeAgent(w io.Writer, a Agent) {
+	t := tomlWriter{w}
+	table := "agents." + joinKey("", a.ID)
+	t.table(table)
+	t.str("name", a.Name)
+	if a.Workspace == "" {
+		t.comment("workspace: chosen by the scheduler (<state>/agents/%s)", a.ID)
+	}
+	t.str("workspace", a.Workspace)
+	t.str("isolation", a.Isolation)
+	t.val("timeout_seconds", int64(a.Timeout.Seconds()))
+	t.str("provider", a.Provider)
+	t.str("model", a.Model)
+	t.val("max_iterations", a.MaxIterations)
+
+	t.table(table + ".tools")
+	t.list("allow", a.Tools.Allow)
+	t.list("deny", a.Tools.Deny)
+
+	t.table(table + ".container_mode")
+	t.val("enabled", a.Container.Enabled)
+	t.str("image", a.Container.Image)
+	t.str("memory_limit", a.Container.MemoryLimit)
+	t.str("network", a.Container.Network)
+
+	t.table(table + ".file_access")
+	t.val("unrestricted", a.FileAccess.Unrestricted)
+	t.list("allow_read", a.FileAccess.AllowRead)
+	t.list("allow_read_write", a.FileAccess.AllowReadWrite)
+	t.list("deny", a.FileAccess.Deny)
+	t.val("allow_home_dotfiles", a.FileAccess.AllowHomeDotfiles)
+	t.val("allow_network", a.FileAccess.AllowNetwork)
+
+	for i, name := range c.chainNames(a) {
+		p := c.Providers.Entries[name]
+		t.table("providers." + joinKey("", name))
+		if i == 0 {
+			t.comment("the agent's provider")
+		} else {
+			t.comment("fallback %d", i)
+		}
+		t.str("kind", first(p.Kind, name))
+		model := p.Model
+		if i == 0 && a.Model != "" {
+			model = a.Model
+		}
+		t.str("model", model)
+		t.str("base_url", p.BaseURL)
+		if p.MaxTokens > 0 {
+			t.val("max_tokens", p.MaxTokens)
+		}
+		t.str("api_key_env", p.APIKeyEnv)
+	}
+
+	for _, k := range c.Connectors {
+		var routes []string
+		if k.DefaultAgent == a.ID {
+			routes = append(routes, "default agent")
+		}
+		for _, b := range c.Bindings {
+			if b.Agent == a.ID && (b.Connector == "" || b.Connector == k.ID) {
+				routes = append(routes, bindingText(b))
+			}
+		}
+		if len(routes) == 0 {
+			continue
+		}
+		t.table("connectors." + joinKey("", k.ID))
+		t.comment("routes here: %s", strings.Join(routes, "; "))
+		t.str("type", k.Type)
+		if k.Secret != "" {
+			t.str("secret", "(set)")
+		}
+		t.str("secret_file", k.SecretFile)
+		t.str("reply_url", k.ReplyURL)
+	}
+	if c.Intake.DefaultAgent == a.ID {
+		t.table("intake")
+		t.comment("messages no binding or connector routes come here")
+		t.str("default_agent", a.ID)
+	}
+}
+
+func bindingText(b Binding) string {
+	var parts []string
+	if b.ChannelID != "" {
+		parts = append(parts, "channel_id "+strconv.Quote(b.ChannelID))
+	}
+	if b.ChannelName != "" {
+		parts = append(parts, "channel_name "+strconv.Quote(b.ChannelName))
+	}
+	return "binding " + strings.Join(parts, ", ")
+}

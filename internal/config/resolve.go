@@ -1,0 +1,224 @@
+package config
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/berth-dev/berth/internal/agentproto"
+)
+
+// AgentIDs returns the configured agent ids in the order they were defined.
+func (c *Config) AgentIDs() []string {
+	ids := make([]string, 0, len(c.Agents))
+	for _, a := range c.Agents {
+		ids = append(ids, a.ID)
+	}
+	return ids
+}
+
+// Agent returns an agent's effective settings: each one from the agent,
+// else from [agent_defaults], else the built-in default.
+func (c *Config) Agent(id string) (Agent, error) {
+	i := slices.IndexFunc(c.Agents, func(a AgentSettings) bool { return a.ID == id })
+	if i < 0 {
+		known := strings.Join(c.AgentIDs(), ", ")
+		if known == "" {
+			known = "none"
+		}
+		return Agent{}, fmt.Errorf("unknown agent %q (configured: %s)", id, known)
+	}
+	s, d := &c.Agents[i], &c.AgentDefaults
+	sc, dc := &s.ContainerMode, &d.ContainerMode
+	sf, df := &s.FileAccess, &d.FileAccess
+
+	defaultProvider := c.Providers.Primary
+	if defaultProvider == "" {
+		defaultProvider = localProvider
+	}
+	schedulerTimeout := c.Scheduler.DefaultTimeout
+	if schedulerTimeout <= 0 {
+		schedulerTimeout = defaultTimeout
+	}
+
+	a := Agent{
+		ID:            id,
+		Name:          first(s.Name, d.Name, id),
+		Workspace:     first(s.Workspace, d.Workspace),
+		Provider:      first(s.Provider, d.Provider, defaultProvider),
+		Model:         first(s.Model, d.Model),
+		MaxIterations: firstSet(defaultMaxIterations, s.MaxIterations, d.MaxIterations),
+		Tools: ToolsSettings{
+			Allow: firstList(s.Tools.Allow, d.Tools.Allow),
+			Deny:  firstList(s.Tools.Deny, d.Tools.Deny),
+		},
+		Container: Container{
+			Enabled:     firstSet(false, sc.Enabled, dc.Enabled),
+			Image:       first(sc.Image, dc.Image),
+			MemoryLimit: first(sc.MemoryLimit, dc.MemoryLimit, defaultMemoryLimit),
+			Network:     first(sc.Network, dc.Network, defaultNetwork),
+		},
+		FileAccess: FileAccess{
+			Unrestricted:      firstSet(false, sf.Unrestricted, df.Unrestricted),
+			AllowRead:         firstList(sf.AllowRead, df.AllowRead),
+			AllowReadWrite:    firstList(sf.AllowReadWrite, df.AllowReadWrite),
+			Deny:              firstList(sf.Deny, df.Deny),
+			AllowHomeDotfiles: firstSet(false, sf.AllowHomeDotfiles, df.AllowHomeDotfiles),
+			AllowNetwork:      firstSet(false, sf.AllowNetwork, df.AllowNetwork),
+		},
+		Timeout: time.Duration(firstSet(0, sc.TimeoutSeconds, dc.TimeoutSeconds)) * time.Second,
+	}
+	if a.Timeout == 0 {
+		a.Timeout = schedulerTimeout
+	}
+	switch {
+	case a.Container.Enabled:
+		a.Isolation = "container"
+	case a.FileAccess.Unrestricted:
+		a.Isolation = "unrestricted"
+	default:
+		a.Isolation = "landlock"
+	}
+	return a, nil
+}
+
+// first returns the first non-empty string.
+func first(values ...string) string {
+	for _, v := range values {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// firstSet returns the first value that is set, else def.
+func firstSet[T any](def T, values ...*T) T {
+	for _, v := range values {
+		if v != nil {
+			return *v
+		}
+	}
+	return def
+}
+
+// firstList returns a copy of the first list that is set: an agent's list
+// replaces the defaults' list, even when empty.
+func firstList(lists ...[]string) []string {
+	for _, l := range lists {
+		if l != nil {
+			return slices.Clone(l)
+		}
+	}
+	return nil
+}
+
+// Connector returns the connector with the given id.
+func (c *Config) Connector(id string) (Connector, bool) {
+	for _, k := range c.Connectors {
+		if k.ID == id {
+			return k, true
+		}
+	}
+	return Connector{}, false
+}
+
+// ConnectorSecret returns a connector's secret: secret_file's content
+// without its trailing newline, else secret.
+func (c *Config) ConnectorSecret(id string) ([]byte, error) {
+	k, ok := c.Connector(id)
+	if !ok {
+		return nil, fmt.Errorf("unknown connector %q", id)
+	}
+	if k.SecretFile == "" {
+		if k.Secret == "" {
+			return nil, fmt.Errorf("connector %q has no secret", id)
+		}
+		return []byte(k.Secret), nil
+	}
+	data, err := os.ReadFile(k.SecretFile)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read secret of connector %q: %w", id, err)
+	}
+	data = bytes.TrimRight(data, "\r\n")
+	if len(data) == 0 {
+		return nil, fmt.Errorf("secret file %s of connector %q is empty", k.SecretFile, id)
+	}
+	return data, nil
+}
+
+// Route returns the agent for a message on a connector's channel: the first
+// binding for that exact channel id, else the first binding whose
+// channel_name glob matches, else the connector's default agent, else
+// [intake] default_agent. Bindings without a connector match every connector.
+func (c *Config) Route(connector, channelID, channelName string) (string, error) {
+	forConnector := func(b Binding) bool { return b.Connector == "" || b.Connector == connector }
+	if channelID != "" {
+		for _, b := range c.Bindings {
+			if forConnector(b) && b.ChannelID == channelID {
+				return b.Agent, nil
+			}
+		}
+	}
+	for _, b := range c.Bindings {
+		if forConnector(b) && b.ChannelName != "" {
+			if ok, _ := path.Match(b.ChannelName, channelName); ok {
+				return b.Agent, nil
+			}
+		}
+	}
+	if k, ok := c.Connector(connector); ok && k.DefaultAgent != "" {
+		return k.DefaultAgent, nil
+	}
+	if c.Intake.DefaultAgent != "" {
+		return c.Intake.DefaultAgent, nil
+	}
+	return "", fmt.Errorf("no agent for channel %q (%s) of connector %q: no binding matches and no default_agent is set", channelID, channelName, connector)
+}
+
+// ProviderChain returns the providers an agent calls, in order: its own
+// provider (with the agent's model override) and then [providers] fallback,
+// without repeats. Keys are read with getenv from each provider's
+// api_key_env; a missing key is an error that names the variable.
+func (c *Config) ProviderChain(a Agent, getenv func(string) string) ([]agentproto.Provider, error) {
+	names := c.chainNames(a)
+	chain := make([]agentproto.Provider, 0, len(names))
+	for i, name := range names {
+		p, ok := c.Providers.Entries[name]
+		if !ok && name == localProvider {
+			p, ok = Provider{Name: localProvider, Kind: "local"}, true
+		}
+		if !ok {
+			return nil, fmt.Errorf("agent %q: provider %q is not defined", a.ID, name)
+		}
+		kind := first(p.Kind, name)
+		ap := agentproto.Provider{Name: name, Kind: kind, BaseURL: p.BaseURL, Model: p.Model, MaxTokens: p.MaxTokens}
+		if i == 0 && a.Model != "" {
+			ap.Model = a.Model
+		}
+		if p.APIKeyEnv != "" {
+			ap.Key = getenv(p.APIKeyEnv)
+			if ap.Key == "" && kind != "local" {
+				return nil, fmt.Errorf("agent %q: provider %q: environment variable %s is not set", a.ID, name, p.APIKeyEnv)
+			}
+		}
+		chain = append(chain, ap)
+	}
+	return chain, nil
+}
+
+// chainNames lists the names of an agent's provider chain: its provider,
+// then the fallbacks it does not repeat.
+func (c *Config) chainNames(a Agent) []string {
+	names := []string{a.Provider}
+	for _, n := range c.Providers.Fallback {
+		if !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	return names
+}

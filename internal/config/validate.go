@@ -1,0 +1,354 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// idPattern is what agent and connector ids must match: they become path
+// components and D-Bus object path elements.
+var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+var providerKinds = []string{"local", "openai", "anthropic"}
+
+// minMemoryLimit is the smallest limit Docker accepts.
+const minMemoryLimit = 6 << 20
+
+// ParseMemoryLimit returns the bytes of a memory limit written like Docker's
+// --memory: a whole number with an optional unit b, k, m or g (512m, 1g).
+func ParseMemoryLimit(s string) (int64, error) {
+	num := strings.TrimRight(s, "bBkKmMgG")
+	unit := strings.ToLower(s[len(num):])
+	shift := map[string]uint{"": 0, "b": 0, "k": 10, "kb": 10, "m": 20, "mb": 20, "g": 30, "gb": 30}
+	sh, ok := shift[unit]
+	n, err := strconv.ParseInt(num, 10, 64)
+	if !ok || err != nil || n < 0 || n > 1<<(62-sh) {
+		return 0, fmt.Errorf("invalid memory limit %q: want a number with an optional unit b, k, m or g, like 512m", s)
+	}
+	return n << sh, nil
+}
+
+// checks collects errors found in a tree.
+type checks struct{ errs Errors }
+
+func (c *checks) fail(l loc, format string, args ...any) {
+	c.errs = append(c.errs, &Error{File: l.file, Line: l.line, Key: l.key, Msg: fmt.Sprintf(format, args...)})
+}
+
+// where is the location of a field: where it was set, else the table it
+// belongs in.
+func where(at fieldLocs, self loc, name string) loc {
+	if l, ok := at[name]; ok {
+		return l
+	}
+	l := self
+	for part := range strings.SplitSeq(name, ".") {
+		l.key = joinKey(l.key, part)
+	}
+	return l
+}
+
+func (c *checks) str(at fieldLocs, name, value string, check func(string) string) {
+	if l, ok := at[name]; ok {
+		if msg := check(value); msg != "" {
+			c.fail(l, "%s", msg)
+		}
+	}
+}
+
+func (c *checks) strs(at fieldLocs, name string, values []string, check func(string) string) {
+	if l, ok := at[name]; ok {
+		for i, v := range values {
+			if msg := check(v); msg != "" {
+				c.fail(l.elem(i), "%s", msg)
+			}
+		}
+	}
+}
+
+func nonEmpty(s string) string {
+	if s == "" {
+		return "must not be empty"
+	}
+	return ""
+}
+
+func validID(s string) string {
+	if !idPattern.MatchString(s) {
+		return fmt.Sprintf("%q is not a valid id: use 1 to 63 lowercase letters, digits, '-' or '_', starting with a letter or digit", s)
+	}
+	return ""
+}
+
+func oneOf(allowed ...string) func(string) string {
+	return func(s string) string {
+		for _, a := range allowed {
+			if s == a {
+				return ""
+			}
+		}
+		return fmt.Sprintf("%q is not one of %s", s, strings.Join(allowed, ", "))
+	}
+}
+
+func absolutePath(s string) string {
+	if !filepath.IsAbs(s) {
+		return fmt.Sprintf("%q is not an absolute path", s)
+	}
+	return ""
+}
+
+func httpURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Sprintf("%q is not an absolute http(s) URL", s)
+	}
+	return ""
+}
+
+// validateValues checks the values one file sets, on their own.
+func (t *tree) validateValues() Errors {
+	var c checks
+	c.str(t.at, "providers.primary", t.primary, nonEmpty)
+	c.strs(t.at, "providers.fallback", t.fallback, nonEmpty)
+	for _, name := range t.providerNames {
+		e := t.providers[name]
+		c.str(e.at, "kind", e.p.Kind, oneOf(providerKinds...))
+		c.str(e.at, "api_key_env", e.p.APIKeyEnv, func(s string) string {
+			if !envNamePattern.MatchString(s) {
+				return fmt.Sprintf("%q is not an environment variable name", s)
+			}
+			return ""
+		})
+		c.str(e.at, "base_url", e.p.BaseURL, httpURL)
+		if l, ok := e.at["max_tokens"]; ok && e.p.MaxTokens < 1 {
+			c.fail(l, "must be at least 1, not %d", e.p.MaxTokens)
+		}
+	}
+
+	c.agentValues(&t.defaults)
+	seen := map[string]loc{}
+	for _, a := range t.agents {
+		c.agentValues(a)
+		if _, ok := a.at["id"]; !ok {
+			c.fail(where(a.at, a.self, "id"), "is required")
+			continue
+		}
+		c.str(a.at, "id", a.s.ID, validID)
+		if first, dup := seen[a.s.ID]; dup {
+			c.fail(a.at["id"], "agent %q is already defined on line %d", a.s.ID, first.line)
+		}
+		seen[a.s.ID] = a.at["id"]
+	}
+
+	c.str(t.at, "intake.listen", t.intake.Listen, func(s string) string {
+		if _, _, err := net.SplitHostPort(s); err != nil {
+			return fmt.Sprintf("%q is not a host:port address", s)
+		}
+		return ""
+	})
+
+	seen = map[string]loc{}
+	for _, e := range t.connectors {
+		if _, ok := e.at["id"]; !ok {
+			c.fail(where(e.at, e.self, "id"), "is required")
+		} else {
+			c.str(e.at, "id", e.c.ID, validID)
+			if first, dup := seen[e.c.ID]; dup {
+				c.fail(e.at["id"], "connector %q is already defined on line %d", e.c.ID, first.line)
+			}
+			seen[e.c.ID] = e.at["id"]
+		}
+		c.str(e.at, "type", e.c.Type, oneOf("webhook"))
+		c.str(e.at, "secret", e.c.Secret, nonEmpty)
+		c.str(e.at, "secret_file", e.c.SecretFile, absolutePath)
+		c.str(e.at, "reply_url", e.c.ReplyURL, httpURL)
+	}
+
+	for _, b := range t.bindings {
+		c.str(b.at, "channel_name", b.b.ChannelName, func(s string) string {
+			if _, err := path.Match(s, ""); err != nil {
+				return fmt.Sprintf("%q is not a valid glob pattern", s)
+			}
+			return ""
+		})
+	}
+
+	if l, ok := t.at["scheduler.max_concurrent_runs"]; ok && t.maxConcurrentRuns < 1 {
+		c.fail(l, "must be at least 1, not %d", t.maxConcurrentRuns)
+	}
+	if l, ok := t.at["scheduler.default_timeout_seconds"]; ok {
+		c.timeout(l, t.defaultTimeoutSeconds)
+	}
+	c.str(t.at, "scheduler.run_as", t.runAs, func(s string) string {
+		switch s {
+		case "":
+			return "must not be empty"
+		case "root", "0":
+			return "agents must not run as root"
+		}
+		return ""
+	})
+	c.str(t.at, "scheduler.agent_binary", t.agentBinary, absolutePath)
+	return c.errs
+}
+
+// maxTimeoutSeconds keeps timeouts far from overflowing time.Duration.
+const maxTimeoutSeconds = 1 << 31
+
+func (c *checks) timeout(l loc, seconds int) {
+	if seconds < 1 || seconds > maxTimeoutSeconds {
+		c.fail(l, "must be a number of seconds greater than 0, not %d", seconds)
+	}
+}
+
+func (c *checks) agentValues(a *agentEntry) {
+	s := &a.s
+	c.str(a.at, "workspace", s.Workspace, absolutePath)
+	if l, ok := a.at["max_iterations"]; ok && (*s.MaxIterations < 1 || *s.MaxIterations > 1000) {
+		c.fail(l, "must be between 1 and 1000, not %d", *s.MaxIterations)
+	}
+	c.strs(a.at, "tools.allow", s.Tools.Allow, nonEmpty)
+	c.strs(a.at, "tools.deny", s.Tools.Deny, nonEmpty)
+	c.str(a.at, "container_mode.memory_limit", s.ContainerMode.MemoryLimit, func(v string) string {
+		n, err := ParseMemoryLimit(v)
+		if err != nil {
+			return err.Error()
+		}
+		if n < minMemoryLimit {
+			return fmt.Sprintf("%q is below the minimum of 6m", v)
+		}
+		return ""
+	})
+	if l, ok := a.at["container_mode.timeout_seconds"]; ok {
+		c.timeout(l, *s.ContainerMode.TimeoutSeconds)
+	}
+	c.str(a.at, "container_mode.network", s.ContainerMode.Network, oneOf("bridge", "none"))
+	c.strs(a.at, "file_access.allow_read", s.FileAccess.AllowRead, absolutePath)
+	c.strs(a.at, "file_access.allow_read_write", s.FileAccess.AllowReadWrite, absolutePath)
+	c.strs(a.at, "file_access.deny", s.FileAccess.Deny, absolutePath)
+}
+
+// validateMerged checks what only the merged configuration can tell:
+// references between tables and fields that several files contribute to.
+func (t *tree) validateMerged() Errors {
+	var c checks
+	providerExists := func(name string) bool {
+		_, ok := t.providers[name]
+		return ok || name == localProvider
+	}
+	checkProvider := func(at fieldLocs, self loc, name, value string) {
+		if _, ok := at[name]; ok && value != "" && !providerExists(value) {
+			c.fail(where(at, self, name), "provider %q is not defined (defined: %s)", value, strings.Join(t.knownProviders(), ", "))
+		}
+	}
+	checkProvider(t.at, loc{}, "providers.primary", t.primary)
+	if l, ok := t.at["providers.fallback"]; ok {
+		for i, name := range t.fallback {
+			if name != "" && !providerExists(name) {
+				c.fail(l.elem(i), "provider %q is not defined (defined: %s)", name, strings.Join(t.knownProviders(), ", "))
+			}
+		}
+	}
+	for _, name := range t.providerNames {
+		e := t.providers[name]
+		kind := e.p.Kind
+		if _, set := e.at["kind"]; !set {
+			if oneOf(providerKinds...)(name) != "" {
+				c.fail(where(e.at, e.self, "kind"), "is required: one of %s", strings.Join(providerKinds, ", "))
+				continue
+			}
+			kind = name
+		}
+		if kind != "local" && e.p.APIKeyEnv == "" && e.p.BaseURL == "" {
+			c.fail(where(e.at, e.self, "api_key_env"), "is required for a %s provider without base_url", kind)
+		}
+	}
+
+	agentExists := func(id string) bool {
+		for _, a := range t.agents {
+			if a.s.ID == id {
+				return true
+			}
+		}
+		return false
+	}
+	checkAgent := func(at fieldLocs, self loc, name, id string) {
+		if _, ok := at[name]; ok && !agentExists(id) {
+			c.fail(where(at, self, name), "agent %q is not defined (defined: %s)", id, strings.Join(t.agentIDs(), ", "))
+		}
+	}
+	checkProvider(t.defaults.at, t.defaults.self, "provider", t.defaults.s.Provider)
+	for _, a := range t.agents {
+		checkProvider(a.at, a.self, "provider", a.s.Provider)
+	}
+
+	connectorExists := func(id string) bool {
+		for _, e := range t.connectors {
+			if e.c.ID == id {
+				return true
+			}
+		}
+		return false
+	}
+	for _, e := range t.connectors {
+		if _, ok := e.at["type"]; !ok {
+			c.fail(where(e.at, e.self, "type"), "is required: webhook")
+		}
+		_, hasSecret := e.at["secret"]
+		_, hasFile := e.at["secret_file"]
+		switch {
+		case hasSecret && hasFile:
+			s := e.at["secret"]
+			c.fail(e.at["secret_file"], "set either secret or secret_file, not both (secret is set at %s:%d)", s.file, s.line)
+		case !hasSecret && !hasFile && e.c.Type == "webhook":
+			c.fail(where(e.at, e.self, "secret"), "a webhook connector needs secret or secret_file")
+		}
+		checkAgent(e.at, e.self, "default_agent", e.c.DefaultAgent)
+	}
+
+	for _, b := range t.bindings {
+		if _, ok := b.at["agent"]; !ok {
+			c.fail(where(b.at, b.self, "agent"), "is required")
+		} else {
+			checkAgent(b.at, b.self, "agent", b.b.Agent)
+		}
+		if l, ok := b.at["connector"]; ok && !connectorExists(b.b.Connector) {
+			c.fail(l, "connector %q is not defined", b.b.Connector)
+		}
+		if b.b.ChannelID == "" && b.b.ChannelName == "" {
+			c.fail(b.self, "a binding needs channel_id or channel_name")
+		}
+	}
+	checkAgent(t.at, loc{}, "intake.default_agent", t.intake.DefaultAgent)
+	return c.errs
+}
+
+func (t *tree) knownProviders() []string {
+	names := []string{localProvider}
+	for _, n := range t.providerNames {
+		if n != localProvider {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+func (t *tree) agentIDs() []string {
+	ids := make([]string, 0, len(t.agents))
+	for _, a := range t.agents {
+		ids = append(ids, a.s.ID)
+	}
+	if len(ids) == 0 {
+		return []string{"none"}
+	}
+	return ids
+}
