@@ -1,0 +1,220 @@
+package confine
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/landlock-lsm/go-landlock/landlock"
+	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
+
+	"github.com/berth-dev/berth/internal/agentproto"
+)
+
+// tree builds a directory tree for planning and returns its resolved root:
+//
+//	allowed/a.txt
+//	allowed/sub/secret.txt
+//	allowed/sub/ok.txt
+//	allowed/sub/deeper/x.txt
+//	allowed/etc-link -> /etc
+//	denied/inner/y.txt
+//	to-allowed -> allowed
+func tree(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"allowed/a.txt", "allowed/sub/secret.txt", "allowed/sub/ok.txt", "allowed/sub/deeper/x.txt", "denied/inner/y.txt"} {
+		p := filepath.Join(root, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(f), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("/etc", filepath.Join(root, "allowed/etc-link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("allowed", filepath.Join(root, "to-allowed")); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func TestPlan(t *testing.T) {
+	t.Parallel()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+
+	tests := []struct {
+		name                  string
+		read, readWrite, deny []string
+		want                  []string // "r|rw dir|file relative-path"
+		wantErr               string
+	}{
+		{
+			name: "An_allowed_directory_without_denied_paths_is_one_directory_rule",
+			read: []string{"allowed"},
+			want: []string{"r dir allowed"},
+		},
+		{
+			name: "A_denied_file_is_carved_out_of_an_allowed_directory_and_symlink_entries_get_no_rule",
+			read: []string{"allowed"},
+			deny: []string{"allowed/sub/secret.txt"},
+			want: []string{"r file allowed/a.txt", "r dir allowed/sub/deeper", "r file allowed/sub/ok.txt"},
+		},
+		{
+			name:      "A_denied_directory_is_carved_out_of_a_read_write_directory",
+			readWrite: []string{"allowed"},
+			deny:      []string{"allowed/sub"},
+			want:      []string{"rw file allowed/a.txt"},
+		},
+		{
+			name: "An_allowed_path_inside_a_denied_one_is_dropped",
+			read: []string{"denied/inner", "allowed"},
+			deny: []string{"denied"},
+			want: []string{"r dir allowed"},
+		},
+		{
+			name: "Denying_the_allowed_directory_itself_drops_it",
+			read: []string{"allowed"},
+			deny: []string{"allowed"},
+			want: nil,
+		},
+		{
+			name: "Missing_allowed_and_denied_paths_are_skipped",
+			read: []string{"missing", "allowed"},
+			deny: []string{"allowed/missing.txt"},
+			want: []string{"r dir allowed"},
+		},
+		{
+			name: "A_symlinked_allowed_path_lands_on_its_target",
+			read: []string{"to-allowed"},
+			want: []string{"r dir allowed"},
+		},
+		{
+			name: "A_deny_named_through_a_symlink_still_applies",
+			read: []string{"allowed/sub"},
+			deny: []string{"to-allowed/sub/secret.txt"},
+			want: []string{"r dir allowed/sub/deeper", "r file allowed/sub/ok.txt"},
+		},
+		{
+			name:      "Read_write_and_read_rules_are_both_kept_so_read_write_wins_beneath",
+			read:      []string{"allowed"},
+			readWrite: []string{"allowed/sub"},
+			want:      []string{"rw dir allowed/sub", "r dir allowed"},
+		},
+		{
+			name: "An_allowed_file_gets_a_file_rule",
+			read: []string{"allowed/a.txt"},
+			want: []string{"r file allowed/a.txt"},
+		},
+		{
+			name:    "A_relative_allowed_path_is_refused",
+			read:    []string{"relative/path"},
+			wantErr: "not absolute",
+		},
+		{
+			name:    "A_relative_denied_path_is_refused",
+			deny:    []string{"relative/path"},
+			wantErr: "not absolute",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			root := tree(t)
+			abs := func(paths []string) []string {
+				var out []string
+				for _, p := range paths {
+					if strings.HasPrefix(p, "relative") {
+						out = append(out, p)
+						continue
+					}
+					out = append(out, filepath.Join(root, p))
+				}
+				return out
+			}
+			rules, err := Plan(abs(tc.read), abs(tc.readWrite), abs(tc.deny), quiet)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Plan error = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Plan: %v", err)
+			}
+			var got []string
+			for _, r := range rules {
+				access, kind := "r", "file"
+				if r.Access == ReadWrite {
+					access = "rw"
+				}
+				if r.Dir {
+					kind = "dir"
+				}
+				rel, err := filepath.Rel(root, r.Path)
+				if err != nil || strings.HasPrefix(rel, "..") {
+					t.Fatalf("rule %+v lies outside the test tree", r)
+				}
+				got = append(got, access+" "+kind+" "+rel)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("Plan rules:\n got %q\nwant %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestRightsGiveFilesNoDirectoryRights(t *testing.T) {
+	t.Parallel()
+	handled := landlock.V7.HandledAccessFS
+	dirOnly := landlock.AccessFSSet(ll.AccessFSReadDir | ll.AccessFSMakeReg | ll.AccessFSMakeDir | ll.AccessFSRemoveFile | ll.AccessFSRefer)
+
+	for _, access := range []Access{Read, ReadWrite} {
+		if got := rights(Rule{Access: access}, handled); got&dirOnly != 0 {
+			t.Errorf("%s file rule has directory rights %v", access, got&dirOnly)
+		}
+	}
+	if got := rights(Rule{Dir: true, Access: Read}, handled); got&ll.AccessFSWriteFile != 0 || got&ll.AccessFSReadDir == 0 {
+		t.Errorf("read directory rule has rights %v, want read_dir without write_file", got)
+	}
+	if got := rights(Rule{Dir: true, Access: ReadWrite}, handled); got != handled {
+		t.Errorf("read-write directory rule has rights %v, want everything handled (%v)", got, handled)
+	}
+	if got := rights(Rule{Dir: true, Access: ReadWrite}, landlock.V1.HandledAccessFS); got&^landlock.V1.HandledAccessFS != 0 {
+		t.Errorf("rights exceed what ABI 1 handles: %v", got)
+	}
+}
+
+func TestEnforceRefusesWithoutEnoughABI(t *testing.T) {
+	t.Parallel()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	tests := []struct {
+		name    string
+		network bool
+		abi     int
+		want    string
+	}{
+		{"No_Landlock_is_refused", true, 0, "kernel has no Landlock (ABI 0)"},
+		{"ABI_3_with_network_false_is_refused", false, 3, "needs ABI 4"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			// Both refusals happen before anything is restricted, so the test
+			// process stays unconfined.
+			err := Enforce(agentproto.Policy{AllowRead: []string{"/usr"}, Network: tc.network}, tc.abi, quiet)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Enforce error = %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}

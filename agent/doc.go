@@ -1,0 +1,60 @@
+// Package agent is berth-agent: it runs one agent request inside a sandbox.
+//
+// It reads one agentproto.Request (JSON, at most 16 MiB) on stdin, confines
+// itself with Landlock (package confine) before it opens any file or starts
+// any tool — unless the policy is Unrestricted — enters the workspace, builds
+// the system prompt from the workspace's SOUL.md (plus MEMORY.md and USER.md
+// when present; a default text when SOUL.md is missing), runs the model/tool
+// loop and writes one agentproto.Response on stdout. Logs go to stderr as
+// JSON lines (log/slog); the provider key never appears in them, nor in the
+// environment of tools.
+//
+// # Exit codes
+//
+//	0 ExitOK          response written, Response.Error empty
+//	1 ExitAgentError  response written, Response.Error says what failed: every
+//	                  provider failed, "max iterations (N) reached", interrupted
+//	2 ExitBadRequest  stdin was not one valid request of version 1 (unknown
+//	                  fields, trailing data, missing run_id or workspace,
+//	                  relative policy paths); nothing written on stdout
+//	3 ExitConfinement the policy could not be enforced (no Landlock, ABI < 4
+//	                  with network=false, a Landlock call failed); nothing ran,
+//	                  nothing written on stdout, the reason is on stderr
+//	4 ExitInternal    unexpected failure (workspace missing, panic); a
+//	                  response is written when possible
+//
+// # Confinement
+//
+// Deny beats allow_read_write beats allow_read. The agent uses the full
+// rights of the highest Landlock ABI the kernel offers; it needs ABI 1 for
+// files and ABI 4 when network is false (TCP bind and connect denied except
+// connect to ConnectPorts). Denied paths are carved out of allowed
+// directories by confine.Plan. The test-only environment variable
+// BERTH_TEST_LANDLOCK_ABI=N caps the ABI the agent believes the kernel has;
+// it can only lower it, so it can only make a run fail.
+//
+// # The local provider
+//
+// Provider kind "local" is offline and deterministic; it answers the last
+// user message:
+//
+//	"/sh COMMAND"      runs COMMAND with the shell tool, then replies
+//	                   "$ COMMAND\n" + STDOUT + "\n[stderr]\n" + STDERR + "\n[exit code N]"
+//	                   with STDOUT and STDERR verbatim as the tool returned them
+//	                   (each capped at 64 KiB with a truncation marker). When the
+//	                   shell tool is filtered out by the agent's tools allow/deny, it
+//	                   replies: cannot run "COMMAND": the shell tool is denied for this
+//	                   agent (tools allow/deny)
+//	"/tool NAME ARGS"  calls tool NAME with the raw argument text ARGS, then replies
+//	                   "[NAME]\n" + OUTPUT or "[NAME error]\n" + ERROR
+//	anything else      "SOUL: you said: TEXT", SOUL being the first non-empty line of
+//	                   SOUL.md without leading '#'
+//
+// Other provider kinds are not in this build: a run with one fails with
+// "provider kind X not available in this build" (after trying Fallback
+// providers in order).
+//
+// # Environment
+//
+// BERTH_LOG_LEVEL=debug|info|warn|error sets the log level (default info).
+package agent

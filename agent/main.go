@@ -1,0 +1,139 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/berth-dev/berth/agent/confine"
+	"github.com/berth-dev/berth/internal/agentproto"
+)
+
+// MaxRequestSize is the largest request read from stdin.
+const MaxRequestSize = 16 << 20
+
+// DefaultMaxIterations applies when the request leaves max_iterations at 0.
+const DefaultMaxIterations = 20
+
+// Main runs berth-agent with the given standard streams and returns its exit
+// code (see the package documentation).
+func Main(stdin io.Reader, stdout, stderr io.Writer) int {
+	log := newLogger(stderr)
+
+	req, err := readRequest(stdin)
+	if err != nil {
+		log.Error("bad request", "reason", err.Error())
+		return agentproto.ExitBadRequest
+	}
+	log = log.With("run_id", req.RunID, "agent", req.Agent.ID)
+
+	if req.Policy.Unrestricted {
+		log.Warn("running UNRESTRICTED: no Landlock confinement, as the admin configured")
+	} else {
+		abi, err := confine.EffectiveABI()
+		if err == nil {
+			err = confine.Enforce(req.Policy, abi, log)
+		}
+		if err != nil {
+			log.Error("refusing to run: confinement failed", "reason", err.Error())
+			return agentproto.ExitConfinement
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	resp, code := runSafely(ctx, req, log)
+	if err := json.NewEncoder(stdout).Encode(resp); err != nil {
+		log.Error("cannot write response", "err", err.Error())
+		return agentproto.ExitInternal
+	}
+	return code
+}
+
+// runSafely runs the request and turns a panic into an internal error response.
+func runSafely(ctx context.Context, req agentproto.Request, log *slog.Logger) (resp agentproto.Response, code int) {
+	defer func() {
+		if p := recover(); p != nil {
+			log.Error("panic", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			resp = agentproto.Response{Version: agentproto.Version, RunID: req.RunID,
+				Reply: "The agent failed unexpectedly.", Error: fmt.Sprintf("internal error: %v", p)}
+			code = agentproto.ExitInternal
+		}
+	}()
+	return run(ctx, req, log)
+}
+
+func newLogger(stderr io.Writer) *slog.Logger {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(os.Getenv("BERTH_LOG_LEVEL"))); err != nil {
+		level = slog.LevelInfo
+	}
+	return slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// readRequest reads and validates one request. Unknown fields are refused: a
+// misspelt policy key must not silently weaken the sandbox.
+func readRequest(r io.Reader) (agentproto.Request, error) {
+	var req agentproto.Request
+	data, err := io.ReadAll(io.LimitReader(r, MaxRequestSize+1))
+	if err != nil {
+		return req, fmt.Errorf("cannot read stdin: %w", err)
+	}
+	if len(data) > MaxRequestSize {
+		return req, fmt.Errorf("request is larger than %d bytes", MaxRequestSize)
+	}
+	var probe struct {
+		Version *int `json:"version"`
+	}
+	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&probe); err != nil {
+		return req, fmt.Errorf("request is not a JSON object: %w", err)
+	}
+	if probe.Version == nil {
+		return req, errors.New("request has no version")
+	}
+	if *probe.Version != agentproto.Version {
+		return req, fmt.Errorf("request version %d is not supported (this build speaks %d)", *probe.Version, agentproto.Version)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, fmt.Errorf("malformed request: %w", err)
+	}
+	if dec.More() {
+		return req, errors.New("malformed request: trailing data after the JSON object")
+	}
+	return req, validate(req)
+}
+
+func validate(req agentproto.Request) error {
+	switch {
+	case req.RunID == "":
+		return errors.New("request has no run_id")
+	case !filepath.IsAbs(req.Workspace):
+		return fmt.Errorf("workspace %q is not an absolute path", req.Workspace)
+	case req.Agent.MaxIterations < 0:
+		return fmt.Errorf("max_iterations %d is negative", req.Agent.MaxIterations)
+	}
+	for i, turn := range req.History {
+		if turn.Role != "user" && turn.Role != "assistant" {
+			return fmt.Errorf("history turn %d has role %q, want user or assistant", i, turn.Role)
+		}
+	}
+	for _, list := range [][]string{req.Policy.AllowRead, req.Policy.AllowReadWrite, req.Policy.Deny} {
+		for _, p := range list {
+			if !filepath.IsAbs(p) {
+				return fmt.Errorf("policy path %q is not absolute", p)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,173 @@
+// Package tools holds the tools a berth agent can call — shell, read_file,
+// write_file, list_dir — and the allow/deny filter over them. A tool never
+// crashes the run: bad arguments and failures come back as errors for the
+// model to read. The sandbox, not this package, decides what a tool may
+// touch; the package only keeps relative paths inside the workspace.
+package tools
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/berth-dev/berth/agent/provider"
+)
+
+// Tool is one callable tool.
+type Tool interface {
+	Spec() provider.Tool
+	// Call runs the tool. The error is shown to the model.
+	Call(ctx context.Context, args json.RawMessage) (string, error)
+}
+
+// Env is what the tools run against.
+type Env struct {
+	// Workspace is the absolute workspace path; relative paths resolve in it
+	// and the shell starts in it.
+	Workspace string
+	// TmpDir is TMPDIR for shell commands.
+	TmpDir string
+}
+
+// Builtin returns every tool of this build, in a stable order.
+func Builtin(env Env) []Tool {
+	return []Tool{shell{env}, readFile{env}, writeFile{env}, listDir{env}}
+}
+
+// Set is the tools one agent may call.
+type Set struct {
+	tools []Tool
+}
+
+// Filter keeps the tools allow names (all of them when allow is empty),
+// minus the ones deny names. Deny wins.
+func Filter(all []Tool, allow, deny []string) *Set {
+	s := &Set{}
+	for _, t := range all {
+		name := t.Spec().Name
+		if len(allow) > 0 && !slices.Contains(allow, name) {
+			continue
+		}
+		if slices.Contains(deny, name) {
+			continue
+		}
+		s.tools = append(s.tools, t)
+	}
+	return s
+}
+
+// Specs describes the tools in the set, for the provider.
+func (s *Set) Specs() []provider.Tool {
+	specs := make([]provider.Tool, 0, len(s.tools))
+	for _, t := range s.tools {
+		specs = append(specs, t.Spec())
+	}
+	return specs
+}
+
+// Call runs the named tool; a tool outside the set is an error for the model.
+func (s *Set) Call(ctx context.Context, name string, args json.RawMessage) (string, error) {
+	i := slices.IndexFunc(s.tools, func(t Tool) bool { return t.Spec().Name == name })
+	if i < 0 {
+		return "", fmt.Errorf("tool %q is not available to this agent", name)
+	}
+	return s.tools[i].Call(ctx, args)
+}
+
+// decodeArgs reads a tool's JSON arguments strictly: unknown fields and wrong
+// types are errors the model can correct.
+func decodeArgs(raw json.RawMessage, v any) error {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		raw = json.RawMessage("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("bad arguments: %w", err)
+	}
+	if dec.More() {
+		return errors.New("bad arguments: trailing data after the JSON object")
+	}
+	return nil
+}
+
+// resolve turns a tool's path argument into an absolute path with symlinks
+// resolved (as far as it exists). A relative path must stay inside the
+// workspace; an absolute path is left for the sandbox to judge.
+func (e Env) resolve(path string) (string, error) {
+	if path == "" {
+		return "", errors.New("bad arguments: path is empty")
+	}
+	if filepath.IsAbs(path) {
+		return resolveExisting(filepath.Clean(path))
+	}
+	ws, err := resolveExisting(e.Workspace)
+	if err != nil {
+		return "", err
+	}
+	full, err := resolveExisting(filepath.Join(ws, path))
+	if err != nil {
+		return "", err
+	}
+	if full != ws && !strings.HasPrefix(full, ws+string(filepath.Separator)) {
+		return "", fmt.Errorf("relative path %q leads outside the workspace; use an absolute path", path)
+	}
+	return full, nil
+}
+
+// resolveExisting resolves symlinks in the longest existing prefix of path
+// and appends the rest unchanged.
+func resolveExisting(path string) (string, error) {
+	rest := ""
+	for {
+		resolved, err := filepath.EvalSymlinks(path)
+		if err == nil {
+			return filepath.Join(resolved, rest), nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("cannot resolve %s: %w", path, err)
+		}
+		parent := filepath.Dir(path)
+		if parent == path {
+			return filepath.Join(path, rest), nil
+		}
+		rest = filepath.Join(filepath.Base(path), rest)
+		path = parent
+	}
+}
+
+// capped keeps the first limit bytes written to it and counts the rest.
+type capped struct {
+	buf     bytes.Buffer
+	limit   int
+	dropped int64
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	room := c.limit - c.buf.Len()
+	if room >= len(p) {
+		c.buf.Write(p)
+		return len(p), nil
+	}
+	if room > 0 {
+		c.buf.Write(p[:room])
+	}
+	c.dropped += int64(len(p) - max(room, 0))
+	return len(p), nil
+}
+
+// String is the kept output with a marker when some was dropped.
+func (c *capped) String() string {
+	if c.dropped == 0 {
+		return c.buf.String()
+	}
+	return fmt.Sprintf("%s\n[... %d more bytes truncated]", c.buf.String(), c.dropped)
+}
+
+func schema(s string) json.RawMessage { return json.RawMessage(s) }
