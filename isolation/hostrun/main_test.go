@@ -1,0 +1,81 @@
+package hostrun_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"testing"
+)
+
+// base is a 0755 directory every test user can enter (t.TempDir's parent is
+// 0700); the test agent binary lives in it.
+var base, testAgent string
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(runHelper())
+	}
+	var err error
+	base, err = os.MkdirTemp("", "berth-hostrun-")
+	if err == nil {
+		err = os.Chmod(base, 0o755)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cannot create test dir:", err)
+		os.Exit(1)
+	}
+	testAgent = filepath.Join(base, "testagent")
+	build := exec.Command("go", "build", "-o", testAgent, "./testdata/testagent")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "cannot build test agent:", err)
+		os.RemoveAll(base)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(base)
+	os.Exit(code)
+}
+
+// nobody returns the uid and gid of user "nobody".
+func nobody(t *testing.T) (int, int) {
+	t.Helper()
+	u, err := user.Lookup("nobody")
+	if err != nil {
+		t.Fatalf("cannot find user nobody: %v", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return uid, gid
+}
+
+// workspace makes a workspace under base owned by nobody.
+func workspace(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp(base, "ws-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	uid, gid := nobody(t)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, uid, gid); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("this test needs root")
+		}
+		t.Skip("this test needs root")
+	}
+}

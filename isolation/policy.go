@@ -1,0 +1,217 @@
+package isolation
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/config"
+)
+
+// SystemReadOnly is what every confined host run may read so that /bin/sh and
+// common tools start: binaries and libraries, the dynamic loader's cache, name
+// service and resolver files, time zones, TLS roots and the agent's own /proc
+// entry. It deliberately does not hold /etc as a whole: /etc/shadow, ssh host
+// keys and berth's own config stay unreadable. Paths missing on this host are
+// left out of the policy (berth-agent treats a missing policy path as an error).
+//
+// /proc/self resolves to berth-agent's own /proc/<pid> when it restricts
+// itself; tools it starts have other pids and cannot read their /proc entry.
+// That is the price of not exposing every host process's command line.
+var SystemReadOnly = []string{
+	"/usr",
+	"/bin",
+	"/sbin",
+	"/lib",
+	"/lib32",
+	"/lib64",
+	"/libx32",
+	"/etc/ld.so.cache",
+	"/etc/ld.so.conf",
+	"/etc/ld.so.conf.d",
+	"/etc/localtime",
+	"/etc/timezone",
+	"/etc/passwd",
+	"/etc/group",
+	"/etc/nsswitch.conf",
+	"/etc/host.conf",
+	"/etc/gai.conf",
+	"/etc/hosts",
+	"/etc/resolv.conf",
+	"/etc/services",
+	"/etc/protocols",
+	"/etc/ssl/certs",
+	"/usr/share/zoneinfo",
+	"/proc/self",
+	"/proc/cpuinfo",
+	"/proc/meminfo",
+}
+
+// SystemReadWrite are the device files every process expects to open for
+// writing. They are files, not directories: nothing else under /dev is granted.
+var SystemReadWrite = []string{
+	"/dev/null",
+	"/dev/zero",
+	"/dev/full",
+	"/dev/random",
+	"/dev/urandom",
+}
+
+// PolicyOption adjusts HostPolicy.
+type PolicyOption func(*policyOptions)
+
+type policyOptions struct {
+	runUserHome string
+}
+
+// RunUserHome names the home directory of the user the agent runs as. With
+// file_access.allow_home_dotfiles it grants read access to the dot entries
+// found there (files and directories, e.g. .gitconfig, .config). Without this
+// option allow_home_dotfiles grants nothing.
+func RunUserHome(dir string) PolicyOption {
+	return func(o *policyOptions) { o.runUserHome = dir }
+}
+
+// HostPolicy computes the complete Landlock policy berth-agent applies to
+// itself on the host: the workspace read-write, the system set
+// (SystemReadOnly, SystemReadWrite), the agent's file_access paths, and a Deny
+// list made of file_access.deny plus protect (berth's config dir, state dir,
+// other agents' workspaces).
+//
+// The workspace always stays usable: a Deny path that is the workspace is
+// dropped, and one that contains the workspace (the state dir, the agents
+// root) is replaced by its entries that do not lead to the workspace, level by
+// level. That expansion lists directories now, so the policy must be computed
+// for each run (files created later under a denied ancestor are not listed;
+// they are still unreachable unless an allow path covers them).
+//
+// When file_access.unrestricted is set the policy is only Unrestricted plus the
+// network switch.
+func HostPolicy(a config.Agent, workspace string, protect []string, opts ...PolicyOption) agentproto.Policy {
+	var o policyOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	fa := a.FileAccess
+	if fa.Unrestricted {
+		return agentproto.Policy{Unrestricted: true, Network: fa.AllowNetwork}
+	}
+	workspace = filepath.Clean(workspace)
+
+	var readOnly []string
+	for _, p := range SystemReadOnly {
+		if exists(p) {
+			readOnly = append(readOnly, p)
+		}
+	}
+	if fa.AllowHomeDotfiles && o.runUserHome != "" {
+		readOnly = append(readOnly, dotfiles(o.runUserHome, workspace)...)
+	}
+	readOnly = append(readOnly, fa.AllowRead...)
+
+	readWrite := []string{workspace}
+	for _, p := range SystemReadWrite {
+		if exists(p) {
+			readWrite = append(readWrite, p)
+		}
+	}
+	readWrite = append(readWrite, fa.AllowReadWrite...)
+
+	var deny []string
+	for _, d := range append(append([]string(nil), fa.Deny...), protect...) {
+		deny = append(deny, carveOut(d, workspace)...)
+	}
+
+	return agentproto.Policy{
+		AllowRead:      cleanUnique(readOnly),
+		AllowReadWrite: cleanUnique(readWrite),
+		Deny:           cleanUnique(deny),
+		Network:        fa.AllowNetwork,
+	}
+}
+
+// carveOut returns what to deny for deny so that keep stays reachable: deny
+// itself when it is unrelated to keep or inside it, nothing when it is keep,
+// and the entries of deny that do not lead to keep when deny contains keep.
+func carveOut(deny, keep string) []string {
+	if deny == "" {
+		return nil
+	}
+	deny = filepath.Clean(deny)
+	d, k := resolved(deny), resolved(keep)
+	if d == k {
+		return nil
+	}
+	rel, err := filepath.Rel(d, k)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return []string{deny}
+	}
+	// d is an ancestor of k: deny every entry on the way down except the one
+	// leading to k.
+	var out []string
+	dir := d
+	for _, next := range strings.Split(rel, string(filepath.Separator)) {
+		entries, err := os.ReadDir(dir)
+		if err == nil {
+			for _, e := range entries {
+				if e.Name() != next {
+					out = append(out, filepath.Join(dir, e.Name()))
+				}
+			}
+		}
+		dir = filepath.Join(dir, next)
+	}
+	return out
+}
+
+// resolved follows symlinks so that ancestry is judged on the real tree, the
+// one Landlock enforces on; a path that does not resolve is taken as written.
+func resolved(p string) string {
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		return r
+	}
+	return filepath.Clean(p)
+}
+
+// dotfiles lists the dot entries of home, leaving out the workspace (which is
+// read-write already) in case the workspace lives in home.
+func dotfiles(home, workspace string) []string {
+	entries, err := os.ReadDir(home)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		p := filepath.Join(home, e.Name())
+		if p == workspace || strings.HasPrefix(workspace, p+"/") {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func cleanUnique(paths []string) []string {
+	seen := make(map[string]bool, len(paths))
+	var out []string
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		p = filepath.Clean(p)
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,177 @@
+package isolation_test
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/isolation"
+)
+
+// stateTree builds a berth state dir: databases, and the workspaces of agents
+// a and b under agents/.
+func stateTree(t *testing.T) (state, config, wsA, wsB string) {
+	t.Helper()
+	root := t.TempDir()
+	state = filepath.Join(root, "var", "lib", "berth")
+	config = filepath.Join(root, "etc", "berth")
+	wsA = filepath.Join(state, "agents", "a")
+	wsB = filepath.Join(state, "agents", "b")
+	for _, d := range []string{wsA, wsB, config, filepath.Join(state, "cache")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{filepath.Join(state, "scheduler.db"), filepath.Join(config, "berth.toml")} {
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return state, config, wsA, wsB
+}
+
+// covers reports whether any of paths is p or an ancestor of p.
+func covers(paths []string, p string) bool {
+	for _, q := range paths {
+		if q == p || q == "/" || strings.HasPrefix(p, q+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func TestHostPolicyKeepsTheWorkspaceAndDeniesTheRestOfTheStateDir(t *testing.T) {
+	t.Parallel()
+	state, cfg, wsA, wsB := stateTree(t)
+	p := isolation.HostPolicy(config.Agent{ID: "a"}, wsA, []string{cfg, state, filepath.Join(state, "agents")})
+
+	if !slices.Contains(p.AllowReadWrite, wsA) {
+		t.Errorf("workspace %s is not read-write: %q", wsA, p.AllowReadWrite)
+	}
+	for _, d := range p.Deny {
+		if d == wsA || strings.HasPrefix(wsA, d+"/") {
+			t.Errorf("deny %s covers the agent's own workspace", d)
+		}
+	}
+	for _, want := range []string{cfg, wsB, filepath.Join(state, "scheduler.db"), filepath.Join(state, "cache")} {
+		if !slices.Contains(p.Deny, want) {
+			t.Errorf("%s is not denied: %q", want, p.Deny)
+		}
+	}
+	if p.Unrestricted || p.Network || len(p.ConnectPorts) != 0 {
+		t.Errorf("got %+v, want confined, no network, no ports", p)
+	}
+}
+
+func TestHostPolicyNeverExposesTheShadowFile(t *testing.T) {
+	t.Parallel()
+	_, _, wsA, _ := stateTree(t)
+	p := isolation.HostPolicy(config.Agent{ID: "a", FileAccess: config.FileAccess{AllowHomeDotfiles: true}}, wsA, nil, isolation.RunUserHome("/root"))
+	for _, list := range [][]string{p.AllowRead, p.AllowReadWrite} {
+		if covers(list, "/etc/shadow") || covers(list, "/etc/berth/berth.toml") {
+			t.Errorf("policy lets the agent read /etc/shadow or berth's config: %q", list)
+		}
+	}
+	if !covers(p.AllowRead, "/usr/bin/env") || !covers(p.AllowRead, "/etc/passwd") {
+		t.Errorf("system set misses /usr or /etc/passwd: %q", p.AllowRead)
+	}
+	if _, err := os.Stat("/bin/sh"); err == nil && !covers(p.AllowRead, "/bin/sh") {
+		t.Errorf("system set misses /bin/sh: %q", p.AllowRead)
+	}
+	if !slices.Contains(p.AllowReadWrite, "/dev/null") {
+		t.Errorf("/dev/null is not read-write: %q", p.AllowReadWrite)
+	}
+	for _, path := range append(slices.Clone(p.AllowRead), p.AllowReadWrite...) {
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("policy holds missing system path %s", path)
+		}
+	}
+}
+
+func TestHostPolicyAddsTheAgentsFileAccess(t *testing.T) {
+	t.Parallel()
+	_, _, wsA, _ := stateTree(t)
+	a := config.Agent{ID: "a", FileAccess: config.FileAccess{
+		AllowRead:      []string{"/srv/docs/"},
+		AllowReadWrite: []string{"/srv/shared"},
+		Deny:           []string{"/srv/docs/private", wsA, filepath.Join(wsA, "secret")},
+		AllowNetwork:   true,
+	}}
+	p := isolation.HostPolicy(a, wsA, nil)
+	if !slices.Contains(p.AllowRead, "/srv/docs") || !slices.Contains(p.AllowReadWrite, "/srv/shared") {
+		t.Errorf("configured paths missing: read %q, read-write %q", p.AllowRead, p.AllowReadWrite)
+	}
+	want := []string{"/srv/docs/private", filepath.Join(wsA, "secret")}
+	if !slices.Equal(p.Deny, want) {
+		t.Errorf("deny is %q, want %q (a deny of the workspace itself is dropped)", p.Deny, want)
+	}
+	if !p.Network {
+		t.Error("allow_network did not allow the network")
+	}
+}
+
+func TestHostPolicyGrantsHomeDotfilesOnlyWhenAllowed(t *testing.T) {
+	t.Parallel()
+	_, _, wsA, _ := stateTree(t)
+	home := t.TempDir()
+	for _, f := range []string{".gitconfig", "notes.txt"} {
+		if err := os.WriteFile(filepath.Join(home, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(home, ".config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	allowed := isolation.HostPolicy(config.Agent{FileAccess: config.FileAccess{AllowHomeDotfiles: true}}, wsA, nil, isolation.RunUserHome(home))
+	for _, want := range []string{filepath.Join(home, ".gitconfig"), filepath.Join(home, ".config")} {
+		if !slices.Contains(allowed.AllowRead, want) {
+			t.Errorf("%s is not readable: %q", want, allowed.AllowRead)
+		}
+	}
+	if covers(allowed.AllowRead, filepath.Join(home, "notes.txt")) {
+		t.Errorf("a non-dot file of home is readable: %q", allowed.AllowRead)
+	}
+	denied := isolation.HostPolicy(config.Agent{}, wsA, nil, isolation.RunUserHome(home))
+	if covers(denied.AllowRead, filepath.Join(home, ".gitconfig")) {
+		t.Errorf("dotfiles readable without allow_home_dotfiles: %q", denied.AllowRead)
+	}
+}
+
+func TestHostPolicyIsOnlyUnrestrictedWhenConfiguredSo(t *testing.T) {
+	t.Parallel()
+	_, _, wsA, _ := stateTree(t)
+	p := isolation.HostPolicy(config.Agent{FileAccess: config.FileAccess{Unrestricted: true}}, wsA, []string{"/etc/berth"})
+	if want := (agentproto.Policy{Unrestricted: true}); !equalPolicy(p, want) {
+		t.Errorf("got %+v, want %+v", p, want)
+	}
+}
+
+func equalPolicy(a, b agentproto.Policy) bool {
+	return a.Unrestricted == b.Unrestricted && a.Network == b.Network &&
+		slices.Equal(a.AllowRead, b.AllowRead) && slices.Equal(a.AllowReadWrite, b.AllowReadWrite) &&
+		slices.Equal(a.Deny, b.Deny) && slices.Equal(a.ConnectPorts, b.ConnectPorts)
+}
+
+func TestHostPolicyKeepsAWorkspaceReachedThroughASymlink(t *testing.T) {
+	t.Parallel()
+	state, _, wsA, wsB := stateTree(t)
+	link := filepath.Join(t.TempDir(), "ws")
+	if err := os.Symlink(wsA, link); err != nil {
+		t.Fatal(err)
+	}
+	p := isolation.HostPolicy(config.Agent{}, link, []string{state})
+	real, _ := filepath.EvalSymlinks(wsA)
+	for _, d := range p.Deny {
+		if d == real || strings.HasPrefix(real, d+"/") {
+			t.Errorf("deny %s covers the workspace behind the symlink", d)
+		}
+	}
+	realB, _ := filepath.EvalSymlinks(wsB)
+	if !slices.Contains(p.Deny, realB) {
+		t.Errorf("the other workspace %s is not denied: %q", realB, p.Deny)
+	}
+}

@@ -1,0 +1,49 @@
+// Package unrestricted is the isolation backend for agents an admin
+// configured with file_access.unrestricted: berth-agent runs as a plain host
+// process without Landlock (still with a minimal environment, its own process
+// group and, unless allowed, no network). It may run as root. Every run is
+// logged as a warning.
+package unrestricted
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/hostrun"
+)
+
+// Name is the backend's config name.
+const Name = "unrestricted"
+
+// Backend runs agents without file confinement.
+type Backend struct {
+	runner hostrun.Runner
+	log    *slog.Logger
+}
+
+// New returns the unrestricted backend; log nil means slog.Default().
+func New(log *slog.Logger) *Backend {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Backend{runner: hostrun.Runner{AllowRoot: true}, log: log}
+}
+
+var _ isolation.Backend = (*Backend)(nil)
+
+// Name returns "unrestricted".
+func (b *Backend) Name() string { return Name }
+
+// Run runs spec.Request with Policy.Unrestricted forced on.
+func (b *Backend) Run(ctx context.Context, spec isolation.Spec) (isolation.Result, error) {
+	b.log.Warn("running agent UNRESTRICTED on the host: no file confinement",
+		"agent", spec.AgentID, "run", spec.RunID, "run_as", spec.RunAs)
+	spec.Request.Policy.Unrestricted = true
+	return b.runner.Run(ctx, spec)
+}
+
+// Kill ends the agent process group named by handle.
+func (b *Backend) Kill(ctx context.Context, handle string) error {
+	return hostrun.Kill(ctx, handle)
+}
