@@ -5,14 +5,20 @@
 package daemon
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 
 	"github.com/coreos/go-systemd/v22/activation"
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
+
+	"github.com/berth-dev/berth/internal/config"
 )
 
 // ConfigPath is the config file to load: flag value, else $BERTH_CONFIG, else
@@ -83,4 +89,48 @@ func Notify(state string) {
 	if _, err := sddaemon.SdNotify(false, state); err != nil {
 		slog.Debug("sd_notify failed", "state", state, "err", err)
 	}
+}
+
+// Loop blocks until the service should stop: SIGTERM or SIGINT (returns
+// "signal"), the bus connection ending (returns "bus connection lost"), or ctx
+// done. SIGHUP calls reload, which logs and keeps the old config on error.
+func Loop(ctx context.Context, log *slog.Logger, busDone <-chan struct{}, reload func() error) string {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	for {
+		select {
+		case <-ctx.Done():
+			return "context done"
+		case <-busDone:
+			return "bus connection lost"
+		case sig := <-sigs:
+			if sig != syscall.SIGHUP {
+				return "signal " + sig.String()
+			}
+			Notify("RELOADING=1\nMONOTONIC_USEC=" + sddaemon.SdNotifyMonotonicUsec())
+			if err := reload(); err != nil {
+				log.Error("config reload refused; the old config keeps serving", "err", err)
+			} else {
+				log.Info("config reloaded")
+			}
+			Notify("READY=1")
+		}
+	}
+}
+
+// LoadConfig loads the config and logs each error on its own line (file,
+// line and key), so the journal shows what to fix.
+func LoadConfig(path string, log *slog.Logger) (*config.Config, error) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		var errs config.Errors
+		if errors.As(err, &errs) {
+			for _, e := range errs {
+				log.Error("bad config", "file", e.File, "line", e.Line, "key", e.Key, "err", e.Msg)
+			}
+		}
+		return nil, fmt.Errorf("cannot load config %s: %w", path, err)
+	}
+	return cfg, nil
 }

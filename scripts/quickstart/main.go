@@ -56,6 +56,10 @@ func run() error {
 	if !*keep {
 		defer os.RemoveAll(work)
 	}
+	// The agent runs as an unprivileged user: it must reach bin/ and the state.
+	if err := os.Chmod(work, 0o755); err != nil {
+		return err
+	}
 	binDir := filepath.Join(work, "bin")
 	fmt.Fprintf(os.Stderr, "==> building berth into %s\n", binDir)
 	if err := devstack.Build(repo, binDir); err != nil {

@@ -1,0 +1,423 @@
+package intake
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+)
+
+// Bucket and key names; the package comment draws the tree.
+var (
+	bucketMeta     = []byte("meta")
+	keySchema      = []byte("schema_version")
+	bucketInbox    = []byte("inbox")
+	bucketOutbox   = []byte("outbox")
+	bucketMessages = []byte("messages")
+	bucketReplies  = []byte("replies")
+	bucketPending  = []byte("pending")
+)
+
+// Entry states (the state field).
+const (
+	statePending   = "pending"
+	stateSubmitted = "submitted"
+	stateDelivered = "delivered"
+)
+
+// inboxEntry is an accepted chat message (inbox/messages).
+type inboxEntry struct {
+	Connector   string    `json:"connector"`
+	ID          string    `json:"id"`
+	Channel     string    `json:"channel"`
+	ChannelName string    `json:"channel_name,omitempty"`
+	Thread      string    `json:"thread,omitempty"`
+	Author      string    `json:"author"`
+	Text        string    `json:"text"`
+	Agent       string    `json:"agent"`
+	ReceivedAt  time.Time `json:"received_at"`
+	State       string    `json:"state"`
+	RunID       string    `json:"run_id,omitempty"`
+	Attempts    int       `json:"attempts,omitempty"`
+	LastError   string    `json:"last_error,omitempty"`
+	Seq         uint64    `json:"seq"`
+}
+
+// Key is the message's inbox key and the scheduler's idempotency key.
+func (m inboxEntry) Key() string { return messageKey(m.Connector, m.ID) }
+
+func messageKey(connector, id string) string { return connector + "/" + id }
+
+// outboxEntry is an agent's reply (outbox/replies), waiting to be posted to the
+// connector's reply_url.
+type outboxEntry struct {
+	RunID       string    `json:"run_id"`
+	MessageID   string    `json:"message_id"`
+	Connector   string    `json:"connector"`
+	Agent       string    `json:"agent,omitempty"`
+	Channel     string    `json:"channel,omitempty"`
+	Thread      string    `json:"thread,omitempty"`
+	RunState    string    `json:"run_state,omitempty"`
+	Text        string    `json:"text,omitempty"`
+	Error       string    `json:"error,omitempty"`
+	State       string    `json:"state"`
+	Attempts    int       `json:"attempts,omitempty"`
+	LastError   string    `json:"last_error,omitempty"`
+	NextAttempt time.Time `json:"next_attempt,omitzero"`
+	DeliveredAt time.Time `json:"delivered_at,omitzero"`
+	Seq         uint64    `json:"seq"`
+}
+
+// migration brings the database from version-1 to version.
+type migration struct {
+	version int
+	apply   func(tx *bolt.Tx) error
+}
+
+// migrations are applied in order to databases older than their version.
+// Append only; never edit a released entry.
+var migrations = []migration{
+	{version: 1, apply: createV1Buckets},
+}
+
+func schemaVersion() int { return migrations[len(migrations)-1].version }
+
+func createV1Buckets(tx *bolt.Tx) error {
+	for _, path := range [][][]byte{
+		{bucketInbox, bucketMessages},
+		{bucketInbox, bucketPending},
+		{bucketOutbox, bucketReplies},
+		{bucketOutbox, bucketPending},
+	} {
+		parent, err := tx.CreateBucketIfNotExists(path[0])
+		if err != nil {
+			return err
+		}
+		if _, err := parent.CreateBucketIfNotExists(path[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// store is intake.db. It is safe for concurrent use; bbolt serialises writers.
+type store struct {
+	db *bolt.DB
+}
+
+// openStore opens (creating and migrating when needed) the database at path.
+// A second opener gives up after a second instead of waiting forever.
+func openStore(path string) (*store, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if errors.Is(err, bolterrors.ErrTimeout) {
+		return nil, fmt.Errorf("cannot open %s: another process holds it (is berth-intake already running?)", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot open %s: %w", path, err)
+	}
+	if err := db.Update(migrate); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("cannot migrate %s: %w", path, err)
+	}
+	return &store{db: db}, nil
+}
+
+func migrate(tx *bolt.Tx) error {
+	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+	if err != nil {
+		return err
+	}
+	current := 0
+	if v := meta.Get(keySchema); v != nil {
+		if len(v) != 8 {
+			return fmt.Errorf("schema version is %d bytes long, want 8", len(v))
+		}
+		current = int(binary.BigEndian.Uint64(v))
+	}
+	if current > schemaVersion() {
+		return fmt.Errorf("schema version %d is newer than this berth-intake knows (%d)", current, schemaVersion())
+	}
+	for _, m := range migrations {
+		if m.version <= current {
+			continue
+		}
+		if err := m.apply(tx); err != nil {
+			return fmt.Errorf("migration to version %d failed: %w", m.version, err)
+		}
+		current = m.version
+	}
+	return meta.Put(keySchema, u64(uint64(current)))
+}
+
+func (s *store) Close() error { return s.db.Close() }
+
+func u64(v uint64) []byte {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint64(b, v)
+	return b
+}
+
+func inboxBuckets(tx *bolt.Tx) (messages, pending *bolt.Bucket) {
+	inbox := tx.Bucket(bucketInbox)
+	return inbox.Bucket(bucketMessages), inbox.Bucket(bucketPending)
+}
+
+func outboxBuckets(tx *bolt.Tx) (replies, pending *bolt.Bucket) {
+	outbox := tx.Bucket(bucketOutbox)
+	return outbox.Bucket(bucketReplies), outbox.Bucket(bucketPending)
+}
+
+// message returns the inbox entry of connector/id.
+func (s *store) message(connector, id string) (inboxEntry, bool, error) {
+	var m inboxEntry
+	var found bool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		messages, _ := inboxBuckets(tx)
+		v := messages.Get([]byte(messageKey(connector, id)))
+		if v == nil {
+			return nil
+		}
+		found = true
+		return json.Unmarshal(v, &m)
+	})
+	if err != nil {
+		return inboxEntry{}, false, fmt.Errorf("cannot read inbox: %w", err)
+	}
+	return m, found, nil
+}
+
+// accept stores m as pending unless its key is already in the inbox, and
+// returns the stored entry and whether it was new. It returns after the
+// commit is on disk.
+func (s *store) accept(m inboxEntry) (inboxEntry, bool, error) {
+	var created bool
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		messages, pending := inboxBuckets(tx)
+		key := []byte(m.Key())
+		if v := messages.Get(key); v != nil {
+			return json.Unmarshal(v, &m)
+		}
+		seq, err := pending.NextSequence()
+		if err != nil {
+			return err
+		}
+		m.Seq, m.State = seq, statePending
+		v, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		if err := messages.Put(key, v); err != nil {
+			return err
+		}
+		created = true
+		return pending.Put(u64(seq), key)
+	})
+	if err != nil {
+		return inboxEntry{}, false, fmt.Errorf("cannot store message in inbox: %w", err)
+	}
+	return m, created, nil
+}
+
+// pendingMessages returns the messages not yet submitted, oldest first.
+func (s *store) pendingMessages() ([]inboxEntry, error) {
+	var out []inboxEntry
+	err := s.db.View(func(tx *bolt.Tx) error {
+		messages, pending := inboxBuckets(tx)
+		return pending.ForEach(func(_, key []byte) error {
+			var m inboxEntry
+			v := messages.Get(key)
+			if v == nil {
+				return fmt.Errorf("pending index names missing message %q", key)
+			}
+			if err := json.Unmarshal(v, &m); err != nil {
+				return fmt.Errorf("message %q: %w", key, err)
+			}
+			out = append(out, m)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot read pending inbox: %w", err)
+	}
+	return out, nil
+}
+
+// updateMessage applies change to the stored message with key and drops it
+// from the pending index once it is no longer pending.
+func (s *store) updateMessage(key string, change func(*inboxEntry)) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		messages, pending := inboxBuckets(tx)
+		v := messages.Get([]byte(key))
+		if v == nil {
+			return fmt.Errorf("message %q is not in the inbox", key)
+		}
+		var m inboxEntry
+		if err := json.Unmarshal(v, &m); err != nil {
+			return err
+		}
+		change(&m)
+		if m.State != statePending {
+			if err := pending.Delete(u64(m.Seq)); err != nil {
+				return err
+			}
+		}
+		nv, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		return messages.Put([]byte(key), nv)
+	})
+}
+
+func (s *store) markSubmitted(key, runID string) error {
+	err := s.updateMessage(key, func(m *inboxEntry) {
+		m.State, m.RunID, m.LastError = stateSubmitted, runID, ""
+		m.Attempts++
+	})
+	if err != nil {
+		return fmt.Errorf("cannot mark message submitted: %w", err)
+	}
+	return nil
+}
+
+func (s *store) recordSubmitFailure(key string, cause error) error {
+	err := s.updateMessage(key, func(m *inboxEntry) {
+		m.Attempts++
+		m.LastError = cause.Error()
+	})
+	if err != nil {
+		return fmt.Errorf("cannot record submit failure: %w", err)
+	}
+	return nil
+}
+
+// addReply stores r as pending unless its run id is already in the outbox;
+// it reports whether r was new and returns after the commit is on disk.
+func (s *store) addReply(r outboxEntry) (bool, error) {
+	var created bool
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		replies, pending := outboxBuckets(tx)
+		key := []byte(r.RunID)
+		if replies.Get(key) != nil {
+			return nil
+		}
+		seq, err := pending.NextSequence()
+		if err != nil {
+			return err
+		}
+		r.Seq, r.State = seq, statePending
+		v, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		if err := replies.Put(key, v); err != nil {
+			return err
+		}
+		created = true
+		return pending.Put(u64(seq), key)
+	})
+	if err != nil {
+		return false, fmt.Errorf("cannot store reply in outbox: %w", err)
+	}
+	return created, nil
+}
+
+// pendingReplies returns the replies not yet delivered, oldest first.
+func (s *store) pendingReplies() ([]outboxEntry, error) {
+	var out []outboxEntry
+	err := s.db.View(func(tx *bolt.Tx) error {
+		replies, pending := outboxBuckets(tx)
+		return pending.ForEach(func(_, key []byte) error {
+			var r outboxEntry
+			v := replies.Get(key)
+			if v == nil {
+				return fmt.Errorf("pending index names missing reply %q", key)
+			}
+			if err := json.Unmarshal(v, &r); err != nil {
+				return fmt.Errorf("reply %q: %w", key, err)
+			}
+			out = append(out, r)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot read pending outbox: %w", err)
+	}
+	return out, nil
+}
+
+func (s *store) updateReply(runID string, change func(*outboxEntry)) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		replies, pending := outboxBuckets(tx)
+		v := replies.Get([]byte(runID))
+		if v == nil {
+			return fmt.Errorf("run %q is not in the outbox", runID)
+		}
+		var r outboxEntry
+		if err := json.Unmarshal(v, &r); err != nil {
+			return err
+		}
+		change(&r)
+		if r.State != statePending {
+			if err := pending.Delete(u64(r.Seq)); err != nil {
+				return err
+			}
+		}
+		nv, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		return replies.Put([]byte(runID), nv)
+	})
+}
+
+func (s *store) markDelivered(runID string, at time.Time) error {
+	err := s.updateReply(runID, func(r *outboxEntry) {
+		r.State, r.DeliveredAt, r.NextAttempt, r.LastError = stateDelivered, at, time.Time{}, ""
+		r.Attempts++
+	})
+	if err != nil {
+		return fmt.Errorf("cannot mark reply delivered: %w", err)
+	}
+	return nil
+}
+
+func (s *store) recordDeliveryFailure(runID string, cause error, next func(attempts int) time.Time) error {
+	err := s.updateReply(runID, func(r *outboxEntry) {
+		r.Attempts++
+		r.LastError = cause.Error()
+		r.NextAttempt = next(r.Attempts)
+	})
+	if err != nil {
+		return fmt.Errorf("cannot record delivery failure: %w", err)
+	}
+	return nil
+}
+
+// pendingCounts returns how many messages wait for the scheduler and how many
+// replies wait for their platform.
+func (s *store) pendingCounts() (inbox, outbox uint32, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		_, in := inboxBuckets(tx)
+		_, out := outboxBuckets(tx)
+		inbox, outbox = uint32(countKeys(in)), uint32(countKeys(out))
+		return nil
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("cannot count pending entries: %w", err)
+	}
+	return inbox, outbox, nil
+}
+
+func countKeys(b *bolt.Bucket) int {
+	n := 0
+	c := b.Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		n++
+	}
+	return n
+}

@@ -1,0 +1,191 @@
+package intake
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+)
+
+const (
+	// MaxBodyBytes is the largest webhook body accepted.
+	MaxBodyBytes = 1 << 20
+	// MaxIDLength is the longest message id accepted.
+	MaxIDLength = 200
+
+	connectorTypeWebhook = "webhook"
+)
+
+// webhookMessage is the body of POST /hooks/{connector}.
+type webhookMessage struct {
+	ID          string `json:"id"`
+	Channel     string `json:"channel"`
+	ChannelName string `json:"channel_name"`
+	Thread      string `json:"thread"`
+	Author      string `json:"author"`
+	Text        string `json:"text"`
+}
+
+// Handler serves POST /hooks/{connector} and GET /healthz.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /hooks/{connector}", s.serveHook)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	return mux
+}
+
+func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
+	connectorID := r.PathValue("connector")
+	log := s.log.With("connector", connectorID)
+
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is larger than %d bytes", MaxBodyBytes))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "cannot read body")
+		return
+	}
+
+	cfg := s.config()
+	conn, ok := cfg.Connector(connectorID)
+	if !ok || conn.Type != connectorTypeWebhook {
+		log.Info("webhook for unknown connector refused")
+		writeError(w, http.StatusNotFound, "no webhook connector named "+connectorID)
+		return
+	}
+	secret, err := cfg.ConnectorSecret(connectorID)
+	if err != nil || len(secret) == 0 {
+		log.Error("connector has no usable secret; refusing its webhooks", "err", err)
+		writeError(w, http.StatusInternalServerError, "connector is misconfigured")
+		return
+	}
+	if err := verifySignature(r.Header, secret, s.now(), body); err != nil {
+		log.Info("webhook refused", "reason", err)
+		writeError(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+
+	in, err := decodeWebhookMessage(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if in.ID == "" {
+		in.ID = newMessageID()
+	}
+	log = log.With("message_id", in.ID)
+
+	// A repeat is acknowledged even if the routes have changed since.
+	if prior, found, err := s.store.message(connectorID, in.ID); err != nil {
+		log.Error("cannot look up message", "err", err)
+		writeError(w, http.StatusInternalServerError, "cannot store message")
+		return
+	} else if found {
+		log.Info("duplicate message acknowledged", "agent", prior.Agent)
+		writeJSON(w, http.StatusAccepted, map[string]string{"id": in.ID})
+		return
+	}
+
+	agent, err := cfg.Route(connectorID, in.Channel, in.ChannelName)
+	if err == nil && agent == "" {
+		err = fmt.Errorf("no agent for channel %q", in.Channel)
+	}
+	if err != nil {
+		log.Info("message has no route", "channel", in.Channel, "err", err)
+		writeError(w, http.StatusUnprocessableEntity, err.Error())
+		return
+	}
+	log = log.With("agent", agent)
+
+	m := inboxEntry{
+		Connector:   connectorID,
+		ID:          in.ID,
+		Channel:     in.Channel,
+		ChannelName: in.ChannelName,
+		Thread:      in.Thread,
+		Author:      in.Author,
+		Text:        in.Text,
+		Agent:       agent,
+		ReceivedAt:  s.now().UTC(),
+	}
+	if _, created, err := s.store.accept(m); err != nil {
+		log.Error("cannot accept message", "err", err)
+		writeError(w, http.StatusInternalServerError, "cannot store message")
+		return
+	} else if created {
+		log.Info("message accepted")
+		log.Debug("message text", "author", in.Author, "text", in.Text)
+		s.refreshCounters()
+		wake(s.wakeForward)
+	} else {
+		log.Info("duplicate message acknowledged")
+	}
+	writeJSON(w, http.StatusAccepted, map[string]string{"id": in.ID})
+}
+
+func decodeWebhookMessage(body []byte) (webhookMessage, error) {
+	var in webhookMessage
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return in, fmt.Errorf("malformed JSON: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return in, errors.New("malformed JSON: data after the object")
+	}
+	for _, f := range []struct{ name, value string }{
+		{"channel", in.Channel}, {"author", in.Author}, {"text", in.Text},
+	} {
+		if f.value == "" {
+			return in, fmt.Errorf("missing %s", f.name)
+		}
+	}
+	if in.ID != "" {
+		if err := validID(in.ID); err != nil {
+			return in, fmt.Errorf("bad id: %v", err)
+		}
+	}
+	return in, nil
+}
+
+// validID accepts up to MaxIDLength visible ASCII characters other than "/":
+// ids become database keys and the second half of "<connector>/<id>".
+func validID(id string) error {
+	if id == "" {
+		return errors.New("empty")
+	}
+	if len(id) > MaxIDLength {
+		return fmt.Errorf("longer than %d characters", MaxIDLength)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c <= ' ' || c > '~' || c == '/' {
+			return fmt.Errorf("character %q at %d is not printable ASCII other than space and /", c, i)
+		}
+	}
+	return nil
+}
+
+func newMessageID() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
