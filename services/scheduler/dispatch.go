@@ -1,0 +1,346 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/isolation"
+)
+
+// maxConcurrent is [scheduler] max_concurrent_runs, 4 when unset.
+func maxConcurrent(cfg *config.Config) int {
+	if n := cfg.Scheduler.MaxConcurrentRuns; n > 0 {
+		return n
+	}
+	return 4
+}
+
+// dispatch starts queued runs in FIFO order, skipping agents that already
+// have a run, until max_concurrent_runs are running.
+func (s *Service) dispatch() {
+	claimed := s.claim()
+	for _, r := range claimed {
+		s.log.Info("run started", "run", r.ID, "agent", r.Agent, "attempt", r.Attempts)
+		s.emitStateChanged(r)
+	}
+	if len(claimed) > 0 {
+		s.publishCounts()
+	}
+}
+
+// claim marks the runs to start as running and starts them.
+func (s *Service) claim() []Run {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		return nil
+	}
+	cfg := s.cfg.Load()
+	limit := maxConcurrent(cfg)
+	if len(s.active) >= limit {
+		return nil
+	}
+	busy := make(map[string]bool, len(s.active))
+	for _, a := range s.active {
+		busy[a.agent] = true
+	}
+	var claimed []Run
+	now := time.Now()
+	err := s.store.db.Update(func(tx *bolt.Tx) error {
+		claimed = claimed[:0]
+		for _, id := range queuedRunIDs(tx) {
+			if len(s.active)+len(claimed) >= limit {
+				break
+			}
+			r, ok, err := getRun(tx, id)
+			if err != nil {
+				return err
+			}
+			if !ok || busy[r.Agent] {
+				continue
+			}
+			busy[r.Agent] = true
+			r.State = StateRunning
+			r.Attempts++
+			r.StartedAt = now
+			r.Handle = ""
+			if err := putRun(tx, r); err != nil {
+				return err
+			}
+			claimed = append(claimed, r)
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Error("cannot start queued runs", "err", err)
+		return nil
+	}
+	for _, r := range claimed {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		a := &activeRun{agent: r.Agent, cancel: cancel, done: make(chan struct{})}
+		s.active[r.ID] = a
+		s.runs.Add(1)
+		go s.execute(ctx, a, r, cfg)
+	}
+	return claimed
+}
+
+// execute runs r to its end and records the outcome.
+func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.Config) {
+	defer s.runs.Done()
+	res, backend, runErr := s.runOnce(ctx, r, cfg)
+	cause := context.Cause(ctx)
+
+	s.mu.Lock()
+	var final Run
+	err := s.store.db.Update(func(tx *bolt.Tx) error {
+		cur, ok, err := getRun(tx, r.ID)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("run %s vanished", r.ID)
+		}
+		if backend != "" {
+			cur.Backend = backend
+		}
+		cur.Handle = ""
+		cur.StderrTail = trimTail(res.Stderr, maxStderrTail)
+		switch {
+		case runErr != nil && errors.Is(cause, errShutdown):
+			// Handed back by a graceful stop: not an attempt that counts.
+			cur.State = StateQueued
+			cur.Attempts--
+		case runErr != nil && errors.Is(cause, errCanceledByUser):
+			finish(&cur, StateCanceled, isolation.ReasonCanceled, "canceled while running")
+		case runErr != nil:
+			reason := isolation.ReasonOf(runErr)
+			if reason == "" {
+				reason = ReasonInternal
+			}
+			finish(&cur, StateFailed, reason, runErr.Error())
+		case res.Response.Error != "":
+			finish(&cur, StateFailed, res.Response.Error, res.Response.Error)
+			cur.Reply = res.Response.Reply
+		default:
+			finish(&cur, StateSucceeded, "", "")
+			cur.Reply = res.Response.Reply
+		}
+		if runErr == nil && len(res.Response.ToolCalls) > 0 {
+			calls, err := json.Marshal(res.Response.ToolCalls)
+			if err != nil {
+				return fmt.Errorf("cannot encode tool calls: %w", err)
+			}
+			cur.ToolCalls = calls
+		}
+		final = cur
+		return putRun(tx, cur)
+	})
+	delete(s.active, r.ID)
+	close(a.done)
+	s.mu.Unlock()
+
+	if err != nil {
+		// The record still says running: the next start reconciles it.
+		s.log.Error("cannot record run outcome", "run", r.ID, "err", err)
+	} else {
+		s.log.Info("run ended", "run", r.ID, "agent", r.Agent, "state", final.State, "reason", final.Reason)
+		if Finished(final.State) {
+			s.emitFinished(final)
+		} else {
+			s.emitStateChanged(final)
+		}
+	}
+	s.publishCounts()
+	wake(s.wakeDispatch)
+	wake(s.wakeDeliver)
+}
+
+// runOnce prepares the run's workspace and request and hands it to the
+// agent's backend. backend is the name of the backend used, if any.
+func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res isolation.Result, backend string, err error) {
+	agent, err := cfg.Agent(r.Agent)
+	if err != nil {
+		return res, "", &isolation.RunError{Reason: ReasonAgentNotConfigured, Err: err}
+	}
+	b := s.opts.Backends[agent.Isolation]
+	if b == nil {
+		if agent.Isolation == "container" {
+			return res, "", &isolation.RunError{Reason: ReasonContainerUnavailable}
+		}
+		return res, "", isolation.Errorf(ReasonNoBackend, "no backend %q in this scheduler", agent.Isolation)
+	}
+	backend = b.Name()
+	runUser, err := s.runUser(cfg)
+	if err != nil {
+		return res, backend, &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
+	}
+	workspace, err := s.prepareWorkspace(agent, runUser)
+	if err != nil {
+		return res, backend, &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
+	}
+	chain, err := cfg.ProviderChain(agent, s.opts.Getenv)
+	if err != nil {
+		return res, backend, &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
+	}
+	if len(chain) == 0 {
+		return res, backend, isolation.Errorf(isolation.ReasonStart, "agent %s has no provider", agent.ID)
+	}
+	var policyOpts []isolation.PolicyOption
+	if runUser != nil {
+		policyOpts = append(policyOpts, isolation.RunUserHome(runUser.HomeDir))
+	}
+	req := agentproto.Request{
+		Version: agentproto.Version,
+		RunID:   r.ID,
+		Agent: agentproto.Agent{
+			ID:            agent.ID,
+			Name:          agent.Name,
+			MaxIterations: agent.MaxIterations,
+			Tools:         agentproto.Tools{Allow: agent.Tools.Allow, Deny: agent.Tools.Deny},
+		},
+		Message: agentproto.Message{
+			ID:          r.MessageID,
+			Connector:   r.Connector,
+			Channel:     r.Channel,
+			ChannelName: r.ChannelName,
+			Thread:      r.Thread,
+			Author:      r.Author,
+			Text:        r.Text,
+			ReceivedAt:  r.CreatedAt,
+		},
+		Provider:  chain[0],
+		Fallback:  chain[1:],
+		Policy:    isolation.HostPolicy(agent, workspace, s.protectedPaths(cfg, agent, workspace), policyOpts...),
+		Workspace: workspace,
+	}
+	spec := isolation.Spec{
+		RunID:       r.ID,
+		AgentID:     agent.ID,
+		Request:     req,
+		Workspace:   workspace,
+		AgentBinary: cfg.Scheduler.AgentBinary,
+		RunAs:       cfg.Scheduler.RunAs,
+		Timeout:     agent.Timeout,
+		OnStart:     func(handle string) { s.saveHandle(r.ID, backend, handle) },
+	}
+	res, err = b.Run(ctx, spec)
+	return res, backend, err
+}
+
+// saveHandle records the sandbox handle so a restarted scheduler can kill it.
+func (s *Service) saveHandle(runID, backend, handle string) {
+	err := s.store.db.Update(func(tx *bolt.Tx) error {
+		r, ok, err := getRun(tx, runID)
+		if err != nil || !ok {
+			return err
+		}
+		r.Backend, r.Handle = backend, handle
+		return putRun(tx, r)
+	})
+	if err != nil {
+		s.log.Error("cannot record sandbox handle", "run", runID, "handle", handle, "err", err)
+	}
+}
+
+// runUser looks up [scheduler] run_as when the scheduler runs as root (it
+// then owns the workspaces); otherwise nil.
+func (s *Service) runUser(cfg *config.Config) (*user.User, error) {
+	if os.Geteuid() != 0 || cfg.Scheduler.RunAs == "" {
+		return nil, nil
+	}
+	u, err := user.Lookup(cfg.Scheduler.RunAs)
+	if err != nil {
+		return nil, fmt.Errorf("cannot find run user %s: %w", cfg.Scheduler.RunAs, err)
+	}
+	return u, nil
+}
+
+// workspaceOf is the agent's configured workspace or <state>/agents/<id>.
+func (s *Service) workspaceOf(a config.Agent) string {
+	if a.Workspace != "" {
+		return filepath.Clean(a.Workspace)
+	}
+	return filepath.Join(s.stateDir, "agents", a.ID)
+}
+
+// prepareWorkspace makes the agent's workspace (0700, owned by the run user
+// when the scheduler is root). An existing configured workspace is left as
+// the admin made it.
+func (s *Service) prepareWorkspace(a config.Agent, runUser *user.User) (string, error) {
+	ws := s.workspaceOf(a)
+	defaultLocation := a.Workspace == ""
+	if defaultLocation {
+		agentsDir := filepath.Dir(ws)
+		if err := os.MkdirAll(agentsDir, 0o755); err != nil {
+			return "", fmt.Errorf("cannot create %s: %w", agentsDir, err)
+		}
+		if err := os.Chmod(agentsDir, 0o755); err != nil {
+			return "", fmt.Errorf("cannot set mode of %s: %w", agentsDir, err)
+		}
+	}
+	err := os.Mkdir(ws, 0o700)
+	created := err == nil
+	if err != nil && !errors.Is(err, os.ErrExist) {
+		if err = os.MkdirAll(ws, 0o700); err != nil {
+			return "", fmt.Errorf("cannot create workspace %s: %w", ws, err)
+		}
+		created = true
+	}
+	if !created && !defaultLocation {
+		return ws, nil
+	}
+	if err := os.Chmod(ws, 0o700); err != nil {
+		return "", fmt.Errorf("cannot set mode of workspace %s: %w", ws, err)
+	}
+	if runUser != nil {
+		uid, _ := strconv.Atoi(runUser.Uid)
+		gid, _ := strconv.Atoi(runUser.Gid)
+		if err := os.Chown(ws, uid, gid); err != nil {
+			return "", fmt.Errorf("cannot hand workspace %s to %s: %w", ws, runUser.Username, err)
+		}
+	}
+	return ws, nil
+}
+
+// protectedPaths are what an agent must never reach even when its
+// file_access allows a parent: the state dir, the config dir and the other
+// agents' workspaces. isolation.HostPolicy keeps the agent's own workspace
+// reachable when one of them contains it.
+func (s *Service) protectedPaths(cfg *config.Config, a config.Agent, workspace string) []string {
+	protect := []string{s.stateDir}
+	if s.opts.ConfigDir != "" {
+		protect = append(protect, s.opts.ConfigDir)
+	} else {
+		for _, src := range cfg.Sources {
+			if dir := filepath.Dir(src); !slices.Contains(protect, dir) {
+				protect = append(protect, dir)
+			}
+		}
+	}
+	for _, other := range cfg.Agents {
+		if other.ID == a.ID {
+			continue
+		}
+		oa, err := cfg.Agent(other.ID)
+		if err != nil {
+			continue
+		}
+		if ws := s.workspaceOf(oa); ws != workspace && !slices.Contains(protect, ws) {
+			protect = append(protect, ws)
+		}
+	}
+	return protect
+}
