@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/testenv"
+
 	"github.com/berth-dev/berth/agent/confine"
 	"github.com/berth-dev/berth/internal/agentproto"
 )
@@ -43,10 +45,7 @@ func TestMain(m *testing.M) {
 func requireLandlock(t *testing.T, minABI int) {
 	t.Helper()
 	if abi := confine.KernelABI(); abi < minABI {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("kernel Landlock ABI is %d, these tests need %d", abi, minABI)
-		}
-		t.Skipf("kernel Landlock ABI is %d, these tests need %d", abi, minABI)
+		testenv.Need(t, false, "kernel Landlock ABI is %d, these tests need %d", abi, minABI)
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+
+	"github.com/berth-dev/berth/internal/testenv"
 )
 
 // base is a 0755 directory every test user can enter (t.TempDir's parent is
@@ -72,10 +74,5 @@ func workspace(t *testing.T) string {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("this test needs root")
-		}
-		t.Skip("this test needs root")
-	}
+	testenv.NeedRoot(t)
 }

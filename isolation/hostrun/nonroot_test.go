@@ -3,6 +3,7 @@ package hostrun_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -73,7 +74,17 @@ func runAsNobody(t *testing.T, runAs string) helperOutcome {
 	cmd.Dir = base
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{uint32(gid)}}}
-	data, err := cmd.Output()
+	// A parallel test may fork while the copy's write fd is still open in the
+	// child, which makes exec fail with ETXTBSY for a moment: retry briefly.
+	var data []byte
+	for attempt := 0; ; attempt++ {
+		data, err = cmd.Output()
+		if err == nil || !errors.Is(err, syscall.ETXTBSY) || attempt == 50 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+		cmd = rebuild(cmd)
+	}
 	if err != nil {
 		t.Fatalf("helper failed: %v", err)
 	}
@@ -82,6 +93,13 @@ func runAsNobody(t *testing.T, runAs string) helperOutcome {
 		t.Fatalf("cannot decode helper output %q: %v", data, err)
 	}
 	return out
+}
+
+// rebuild returns a fresh copy of an exec.Cmd that failed to start.
+func rebuild(c *exec.Cmd) *exec.Cmd {
+	n := exec.Command(c.Path, c.Args[1:]...)
+	n.Env, n.Dir, n.Stderr, n.SysProcAttr = c.Env, c.Dir, c.Stderr, c.SysProcAttr
+	return n
 }
 
 func TestRunAsNonRootCutsTheNetworkOrFailsClosed(t *testing.T) {

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/testenv"
+
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
@@ -51,12 +53,7 @@ func TestMain(m *testing.M) {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("this test needs root")
-		}
-		t.Skip("this test needs root")
-	}
+	testenv.NeedRoot(t)
 }
 
 // mkdirNobody makes dir (and parents) 0755, owned by nobody when own is set.
@@ -158,12 +155,7 @@ func TestLandlockBackendRefusesRootAndUnconfinedRuns(t *testing.T) {
 func TestLandlockBackendConfinesTheRealBerthAgent(t *testing.T) {
 	t.Parallel()
 	requireRoot(t)
-	if berthAgentBuild != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("cannot build berth-agent: %v", berthAgentBuild)
-		}
-		t.Skipf("cannot build berth-agent: %v", berthAgentBuild)
-	}
+	testenv.Need(t, berthAgentBuild == nil, "cannot build berth-agent: %v", berthAgentBuild)
 	root, err := os.MkdirTemp(base, "host-")
 	if err != nil {
 		t.Fatal(err)

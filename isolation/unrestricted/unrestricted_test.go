@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/testenv"
+
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/unrestricted"
@@ -45,12 +47,7 @@ const providerKey = "sk-unrestricted-KEY-must-not-leak"
 
 func TestUnrestrictedBackendForcesUnrestrictedAndWarnsOnEveryRun(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("this test needs root")
-		}
-		t.Skip("this test needs root")
-	}
+	testenv.NeedRoot(t)
 	var logs bytes.Buffer
 	b := unrestricted.New(slog.New(slog.NewJSONHandler(&logs, nil)))
 	if b.Name() != "unrestricted" {
