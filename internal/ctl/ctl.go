@@ -419,7 +419,7 @@ func printRun(w io.Writer, run map[string]dbus.Variant) {
 	}
 	var rest []string
 	for k := range run {
-		if !seen[k] && k != "stderr" {
+		if !seen[k] && k != "stderr_tail" {
 			rest = append(rest, k)
 		}
 	}

@@ -115,6 +115,12 @@ func Start(opts Options) (*Stack, error) {
 		s.Stop()
 		return nil, err
 	}
+	// The probe connection made systemd-socket-activate exec intake; return
+	// once it is on the bus, so callers start from a known state.
+	if err := s.WaitService(bus.IntakeName, 15*time.Second); err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("%w (see %s)", err, s.IntakeLog)
+	}
 	return s, nil
 }
 
@@ -285,4 +291,27 @@ func freeLoopbackAddr() (string, error) {
 	}
 	defer l.Close()
 	return l.Addr().String(), nil
+}
+
+// IntakeLauncherPID is the pid systemd-socket-activate ran as. It execs
+// berth-intake on the first connection, so once intake runs, the owner of
+// dev.berth.Intake1 has this very pid — proof intake got its socket by
+// socket activation.
+func (s *Stack) IntakeLauncherPID() int {
+	if s.intake == nil || s.intake.Process == nil {
+		return 0
+	}
+	return s.intake.Process.Pid
+}
+
+// WaitService waits until a process owns the bus name.
+func (s *Stack) WaitService(name string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if pid, _ := s.ServicePID(name); pid > 0 {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("%s did not appear on the bus within %v", name, timeout)
 }

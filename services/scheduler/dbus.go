@@ -206,6 +206,7 @@ func (r Run) Variants() map[string]dbus.Variant {
 		"delivered":     dbus.MakeVariant(r.Delivered),
 		"backend":       dbus.MakeVariant(r.Backend),
 		"tool_calls":    dbus.MakeVariant(toolCalls),
+		"stderr_tail":   dbus.MakeVariant(r.StderrTail),
 	}
 }
 

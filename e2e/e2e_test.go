@@ -1,0 +1,251 @@
+// Package e2e runs the whole suite the way systemd does — berth-intake
+// socket-activated by systemd-socket-activate, berth-scheduler D-Bus-activated
+// on a private system bus that loads units/dbus — and checks what a user would
+// notice: signed messages in, replies out, nothing lost, nothing run twice,
+// and agents that cannot read what they must not.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/godbus/dbus/v5"
+
+	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/devstack"
+	"github.com/berth-dev/berth/internal/testenv"
+)
+
+var (
+	binDir   string
+	buildErr error
+	baseDir  string
+)
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		var err error
+		// 0755 all the way down: agents run as nobody and must exec berth-agent.
+		baseDir, err = os.MkdirTemp("", "berth-e2e-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(baseDir)
+		_ = os.Chmod(baseDir, 0o755)
+		binDir = filepath.Join(baseDir, "bin")
+		_, file, _, _ := runtime.Caller(0)
+		buildErr = devstack.Build(filepath.Join(filepath.Dir(file), ".."), binDir)
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+const secret = "e2e-webhook-secret"
+
+// replySink is the chat platform: it verifies each reply's signature and
+// records it by message id.
+type replySink struct {
+	srv   *httptest.Server
+	mu    sync.Mutex
+	byID  map[string][]map[string]any
+	count int
+	bad   int
+}
+
+func newReplySink(t *testing.T) *replySink {
+	s := &replySink{byID: map[string][]map[string]any{}}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		_, want := devstack.SignAt([]byte(secret), r.Header.Get("X-Berth-Timestamp"), body)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if !hmac.Equal([]byte(want), []byte(r.Header.Get("X-Berth-Signature"))) {
+			s.bad++
+			http.Error(w, "bad signature", http.StatusUnauthorized)
+			return
+		}
+		var reply map[string]any
+		if err := json.Unmarshal(body, &reply); err != nil {
+			s.bad++
+			http.Error(w, "bad json", http.StatusBadRequest)
+			return
+		}
+		id, _ := reply["id"].(string)
+		s.byID[id] = append(s.byID[id], reply)
+		s.count++
+	}))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+// wait returns once every id has a reply, failing the test after timeout.
+func (s *replySink) wait(t *testing.T, timeout time.Duration, ids ...string) map[string]map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		s.mu.Lock()
+		got := map[string]map[string]any{}
+		for _, id := range ids {
+			if rs := s.byID[id]; len(rs) > 0 {
+				got[id] = rs[0]
+			}
+		}
+		s.mu.Unlock()
+		if len(got) == len(ids) {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replies for %d of %d messages after %v", len(got), len(ids), timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (s *replySink) replies(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.byID[id])
+}
+
+type suite struct {
+	*devstack.Stack
+	sink *replySink
+}
+
+type agentSpec struct {
+	id    string
+	extra string // TOML lines inside the [[agents]] table
+}
+
+// start brings up a suite with one binding channel_id=<agent id> per agent.
+func start(t *testing.T, agents []agentSpec, env ...string) *suite {
+	t.Helper()
+	testenv.NeedRoot(t)
+	_, err := exec.LookPath("systemd-socket-activate")
+	testenv.Need(t, err == nil, "systemd-socket-activate is not installed")
+	if buildErr != nil {
+		t.Fatalf("cannot build berth: %v", buildErr)
+	}
+	sink := newReplySink(t)
+	var cfg strings.Builder
+	fmt.Fprintf(&cfg, "[providers]\nprimary = \"local\"\n\n")
+	for _, a := range agents {
+		fmt.Fprintf(&cfg, "[[agents]]\nid = %q\nmax_iterations = 4\n%s\n\n", a.id, a.extra)
+	}
+	fmt.Fprintf(&cfg, "[intake]\ndefault_agent = %q\n\n", agents[0].id)
+	fmt.Fprintf(&cfg, "[[connectors]]\nid = \"hooks\"\ntype = \"webhook\"\nsecret = %q\nreply_url = %q\n\n", secret, sink.srv.URL+"/replies")
+	for _, a := range agents {
+		fmt.Fprintf(&cfg, "[[bindings]]\nconnector = \"hooks\"\nchannel_id = %q\nagent = %q\n\n", a.id, a.id)
+	}
+	fmt.Fprintf(&cfg, "[scheduler]\nmax_concurrent_runs = 4\ndefault_timeout_seconds = 60\nrun_as = \"nobody\"\nagent_binary = %q\n", filepath.Join(binDir, "berth-agent"))
+
+	dir, err := os.MkdirTemp(baseDir, "suite-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: dir, Config: cfg.String(), Env: env})
+	if err != nil {
+		t.Fatalf("cannot start the suite: %v", err)
+	}
+	t.Cleanup(func() {
+		st.Stop()
+		if t.Failed() {
+			for _, p := range []string{st.IntakeLog, st.Bus.LogPath} {
+				if b, err := os.ReadFile(p); err == nil {
+					t.Logf("%s:\n%s", p, tail(b, 6000))
+				}
+			}
+		}
+	})
+	return &suite{Stack: st, sink: sink}
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// post sends a signed message and returns the status and the id intake gave.
+func (s *suite) post(t *testing.T, msg map[string]string) (int, string) {
+	t.Helper()
+	body, _ := json.Marshal(msg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := s.Post(ctx, "hooks", []byte(secret), body)
+	if err != nil {
+		t.Fatalf("POST: %v", err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		ID    string `json:"id"`
+		Error string `json:"error"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out.ID
+}
+
+func (s *suite) mustPost(t *testing.T, channel, text string) string {
+	t.Helper()
+	status, id := s.post(t, map[string]string{"channel": channel, "author": "tester", "text": text})
+	if status != http.StatusAccepted || id == "" {
+		t.Fatalf("POST %q: status %d id %q, want 202 and an id", text, status, id)
+	}
+	return id
+}
+
+func (s *suite) conn(t *testing.T) *dbus.Conn {
+	t.Helper()
+	c, err := s.Conn()
+	if err != nil {
+		t.Fatalf("cannot connect to the suite's bus: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func (s *suite) listRuns(t *testing.T, filter map[string]dbus.Variant) []map[string]dbus.Variant {
+	t.Helper()
+	var runs []map[string]dbus.Variant
+	err := s.conn(t).Object(bus.SchedulerName, bus.SchedulerPath).Call(bus.SchedulerInterface+".ListRuns", 0, filter).Store(&runs)
+	if err != nil {
+		t.Fatalf("ListRuns: %v", err)
+	}
+	return runs
+}
+
+func (s *suite) berthctl(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "berthctl"), args...)
+	cmd.Env = append(os.Environ(), "DBUS_SYSTEM_BUS_ADDRESS="+s.Bus.Address)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+func text(reply map[string]any) string {
+	s, _ := reply["text"].(string)
+	return s
+}
+
+func str(v dbus.Variant) string {
+	s, _ := v.Value().(string)
+	return s
+}
