@@ -101,9 +101,8 @@ func serve(configFlag, stateFlag, listenFlag string) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	runDone := make(chan error, 1)
 	go func() { runDone <- svc.Run(ctx) }()
-	daemon.Notify("READY=1\nSTATUS=accepting messages")
 
-	why := daemon.Loop(ctx, log, conn.Context().Done(), func() error {
+	why := daemon.Loop(ctx, log, conn.Context().Done(), "accepting messages", func() error {
 		newCfg, err := daemon.LoadConfig(configPath, log)
 		if err != nil {
 			return err

@@ -76,9 +76,8 @@ func serve(configFlag, stateFlag string, allUnrestricted bool) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	runDone := make(chan error, 1)
 	go func() { runDone <- svc.Run(ctx) }()
-	daemon.Notify("READY=1\nSTATUS=scheduling runs")
 
-	why := daemon.Loop(ctx, log, conn.Context().Done(), func() error {
+	why := daemon.Loop(ctx, log, conn.Context().Done(), "scheduling runs", func() error {
 		newCfg, err := daemon.LoadConfig(configPath, log)
 		if err != nil {
 			return err

@@ -91,13 +91,15 @@ func Notify(state string) {
 	}
 }
 
-// Loop blocks until the service should stop: SIGTERM or SIGINT (returns
-// "signal"), the bus connection ending (returns "bus connection lost"), or ctx
-// done. SIGHUP calls reload, which logs and keeps the old config on error.
-func Loop(ctx context.Context, log *slog.Logger, busDone <-chan struct{}, reload func() error) string {
+// Loop tells systemd the service is ready (with status) once its signal
+// handlers are in place, then blocks until the service should stop: SIGTERM
+// or SIGINT, the bus connection ending, or ctx done; it returns why. SIGHUP
+// calls reload, which logs and keeps the old config on error.
+func Loop(ctx context.Context, log *slog.Logger, busDone <-chan struct{}, status string, reload func() error) string {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
+	Notify("READY=1\nSTATUS=" + status)
 	for {
 		select {
 		case <-ctx.Done():
