@@ -1,20 +1,19 @@
 package intake
 
 import (
-	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
+	"github.com/berth-dev/berth/internal/boltstore"
+
 	bolt "go.etcd.io/bbolt"
-	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // Bucket and key names; the package comment draws the tree.
 var (
 	bucketMeta     = []byte("meta")
-	keySchema      = []byte("schema_version")
+	keySchema      = []byte("version") // written by boltstore
 	bucketInbox    = []byte("inbox")
 	bucketOutbox   = []byte("outbox")
 	bucketMessages = []byte("messages")
@@ -72,19 +71,13 @@ type outboxEntry struct {
 	Seq         uint64    `json:"seq"`
 }
 
-// migration brings the database from version-1 to version.
-type migration struct {
-	version int
-	apply   func(tx *bolt.Tx) error
-}
-
 // migrations are applied in order to databases older than their version.
 // Append only; never edit a released entry.
-var migrations = []migration{
-	{version: 1, apply: createV1Buckets},
+var migrations = []boltstore.Migration{
+	{Version: 1, Apply: createV1Buckets},
 }
 
-func schemaVersion() int { return migrations[len(migrations)-1].version }
+func schemaVersion() int { return migrations[len(migrations)-1].Version }
 
 func createV1Buckets(tx *bolt.Tx) error {
 	for _, path := range [][][]byte{
@@ -112,54 +105,16 @@ type store struct {
 // openStore opens (creating and migrating when needed) the database at path.
 // A second opener gives up after a second instead of waiting forever.
 func openStore(path string) (*store, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if errors.Is(err, bolterrors.ErrTimeout) {
-		return nil, fmt.Errorf("cannot open %s: another process holds it (is berth-intake already running?)", path)
-	}
+	db, err := boltstore.Open(path, "berth-intake", migrations)
 	if err != nil {
-		return nil, fmt.Errorf("cannot open %s: %w", path, err)
-	}
-	if err := db.Update(migrate); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("cannot migrate %s: %w", path, err)
+		return nil, err
 	}
 	return &store{db: db}, nil
 }
 
-func migrate(tx *bolt.Tx) error {
-	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
-	if err != nil {
-		return err
-	}
-	current := 0
-	if v := meta.Get(keySchema); v != nil {
-		if len(v) != 8 {
-			return fmt.Errorf("schema version is %d bytes long, want 8", len(v))
-		}
-		current = int(binary.BigEndian.Uint64(v))
-	}
-	if current > schemaVersion() {
-		return fmt.Errorf("schema version %d is newer than this berth-intake knows (%d)", current, schemaVersion())
-	}
-	for _, m := range migrations {
-		if m.version <= current {
-			continue
-		}
-		if err := m.apply(tx); err != nil {
-			return fmt.Errorf("migration to version %d failed: %w", m.version, err)
-		}
-		current = m.version
-	}
-	return meta.Put(keySchema, u64(uint64(current)))
-}
-
 func (s *store) Close() error { return s.db.Close() }
 
-func u64(v uint64) []byte {
-	b := make([]byte, 8)
-	binary.BigEndian.PutUint64(b, v)
-	return b
-}
+func u64(v uint64) []byte { return boltstore.U64(v) }
 
 func inboxBuckets(tx *bolt.Tx) (messages, pending *bolt.Bucket) {
 	inbox := tx.Bucket(bucketInbox)

@@ -2,17 +2,14 @@ package scheduler
 
 import (
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
+	"github.com/berth-dev/berth/internal/boltstore"
+
 	bolt "go.etcd.io/bbolt"
-	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // DBName is the file name of the store inside the state directory.
@@ -26,7 +23,7 @@ var (
 	bucketQueue      = []byte("queue")
 	bucketDeliveries = []byte("deliveries")
 
-	keyVersion = []byte("version")
+	keyVersion = []byte("version") // written by boltstore
 )
 
 // Run states.
@@ -70,15 +67,9 @@ type Run struct {
 	Seq         uint64          `json:"seq"` // key in queue/
 }
 
-// migration brings the store from version-1 to version.
-type migration struct {
-	version int
-	migrate func(tx *bolt.Tx) error
-}
-
 // migrations are applied in order; append, never edit a released one.
-var migrations = []migration{
-	{1, func(tx *bolt.Tx) error {
+var migrations = []boltstore.Migration{
+	{Version: 1, Apply: func(tx *bolt.Tx) error {
 		for _, name := range [][]byte{bucketRuns, bucketMessages, bucketQueue, bucketDeliveries} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return fmt.Errorf("cannot create bucket %s: %w", name, err)
@@ -89,7 +80,7 @@ var migrations = []migration{
 }
 
 // schemaVersion is the version this build writes.
-func schemaVersion() int { return migrations[len(migrations)-1].version }
+func schemaVersion() int { return migrations[len(migrations)-1].Version }
 
 // store is scheduler.db.
 type store struct {
@@ -99,54 +90,16 @@ type store struct {
 // openStore opens (creating and migrating) path. A second opener fails after
 // one second instead of waiting for the lock forever.
 func openStore(path string) (*store, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("cannot create state directory: %w", err)
-	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if errors.Is(err, bolterrors.ErrTimeout) {
-		return nil, fmt.Errorf("cannot open %s: it is held by another process (is another berth-scheduler running?)", path)
-	}
+	db, err := boltstore.Open(path, "berth-scheduler", migrations)
 	if err != nil {
-		return nil, fmt.Errorf("cannot open %s: %w", path, err)
-	}
-	if err := db.Update(migrate); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("cannot migrate %s: %w", path, err)
+		return nil, err
 	}
 	return &store{db: db}, nil
 }
 
-func migrate(tx *bolt.Tx) error {
-	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
-	if err != nil {
-		return fmt.Errorf("cannot create meta bucket: %w", err)
-	}
-	current := 0
-	if v := meta.Get(keyVersion); len(v) == 8 {
-		current = int(binary.BigEndian.Uint64(v))
-	}
-	if current > schemaVersion() {
-		return fmt.Errorf("schema version %d is newer than this build's %d", current, schemaVersion())
-	}
-	for _, m := range migrations {
-		if m.version <= current {
-			continue
-		}
-		if err := m.migrate(tx); err != nil {
-			return fmt.Errorf("migration to version %d: %w", m.version, err)
-		}
-		current = m.version
-	}
-	return meta.Put(keyVersion, u64(uint64(current)))
-}
-
 func (s *store) close() error { return s.db.Close() }
 
-func u64(v uint64) []byte {
-	b := make([]byte, 8)
-	binary.BigEndian.PutUint64(b, v)
-	return b
-}
+func u64(v uint64) []byte { return boltstore.U64(v) }
 
 func runsBucket(tx *bolt.Tx) *bolt.Bucket       { return tx.Bucket(bucketRuns) }
 func messagesBucket(tx *bolt.Tx) *bolt.Bucket   { return tx.Bucket(bucketMessages) }

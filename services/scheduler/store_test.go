@@ -24,8 +24,8 @@ func TestOpenStore(t *testing.T) {
 		defer st.close()
 		began := time.Now()
 		_, err = openStore(path)
-		if err == nil || !strings.Contains(err.Error(), "held by another process") {
-			t.Fatalf("second open error = %v, want 'held by another process'", err)
+		if err == nil || !strings.Contains(err.Error(), "another process holds it") {
+			t.Fatalf("second open error = %v, want 'another process holds it'", err)
 		}
 		if waited := time.Since(began); waited > 3*time.Second {
 			t.Fatalf("second open waited %s", waited)
@@ -74,8 +74,8 @@ func TestOpenStore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := openStore(path); err == nil || !strings.Contains(err.Error(), "newer than this build") {
-			t.Fatalf("open error = %v, want 'newer than this build'", err)
+		if _, err := openStore(path); err == nil || !strings.Contains(err.Error(), "newer than this berth-scheduler knows") {
+			t.Fatalf("open error = %v, want 'newer than this berth-scheduler knows'", err)
 		}
 	})
 }
