@@ -2,6 +2,7 @@ package intake
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -110,6 +111,29 @@ func (s *Service) forward(ctx context.Context, sub Submitter, m inboxEntry) (tim
 	defer cancel()
 	log := s.log.With("connector", m.Connector, "message_id", m.ID, "agent", m.Agent)
 	runID, err := sub.Submit(callCtx, submission(m))
+	if bus.ErrorName(err) == bus.ErrInvalidArgument {
+		// Retrying cannot help (say, its agent was removed from the config):
+		// tell the sender instead of retrying forever.
+		log.Error("scheduler refused message for good; sending an error reply", "err", err)
+		reply := outboxEntry{
+			RunID:     "refused-" + m.Key(),
+			MessageID: m.ID,
+			Connector: m.Connector,
+			Agent:     m.Agent,
+			Channel:   m.Channel,
+			Thread:    m.Thread,
+			RunState:  "failed",
+			Text:      "Sorry, berth could not run this message.",
+			Error:     dbusErrorText(err),
+		}
+		if err := s.store.refuseMessage(m.Key(), err, reply); err != nil {
+			log.Error("cannot record refused message", "err", err)
+			return s.now().Add(s.backoff.delay(m.Attempts + 1)), true
+		}
+		s.refreshCounters()
+		wake(s.wakeDeliver)
+		return time.Time{}, false
+	}
 	if err != nil {
 		attempts := m.Attempts + 1
 		delay := s.backoff.delay(attempts)
@@ -134,4 +158,15 @@ func earliest(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// dbusErrorText is the human part of a D-Bus error.
+func dbusErrorText(err error) string {
+	var de dbus.Error
+	if errors.As(err, &de) && len(de.Body) > 0 {
+		if msg, ok := de.Body[0].(string); ok {
+			return msg
+		}
+	}
+	return err.Error()
 }

@@ -25,6 +25,7 @@ var (
 const (
 	statePending   = "pending"
 	stateSubmitted = "submitted"
+	stateRefused   = "refused" // the scheduler refused it for good; an error reply was queued
 	stateDelivered = "delivered"
 )
 
@@ -235,6 +236,56 @@ func (s *store) markSubmitted(key, runID string) error {
 	})
 	if err != nil {
 		return fmt.Errorf("cannot mark message submitted: %w", err)
+	}
+	return nil
+}
+
+// refuseMessage ends a message the scheduler will never take (unknown agent,
+// bad input) and, in the same transaction, queues an error reply for its
+// sender, so the user hears why instead of waiting forever.
+func (s *store) refuseMessage(key string, cause error, reply outboxEntry) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		messages, inPending := inboxBuckets(tx)
+		v := messages.Get([]byte(key))
+		if v == nil {
+			return fmt.Errorf("message %q is not in the inbox", key)
+		}
+		var m inboxEntry
+		if err := json.Unmarshal(v, &m); err != nil {
+			return err
+		}
+		m.State, m.LastError = stateRefused, cause.Error()
+		m.Attempts++
+		if err := inPending.Delete(u64(m.Seq)); err != nil {
+			return err
+		}
+		nv, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		if err := messages.Put([]byte(key), nv); err != nil {
+			return err
+		}
+		replies, outPending := outboxBuckets(tx)
+		if replies.Get([]byte(reply.RunID)) != nil {
+			return nil
+		}
+		seq, err := outPending.NextSequence()
+		if err != nil {
+			return err
+		}
+		reply.Seq, reply.State = seq, statePending
+		rv, err := json.Marshal(reply)
+		if err != nil {
+			return err
+		}
+		if err := replies.Put([]byte(reply.RunID), rv); err != nil {
+			return err
+		}
+		return outPending.Put(u64(seq), []byte(reply.RunID))
+	})
+	if err != nil {
+		return fmt.Errorf("cannot record refused message: %w", err)
 	}
 	return nil
 }

@@ -2,7 +2,7 @@ package intake
 
 import (
 	"bytes"
-	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -80,7 +80,10 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if in.ID == "" {
-		in.ID = newMessageID()
+		// Derived from the signed request, not random: a replay of the same
+		// signed request within the timestamp window maps to the same id
+		// and runs nothing again.
+		in.ID = derivedMessageID(connectorID, r.Header.Get(HeaderTimestamp), r.Header.Get(HeaderSignature))
 	}
 	log = log.With("message_id", in.ID)
 
@@ -174,10 +177,11 @@ func validID(id string) error {
 	return nil
 }
 
-func newMessageID() string {
-	b := make([]byte, 16)
-	rand.Read(b)
-	return base64.RawURLEncoding.EncodeToString(b)
+// derivedMessageID names a message that came without an id after its
+// signature, which is unique per (secret, timestamp, body).
+func derivedMessageID(connector, timestamp, signature string) string {
+	sum := sha256.Sum256([]byte(connector + "\x00" + timestamp + "\x00" + signature))
+	return "sig-" + base64.RawURLEncoding.EncodeToString(sum[:18])
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
