@@ -235,7 +235,7 @@ func (s *Service) emitFinished(r Run) {
 	if conn == nil {
 		return
 	}
-	if err := conn.Emit(bus.SchedulerPath, bus.SchedulerInterface+".RunFinished", r.ID, r.State, r.Reply, r.Error); err != nil {
+	if err := conn.Emit(bus.SchedulerPath, bus.SchedulerInterface+".RunFinished", r.ID, r.Agent, r.State, r.Reason); err != nil {
 		s.log.Debug("cannot emit RunFinished", "run", r.ID, "err", err)
 	}
 }

@@ -101,8 +101,13 @@ func TestDBusSurface(t *testing.T) {
 
 	run.reply("hi there")
 	body := waitSignal(t, sigs, "dev.berth.Scheduler1.RunFinished", runID)
-	if body[1] != StateSucceeded || body[2] != "hi there" || body[3] != "" {
-		t.Fatalf("RunFinished = %v", body)
+	if len(body) != 4 || body[2] != StateSucceeded || body[3] != "" {
+		t.Fatalf("RunFinished = %v, want (run_id, agent, succeeded, no reason)", body)
+	}
+	for _, v := range body {
+		if v == "hi there" {
+			t.Fatalf("RunFinished broadcast the reply text to the whole bus: %v", body)
+		}
 	}
 
 	var got map[string]dbus.Variant

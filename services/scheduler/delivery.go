@@ -150,7 +150,11 @@ func (s *Service) deliver(ctx context.Context, id string) error {
 		dctx, cancel := context.WithTimeout(ctx, deliverTimeout)
 		err = s.opts.Deliverer.Deliver(dctx, ReplyOf(r))
 		cancel()
-		if err != nil {
+		if bus.ErrorName(err) == bus.ErrInvalidArgument {
+			// Intake will never take it (say, the connector was removed):
+			// retrying forever helps nobody. The run keeps its reply.
+			s.log.Error("intake refused the reply for good; it stays in the run record only", "run", id, "connector", r.Connector, "err", err)
+		} else if err != nil {
 			return err
 		}
 	}

@@ -192,16 +192,19 @@ func (s *Service) Submit(msg map[string]string) (string, error) {
 	}
 	cfg := s.cfg.Load()
 	known := cfg.AgentIDs()
-	if !slices.Contains(known, agent) {
-		return "", fmt.Errorf("%w: unknown agent %q (configured agents: %s)", ErrInvalidArgument, agent, strings.Join(known, ", "))
-	}
 	now := time.Now()
 	var r Run
 	created := false
 	err := s.store.db.Update(func(tx *bolt.Tx) error {
+		// The idempotency lookup comes first: a retried Submit of a message
+		// that was taken gets its run id even if the agent has since been
+		// removed from the config.
 		if existing := messagesBucket(tx).Get([]byte(id)); existing != nil {
 			r.ID = string(existing)
 			return nil
+		}
+		if !slices.Contains(known, agent) {
+			return fmt.Errorf("%w: unknown agent %q (configured agents: %s)", ErrInvalidArgument, agent, strings.Join(known, ", "))
 		}
 		seq, err := queueBucket(tx).NextSequence()
 		if err != nil {
@@ -227,6 +230,9 @@ func (s *Service) Submit(msg map[string]string) (string, error) {
 		created = true
 		return messagesBucket(tx).Put([]byte(id), []byte(r.ID))
 	})
+	if errors.Is(err, ErrInvalidArgument) {
+		return "", err
+	}
 	if err != nil {
 		return "", fmt.Errorf("cannot store run: %w", err)
 	}
