@@ -101,7 +101,10 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 		Stderr:    stderr,
 		WaitDelay: ioGrace,
 		SysProcAttr: &syscall.SysProcAttr{
-			Setpgid:    true,
+			// A session of its own: tools may start their own process groups
+			// (the shell tool does, to time out a command), but they stay in
+			// the agent's session, which killSession ends as a whole.
+			Setsid:     true,
 			Pdeathsig:  syscall.SIGKILL,
 			Credential: cred,
 		},
@@ -123,10 +126,9 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start " + spec.AgentBinary, Err: err}
 	}
 	pid := cmd.Process.Pid
-	if spec.OnStart != nil {
-		if st, err := startTime(pid); err == nil {
-			spec.OnStart(Handle(pid, st))
-		}
+	started, stErr := startTime(pid)
+	if spec.OnStart != nil && stErr == nil {
+		spec.OnStart(Handle(pid, started))
 	}
 
 	exited := make(chan struct{})
@@ -149,9 +151,9 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 		killed = &isolation.RunError{Reason: isolation.ReasonCanceled, Err: context.Cause(ctx)}
 	}
 	// The agent is still unreaped here (a zombie at worst), so its pid cannot
-	// have been reused: killing its group is safe. After a normal exit this
+	// have been reused: killing its session is safe. After a normal exit this
 	// ends whatever tools it left running.
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	killSession(pid, started)
 	<-exited
 	waitErr := cmd.Wait()
 
@@ -349,10 +351,35 @@ func Kill(ctx context.Context, handle string) error {
 	if got != want {
 		return nil
 	}
-	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
-		return fmt.Errorf("cannot kill process group %d: %w", pid, err)
-	}
+	killSession(pid, want)
 	return nil
+}
+
+// killSession SIGKILLs every process in session sid that started no earlier
+// than the session leader (so a reused session id is left alone), repeating
+// until none is left: a process may fork while we scan.
+func killSession(sid int, leaderStart uint64) {
+	for round := 0; round < 10; round++ {
+		found := false
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			session, start, err := sessionAndStart(pid)
+			if err != nil || session != sid || start < leaderStart {
+				continue
+			}
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				found = true
+			}
+		}
+		if !found {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func parseHandle(handle string) (int, uint64, error) {
@@ -373,22 +400,37 @@ func parseHandle(handle string) (int, uint64, error) {
 
 // startTime reads field 22 of /proc/<pid>/stat (clock ticks since boot).
 func startTime(pid int) (uint64, error) {
+	_, st, err := sessionAndStart(pid)
+	return st, err
+}
+
+// sessionAndStart reads fields 6 (session id) and 22 (start time) of
+// /proc/<pid>/stat.
+func sessionAndStart(pid int) (int, uint64, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// The command name (field 2) is in parentheses and may hold spaces and
 	// parentheses itself; fields after the last ')' start at field 3.
 	i := bytes.LastIndexByte(data, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("cannot parse /proc/%d/stat", pid)
+		return 0, 0, fmt.Errorf("cannot parse /proc/%d/stat", pid)
 	}
 	fields := strings.Fields(string(data[i+1:]))
-	const idx = 22 - 3
-	if len(fields) <= idx {
-		return 0, fmt.Errorf("cannot parse /proc/%d/stat: too few fields", pid)
+	const sessionIdx, startIdx = 6 - 3, 22 - 3
+	if len(fields) <= startIdx {
+		return 0, 0, fmt.Errorf("cannot parse /proc/%d/stat: too few fields", pid)
 	}
-	return strconv.ParseUint(fields[idx], 10, 64)
+	session, err := strconv.Atoi(fields[sessionIdx])
+	if err != nil {
+		return 0, 0, fmt.Errorf("cannot parse session of %d: %w", pid, err)
+	}
+	start, err := strconv.ParseUint(fields[startIdx], 10, 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("cannot parse start time of %d: %w", pid, err)
+	}
+	return session, start, nil
 }
 
 func withTail(detail, stderr string) string {

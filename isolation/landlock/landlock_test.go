@@ -203,3 +203,33 @@ func TestLandlockBackendConfinesTheRealBerthAgent(t *testing.T) {
 		t.Errorf("%d of 4 reads were denied:\n%s", got, reply)
 	}
 }
+
+// A timed-out run must not leave its tools running: the shell tool puts each
+// command in a process group of its own, yet the whole session goes.
+func TestTimeoutEndsEveryToolTheAgentStarted(t *testing.T) {
+	t.Parallel()
+	requireRoot(t)
+	testenv.Need(t, berthAgentBuild == nil, "cannot build berth-agent: %v", berthAgentBuild)
+	root, err := os.MkdirTemp(base, "timeout-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	mkdirNobody(t, root, false)
+	ws := filepath.Join(root, "ws")
+	mkdirNobody(t, ws, true)
+
+	s := spec(t, berthAgent, "")
+	s.Workspace, s.Request.Workspace = ws, ws
+	s.Request.Policy = isolation.HostPolicy(config.Agent{ID: "a"}, ws, nil)
+	s.Request.Message.Text = "/sh sleep 3; echo late > late.txt"
+	s.Timeout = time.Second
+	_, err = landlock.New().Run(context.Background(), s)
+	if isolation.ReasonOf(err) != isolation.ReasonTimeout {
+		t.Fatalf("run ended with %v, want a timeout", err)
+	}
+	time.Sleep(3 * time.Second) // the tool would have written by now
+	if _, err := os.Stat(filepath.Join(ws, "late.txt")); err == nil {
+		t.Fatal("a tool of the timed-out run kept running and wrote late.txt")
+	}
+}
