@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -188,7 +189,22 @@ func TestSchedulerKilledWithRunsQueuedAndRunningLosesNothingAndRunsNothingTwice(
 
 func TestConfinedAgentCannotReadHostSecretsOtherWorkspacesOrBerthState(t *testing.T) {
 	t.Parallel()
-	s := start(t, []agentSpec{{id: "jail"}, {id: "other"}, {id: "free", extra: "[agents.file_access]\nunrestricted = true"}})
+	// A connector secret kept outside the config dir, in a directory the
+	// admin lets the agent read: the secret must stay out of reach.
+	side, err := os.MkdirTemp(baseDir, "side-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Chmod(side, 0o755)
+	secretFile := filepath.Join(side, "hook.secret")
+	publicFile := filepath.Join(side, "public.txt")
+	for _, f := range []string{secretFile, publicFile} {
+		if err := os.WriteFile(f, []byte("x\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	jailExtra := fmt.Sprintf("[agents.file_access]\nallow_read = [%q]\n\n[[connectors]]\nid = \"side\"\ntype = \"webhook\"\nsecret_file = %q\n", side, secretFile)
+	s := start(t, []agentSpec{{id: "jail", extra: jailExtra}, {id: "other"}, {id: "free", extra: "[agents.file_access]\nunrestricted = true"}})
 
 	// The other agent leaves a file in its own workspace.
 	id := s.mustPost(t, "other", "/sh echo other-secret > secret.txt && chmod 644 secret.txt && pwd")
@@ -202,8 +218,8 @@ func TestConfinedAgentCannotReadHostSecretsOtherWorkspacesOrBerthState(t *testin
 			_ = os.Chmod(p, fi.Mode().Perm()|0o005)
 		}
 	}
-	targets := []string{"/etc/shadow", s.ConfigPath, filepath.Join(otherWS, "secret.txt"), filepath.Join(s.StateDir, "scheduler", "scheduler.db"), filepath.Join(s.StateDir, "intake", "intake.db")}
-	probe := "/sh for f in " + strings.Join(targets, " ") + `; do if head -c1 "$f" >/dev/null 2>&1; then echo "READ $f"; else echo "DENIED $f"; fi; done; echo mine > mine.txt && cat mine.txt; echo x > /var/tmp/berth-e2e-escape && echo "WROTE outside"`
+	targets := []string{"/etc/shadow", s.ConfigPath, filepath.Join(otherWS, "secret.txt"), filepath.Join(s.StateDir, "scheduler", "scheduler.db"), filepath.Join(s.StateDir, "intake", "intake.db"), secretFile}
+	probe := "/sh for f in " + strings.Join(targets, " ") + " " + publicFile + `; do if head -c1 "$f" >/dev/null 2>&1; then echo "READ $f"; else echo "DENIED $f"; fi; done; echo mine > mine.txt && cat mine.txt; echo x > /var/tmp/berth-e2e-escape && echo "WROTE outside"`
 
 	jail := s.mustPost(t, "jail", probe)
 	free := s.mustPost(t, "free", probe)
@@ -215,6 +231,9 @@ func TestConfinedAgentCannotReadHostSecretsOtherWorkspacesOrBerthState(t *testin
 			t.Errorf("confined agent could read %s:\n%s", f, out)
 		}
 	}
+	if !strings.Contains(out, "READ "+publicFile) {
+		t.Errorf("confined agent could not read what allow_read grants:\n%s", out)
+	}
 	if !strings.Contains(out, "\nmine\n") {
 		t.Errorf("confined agent could not write its own workspace:\n%s", out)
 	}
@@ -224,7 +243,7 @@ func TestConfinedAgentCannotReadHostSecretsOtherWorkspacesOrBerthState(t *testin
 	// The control: the same user without Landlock reads the world-readable
 	// files, so the denials above are Landlock's doing.
 	ctl := text(got[free])
-	for _, f := range []string{s.ConfigPath, filepath.Join(otherWS, "secret.txt")} {
+	for _, f := range []string{s.ConfigPath, filepath.Join(otherWS, "secret.txt"), secretFile} {
 		if !strings.Contains(ctl, "READ "+f) {
 			t.Errorf("unrestricted control could not read %s, so the test proves nothing:\n%s", f, ctl)
 		}

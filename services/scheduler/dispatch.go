@@ -316,11 +316,17 @@ func (s *Service) prepareWorkspace(a config.Agent, runUser *user.User) (string, 
 }
 
 // protectedPaths are what an agent must never reach even when its
-// file_access allows a parent: the state dir, the config dir and the other
-// agents' workspaces. isolation.HostPolicy keeps the agent's own workspace
-// reachable when one of them contains it.
+// file_access allows a parent: the state dir (and intake's beside it), the
+// config dir, connector secret files and the other agents' workspaces.
+// isolation.HostPolicy keeps the agent's own workspace reachable when one of
+// them contains it.
 func (s *Service) protectedPaths(cfg *config.Config, a config.Agent, workspace string) []string {
-	protect := []string{s.stateDir}
+	protect := []string{s.stateDir, filepath.Join(filepath.Dir(s.stateDir), "intake")}
+	for _, c := range cfg.Connectors {
+		if c.SecretFile != "" && !slices.Contains(protect, c.SecretFile) {
+			protect = append(protect, c.SecretFile)
+		}
+	}
 	if s.opts.ConfigDir != "" {
 		protect = append(protect, s.opts.ConfigDir)
 	} else {
