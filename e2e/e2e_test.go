@@ -63,12 +63,13 @@ type replySink struct {
 	srv   *httptest.Server
 	mu    sync.Mutex
 	byID  map[string][]map[string]any
+	tries map[string]int // POSTs per message id, refused ones included
 	count int
 	bad   int
 }
 
 func newReplySink(t *testing.T) *replySink {
-	s := &replySink{byID: map[string][]map[string]any{}}
+	s := &replySink{byID: map[string][]map[string]any{}, tries: map[string]int{}}
 	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		_, want := devstack.SignAt([]byte(secret), r.Header.Get("X-Berth-Timestamp"), body)
@@ -86,6 +87,13 @@ func newReplySink(t *testing.T) *replySink {
 			return
 		}
 		id, _ := reply["id"].(string)
+		// Like a flaky platform, refuse every reply's first POST: intake must
+		// retry until a 2xx.
+		s.tries[id]++
+		if s.tries[id] == 1 {
+			http.Error(w, "try again later", http.StatusServiceUnavailable)
+			return
+		}
 		s.byID[id] = append(s.byID[id], reply)
 		s.count++
 	}))
@@ -114,6 +122,12 @@ func (s *replySink) wait(t *testing.T, timeout time.Duration, ids ...string) map
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+func (s *replySink) attempts(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tries[id]
 }
 
 func (s *replySink) replies(id string) int {

@@ -46,7 +46,15 @@ func TestSignedMessageIsAnsweredBySocketActivatedIntakeAndDBusActivatedScheduler
 		t.Fatalf("scheduler's parent is the test: it was not D-Bus-activated")
 	}
 
-	out, err := s.berthctl(t, "runs", "show", reply["run_id"].(string))
+	if n := s.sink.attempts(id); n != 2 {
+		t.Fatalf("reply was POSTed %d times; the platform refused the first, so want 2", n)
+	}
+
+	out, err := s.berthctl(t, "runs", "list", "--agent", "ops")
+	if err != nil || !regexp.MustCompile(reply["run_id"].(string)+`\s+ops\s+succeeded`).MatchString(out) {
+		t.Fatalf("berthctl runs list: err %v\n%s", err, out)
+	}
+	out, err = s.berthctl(t, "runs", "show", reply["run_id"].(string))
 	if err != nil || !regexp.MustCompile(`state:\s+succeeded`).MatchString(out) || !strings.Contains(out, "hello from nobody") {
 		t.Fatalf("berthctl runs show: err %v\n%s", err, out)
 	}

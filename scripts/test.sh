@@ -16,11 +16,12 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 ensure_packages dbus-daemon:dbus systemd-socket-activate:systemd busctl:systemd
+ensure_docker; ensure_packages busybox:busybox-static  # container tests: engine + static busybox for the agent image
 
 echo "==> go vet"
 go vet ./...
 echo "==> gofmt"
-unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+unformatted=$(gofmt -l .)
 if [ -n "$unformatted" ]; then
   echo "gofmt would change: $unformatted" >&2
   exit 1
