@@ -119,10 +119,12 @@ func overlap(a, b interval) bool { return a.start < b.end && b.start < a.end }
 func TestOneAgentRunsOneMessageAtATimeWhileAgentsRunInParallel(t *testing.T) {
 	t.Parallel()
 	s := start(t, []agentSpec{{id: "alpha"}, {id: "beta"}})
-	a1 := s.mustPost(t, "alpha", span)
-	a2 := s.mustPost(t, "alpha", span)
-	a3 := s.mustPost(t, "alpha", span)
-	b1 := s.mustPost(t, "beta", span)
+	// Distinct texts: identical id-less requests signed in the same second are
+	// indistinguishable from a replay and run once.
+	a1 := s.mustPost(t, "alpha", span+" # a1")
+	a2 := s.mustPost(t, "alpha", span+" # a2")
+	a3 := s.mustPost(t, "alpha", span+" # a3")
+	b1 := s.mustPost(t, "beta", span+" # b1")
 	got := s.sink.wait(t, 2*time.Minute, a1, a2, a3, b1)
 
 	alpha := []interval{spanOf(t, got[a1]), spanOf(t, got[a2]), spanOf(t, got[a3])}
