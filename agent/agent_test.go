@@ -495,19 +495,17 @@ func TestLocalProvider(t *testing.T) {
 			t.Errorf("response = %+v", res.resp)
 		}
 	})
-	t.Run("Uses_the_agent_name_without_SOUL_md_and_creates_no_files", func(t *testing.T) {
+	t.Run("Creates_a_SOUL_md_named_after_the_agent_on_first_use_and_keeps_it", func(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)
 		runAgent(t, f.request("hello")).expect(t, agentproto.ExitOK)
-		res := runAgent(t, f.request("hello"))
-		if res.resp.Reply != "Alpha: you said: hello" {
-			t.Errorf("reply = %q", res.resp.Reply)
+		soul, err := os.ReadFile(filepath.Join(f.workspace, "SOUL.md"))
+		if err != nil || !strings.HasPrefix(string(soul), "# Alpha\n") {
+			t.Fatalf("SOUL.md = %q, %v; want one starting with # Alpha", soul, err)
 		}
-		entries, _ := os.ReadDir(f.workspace)
-		for _, e := range entries {
-			if e.Name() != ".tmp" {
-				t.Errorf("the agent created %s in the workspace", e.Name())
-			}
+		writeFile(t, filepath.Join(f.workspace, "SOUL.md"), "# Renamed\n")
+		if res := runAgent(t, f.request("hello")); res.resp.Reply != "Renamed: you said: hello" {
+			t.Errorf("reply = %q; an existing SOUL.md must be kept", res.resp.Reply)
 		}
 	})
 	t.Run("Sends_bad_tool_arguments_back_to_the_model", func(t *testing.T) {
@@ -532,10 +530,10 @@ func TestLocalProvider(t *testing.T) {
 		t.Parallel()
 		f := newFixture(t)
 		req := f.request("hi")
-		req.Provider.Kind = "openai"
+		req.Provider.Kind = "gemini"
 		res := runAgent(t, req)
 		res.expect(t, agentproto.ExitAgentError)
-		if !strings.Contains(res.resp.Error, `provider kind "openai" not available in this build`) {
+		if !strings.Contains(res.resp.Error, `provider kind "gemini" not available in this build`) {
 			t.Errorf("error = %q", res.resp.Error)
 		}
 	})

@@ -50,9 +50,38 @@
 //	anything else      "SOUL: you said: TEXT", SOUL being the first non-empty line of
 //	                   SOUL.md without leading '#'
 //
-// Other provider kinds are not in this build: a run with one fails with
-// "provider kind X not available in this build" (after trying Fallback
-// providers in order).
+// # Real providers
+//
+// Kind "openai" speaks chat completions through github.com/openai/openai-go/v3
+// (OpenAI itself, or any compatible server — Ollama, vLLM, llama.cpp — named
+// by base_url); kind "anthropic" speaks the messages API through
+// github.com/anthropics/anthropic-sdk-go/v2. Tools are offered as function
+// tools / tool_use blocks and results go back as tool messages /
+// tool_result blocks. The SDKs' own retries and environment lookups are off:
+// the key comes from the request only and provider.Chain decides:
+//
+//   - connection errors, 408, 409, 429 and 5xx are retried 3 times in all,
+//     1 s then 2 s apart (doubling, capped at 30 s); Retry-After and
+//     retry-after-ms replace the computed delay, and a server asking for
+//     more than 30 s is not waited for; then the next provider is tried;
+//   - a context overflow (400/413 saying so) compacts the conversation and
+//     retries the same provider once: the history before the current
+//     message is dropped (the system prompt says so) and earlier tool
+//     results of this run are cut to 2 KiB; it is logged with what was
+//     dropped;
+//   - anything else (401, 404 model, bad request) ends the run: falling
+//     through would hide a configuration mistake.
+//
+// A provider whose kind is unknown or that has no model is left out of the
+// chain ("provider kind X not available in this build").
+//
+// # Workspace, tools and skills
+//
+// On first use the agent writes a default SOUL.md (named after the agent);
+// MEMORY.md and USER.md appear with the first memory_note; memory.db (see
+// package memory) with the first memory_store. Skills (package skills) whose
+// triggers occur in the message join the system prompt and, when they list
+// tools, restrict the tool set for this run.
 //
 // # Environment
 //

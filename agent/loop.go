@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/berth-dev/berth/agent/provider"
+	"github.com/berth-dev/berth/agent/skills"
 	"github.com/berth-dev/berth/agent/tools"
 	"github.com/berth-dev/berth/internal/agentproto"
 )
@@ -38,14 +39,27 @@ func run(ctx context.Context, req agentproto.Request, log *slog.Logger) (agentpr
 		log.Warn("cannot create TMPDIR for tools", "dir", tmp, "err", err.Error())
 	}
 
-	llm, err := newChain(req.Provider, req.Fallback)
+	llm, err := newChain(req.Provider, req.Fallback, log)
 	if err != nil {
 		return fail(agentproto.ExitAgentError, "The agent has no usable model provider.", err)
 	}
-	set := tools.Filter(tools.Builtin(tools.Env{Workspace: req.Workspace, TmpDir: tmp}), req.Agent.Tools.Allow, req.Agent.Tools.Deny)
+	ensureSoul(req, log)
+	env := tools.Env{Workspace: req.Workspace, TmpDir: tmp, Network: req.Policy.Network}
+	set := tools.Filter(tools.Builtin(env), req.Agent.Tools.Allow, req.Agent.Tools.Deny)
+	all, errs := skills.Load(req.Workspace)
+	for _, err := range errs {
+		log.Warn("skill left out", "err", err.Error())
+	}
+	active := skills.Match(all, req.Message.Text)
+	if names, ok := skills.Tools(active); ok {
+		set = set.Restrict(names)
+	}
+	for _, sk := range active {
+		log.Info("skill active", "skill", sk.Name, "tools", sk.Tools)
+	}
 	specs := set.Specs()
 
-	conv := provider.Conversation{System: systemPrompt(req, log)}
+	conv := provider.Conversation{System: systemPrompt(req, all, active, log)}
 	for _, t := range req.History {
 		conv.Messages = append(conv.Messages, provider.Message{Role: provider.Role(t.Role), Text: t.Text})
 	}
@@ -59,7 +73,7 @@ func run(ctx context.Context, req agentproto.Request, log *slog.Logger) (agentpr
 		if err := ctx.Err(); err != nil {
 			return fail(agentproto.ExitAgentError, "The run was interrupted.", fmt.Errorf("interrupted: %w", err))
 		}
-		turn, usage, err := llm.Complete(ctx, conv, specs)
+		turn, usage, err := llm.Complete(ctx, &conv, specs)
 		resp.Usage.Iterations = i
 		resp.Usage.InputTokens += usage.InputTokens
 		resp.Usage.OutputTokens += usage.OutputTokens
@@ -98,26 +112,64 @@ func recordableArgs(args json.RawMessage) json.RawMessage {
 	return quoted
 }
 
-// systemPrompt is SOUL.md (or a default) followed by MEMORY.md and USER.md
-// when they exist. It creates nothing.
-func systemPrompt(req agentproto.Request, log *slog.Logger) string {
-	soul, ok := readPromptFile("SOUL.md", log)
-	if !ok {
-		name := req.Agent.Name
-		if name == "" {
-			name = req.Agent.ID
-		}
-		if name == "" {
-			name = "berth agent"
-		}
-		soul = fmt.Sprintf("# %s\n\nYou are %s, an assistant that answers chat messages. "+
-			"You work in a sandboxed workspace and can use the tools you are given.", name, name)
+// defaultSoul is the SOUL.md an agent starts with.
+func defaultSoul(req agentproto.Request) string {
+	name := req.Agent.Name
+	if name == "" {
+		name = req.Agent.ID
+	}
+	if name == "" {
+		name = "berth agent"
+	}
+	return fmt.Sprintf("# %s\n\n"+
+		"You are %s, an assistant that answers chat messages.\n"+
+		"You work in a sandboxed workspace and can use the tools you are given.\n"+
+		"Be brief and concrete. Say so when you are unsure or a tool failed.\n"+
+		"Keep lasting facts with memory_store and memory_note; look them up with memory_search.\n", name, name)
+}
+
+// ensureSoul writes the default SOUL.md on the first run of an agent, so
+// the admin (and soul_edit) has a file to start from. The scheduler makes
+// the workspace directory; the agent fills it.
+func ensureSoul(req agentproto.Request, log *slog.Logger) {
+	f, err := os.OpenFile(tools.SoulFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if errors.Is(err, fs.ErrExist) {
+		return
+	}
+	if err != nil {
+		log.Warn("cannot create SOUL.md", "err", err.Error())
+		return
+	}
+	defer f.Close()
+	if _, err := f.WriteString(defaultSoul(req)); err != nil {
+		log.Warn("cannot write SOUL.md", "err", err.Error())
+	}
+}
+
+// systemPrompt is SOUL.md (or the default text), MEMORY.md and USER.md when
+// they exist, a list of the workspace's skills, and the bodies of the
+// skills the message activated.
+func systemPrompt(req agentproto.Request, all, active []skills.Skill, log *slog.Logger) string {
+	soul, ok := readPromptFile(tools.SoulFile, log)
+	if !ok || strings.TrimSpace(soul) == "" {
+		soul = defaultSoul(req)
 	}
 	parts := []string{strings.TrimSpace(soul)}
-	for _, name := range []string{"MEMORY.md", "USER.md"} {
-		if text, ok := readPromptFile(name, log); ok {
-			parts = append(parts, strings.TrimSpace(text))
+	for _, name := range []string{tools.MemoryFile, tools.UserFile} {
+		if text, ok := readPromptFile(name, log); ok && strings.TrimSpace(text) != "" {
+			parts = append(parts, fmt.Sprintf("# %s\n\n%s", name, strings.TrimSpace(text)))
 		}
+	}
+	if len(all) > 0 {
+		var b strings.Builder
+		b.WriteString("# Skills\n")
+		for _, sk := range all {
+			fmt.Fprintf(&b, "\n- %s: %s", sk.Name, sk.Description)
+		}
+		parts = append(parts, b.String())
+	}
+	for _, sk := range active {
+		parts = append(parts, fmt.Sprintf("# Skill: %s (active for this message)\n\n%s", sk.Name, sk.Body))
 	}
 	return strings.Join(parts, "\n\n")
 }
@@ -140,38 +192,23 @@ func readPromptFile(name string, log *slog.Logger) (string, bool) {
 	return string(data), true
 }
 
-// chain tries the primary provider, then each fallback, on every call.
-type chain struct {
-	providers []provider.Provider
-	names     []string
-}
-
-func newChain(primary agentproto.Provider, fallback []agentproto.Provider) (*chain, error) {
-	c := &chain{}
+// newChain builds the provider chain: the primary, then each fallback. A
+// provider that cannot be built (unknown kind, no model) is left out and
+// the error kept for when none is left.
+func newChain(primary agentproto.Provider, fallback []agentproto.Provider, log *slog.Logger) (*provider.Chain, error) {
+	c := &provider.Chain{Log: log}
 	var errs []error
 	for _, cfg := range append([]agentproto.Provider{primary}, fallback...) {
 		p, err := provider.New(cfg)
 		if err != nil {
 			errs = append(errs, err)
+			log.Warn("provider left out", "provider", cfg.Name, "err", err.Error())
 			continue
 		}
-		c.providers = append(c.providers, p)
-		c.names = append(c.names, cfg.Name)
+		c.Providers = append(c.Providers, provider.Named{Name: cfg.Name, Provider: p})
 	}
-	if len(c.providers) == 0 {
+	if len(c.Providers) == 0 {
 		return nil, errors.Join(errs...)
 	}
 	return c, nil
-}
-
-func (c *chain) Complete(ctx context.Context, conv provider.Conversation, specs []provider.Tool) (provider.Turn, provider.Usage, error) {
-	var errs []error
-	for i, p := range c.providers {
-		turn, usage, err := p.Complete(ctx, conv, specs)
-		if err == nil {
-			return turn, usage, nil
-		}
-		errs = append(errs, fmt.Errorf("provider %q: %w", c.names[i], err))
-	}
-	return provider.Turn{}, provider.Usage{}, errors.Join(errs...)
 }

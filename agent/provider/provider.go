@@ -3,7 +3,8 @@
 // next turn — text, tool calls, or both. The shapes follow what OpenAI chat
 // completions and Anthropic messages both express (a separate system prompt,
 // tool calls with ids, one tool result per call), so their clients can be
-// added behind the same interface.
+// added behind the same interface. Chain puts several providers in order
+// with retries, fallback and compaction.
 package provider
 
 import (
@@ -76,11 +77,16 @@ type Provider interface {
 	Complete(ctx context.Context, conv Conversation, tools []Tool) (Turn, Usage, error)
 }
 
-// New returns the provider cfg names. Only "local" exists in this build.
+// New returns the provider cfg names: "local", "openai" (and every
+// OpenAI-compatible server through base_url) or "anthropic".
 func New(cfg agentproto.Provider) (Provider, error) {
 	switch cfg.Kind {
 	case "local":
 		return Local{}, nil
+	case "openai":
+		return NewOpenAI(cfg, nil)
+	case "anthropic":
+		return NewAnthropic(cfg, nil)
 	default:
 		return nil, fmt.Errorf("provider kind %q not available in this build", cfg.Kind)
 	}

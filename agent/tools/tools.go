@@ -1,5 +1,7 @@
 // Package tools holds the tools a berth agent can call — shell, read_file,
-// write_file, list_dir — and the allow/deny filter over them. A tool never
+// write_file, list_dir, web_fetch, memory_store, memory_search,
+// memory_delete, memory_note, memory_read, soul_read, soul_edit — and the
+// allow/deny filter over them. A tool never
 // crashes the run: bad arguments and failures come back as errors for the
 // model to read. The sandbox, not this package, decides what a tool may
 // touch; the package only keeps relative paths inside the workspace.
@@ -33,11 +35,19 @@ type Env struct {
 	Workspace string
 	// TmpDir is TMPDIR for shell commands.
 	TmpDir string
+	// Network says whether the agent may use the network (web_fetch
+	// refuses at once without it instead of timing out in an empty
+	// network namespace).
+	Network bool
 }
 
 // Builtin returns every tool of this build, in a stable order.
 func Builtin(env Env) []Tool {
-	return []Tool{shell{env}, readFile{env}, writeFile{env}, listDir{env}}
+	return []Tool{
+		shell{env}, readFile{env}, writeFile{env}, listDir{env}, webFetch{env},
+		memoryStore{env}, memorySearch{env}, memoryDelete{env}, memoryNote{env}, memoryRead{env},
+		soulRead{env}, soulEdit{env},
+	}
 }
 
 // Set is the tools one agent may call.
@@ -60,6 +70,17 @@ func Filter(all []Tool, allow, deny []string) *Set {
 		s.tools = append(s.tools, t)
 	}
 	return s
+}
+
+// Restrict keeps only the named tools of the set (a skill's tools list).
+func (s *Set) Restrict(names []string) *Set {
+	out := &Set{}
+	for _, t := range s.tools {
+		if slices.Contains(names, t.Spec().Name) {
+			out.tools = append(out.tools, t)
+		}
+	}
+	return out
 }
 
 // Specs describes the tools in the set, for the provider.

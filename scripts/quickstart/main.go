@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"os/user"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -104,15 +105,14 @@ func run() error {
 			runAs = u.Username
 		}
 	}
+	providers, agentExtra, env := demoProvider(os.Getenv)
 	cfg := fmt.Sprintf(`# written by scripts/quickstart.sh
-[providers]
-primary = "local"
-
+%s
 [[agents]]
 id = "demo"
 name = "Demo agent"
 max_iterations = 5
-
+%s
 [intake]
 default_agent = "demo"
 
@@ -125,10 +125,10 @@ reply_url = "http://%s/reply"
 [scheduler]
 run_as = %q
 agent_binary = %q
-`, secretHex, ln.Addr(), runAs, filepath.Join(binDir, "berth-agent"))
+`, providers, agentExtra, secretHex, ln.Addr(), runAs, filepath.Join(binDir, "berth-agent"))
 
 	fmt.Fprintln(os.Stderr, "==> starting the suite: private system bus (scheduler D-Bus-activated), intake socket-activated")
-	stack, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: filepath.Join(work, "suite"), Config: cfg})
+	stack, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: filepath.Join(work, "suite"), Config: cfg, Env: env})
 	if err != nil {
 		return err
 	}
@@ -179,4 +179,38 @@ agent_binary = %q
 		fmt.Fprintf(os.Stderr, "==> kept %s\n", work)
 	}
 	return nil
+}
+
+// demoProvider picks the demo agent's provider from the environment:
+// OPENAI_API_KEY or OPENAI_BASE_URL (with OPENAI_MODEL), else
+// ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL (with ANTHROPIC_MODEL), else the
+// offline "local" provider. A real provider needs the network, so the demo
+// agent then gets allow_network; the key reaches the scheduler through its
+// environment (api_key_env) and the agent only on stdin.
+func demoProvider(getenv func(string) string) (providers, agentExtra string, env []string) {
+	for _, p := range []struct{ kind, prefix, model string }{
+		{"openai", "OPENAI", "gpt-4o-mini"},
+		{"anthropic", "ANTHROPIC", "claude-3-5-haiku-latest"},
+	} {
+		key, base := getenv(p.prefix+"_API_KEY"), getenv(p.prefix+"_BASE_URL")
+		if key == "" && base == "" {
+			continue
+		}
+		model := getenv(p.prefix + "_MODEL")
+		if model == "" {
+			model = p.model
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "[providers]\nprimary = %q\n\n[providers.%s]\nkind = %q\nmodel = %q\n", p.kind, p.kind, p.kind, model)
+		if base != "" {
+			fmt.Fprintf(&b, "base_url = %q\n", base)
+		}
+		if key != "" {
+			fmt.Fprintf(&b, "api_key_env = %q\n", p.prefix+"_API_KEY")
+			env = append(env, p.prefix+"_API_KEY="+key)
+		}
+		fmt.Fprintf(os.Stderr, "==> demo agent uses %s (model %s)\n", p.kind, model)
+		return b.String(), "[agents.file_access]\nallow_network = true\n", env
+	}
+	return "[providers]\nprimary = \"local\"\n", "", nil
 }

@@ -27,6 +27,11 @@
 //	                 front of its agent's line
 //	deliveries/
 //	  <run id>     → empty: finished runs intake has not acknowledged yet
+//	history/       (schema version 2)
+//	  <connector> NUL <channel> NUL <thread>
+//	               → JSON [{role, text}]: the conversation's earlier turns,
+//	                 appended when a run succeeds, bounded by HistoryMaxTurns
+//	                 and HistoryMaxBytes, passed as Request.History
 //
 // A run is in queue/ exactly while its state is queued, and in deliveries/
 // exactly while it is finished and not delivered.

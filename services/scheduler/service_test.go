@@ -235,6 +235,8 @@ func TestRequestAndWorkspaceOfARun(t *testing.T) {
 	cfg := testConfig(4)
 	cfg.Sources = []string{filepath.Join(cfgDir, "berth.toml")}
 	cfg.Agents[1].Workspace = otherWS
+	network := true // a remote provider needs it (checkProviderNetwork)
+	cfg.Agents[0].FileAccess.AllowNetwork = &network
 	cfg.Providers = config.Providers{Primary: "main", Fallback: []string{"backup"}, Entries: map[string]config.Provider{
 		"main":   {Name: "main", Kind: "openai", APIKeyEnv: "MAIN_KEY", Model: "m"},
 		"backup": {Name: "backup", Kind: "local"},

@@ -77,6 +77,7 @@ var migrations = []boltstore.Migration{
 		}
 		return nil
 	}},
+	{Version: 2, Apply: migrateHistory},
 }
 
 // schemaVersion is the version this build writes.
