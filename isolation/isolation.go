@@ -3,8 +3,8 @@
 // hands over a Spec and gets a Result or an error whose Reason a user can read.
 //
 // Backends live in subpackages: landlock (a confined host process) and
-// unrestricted (a plain host process, only when an admin configured it).
-// container (Docker Engine API) joins later.
+// unrestricted (a plain host process, only when an admin configured it) and
+// container (a fresh Docker container per run, through the Engine API).
 package isolation
 
 import (
@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/config"
 )
 
 // Spec is everything a backend needs to run one request.
@@ -32,6 +33,9 @@ type Spec struct {
 	RunAs string
 	// Timeout ends the run (the process is killed) with ReasonTimeout.
 	Timeout time.Duration
+	// Container is the agent's container_mode; only the container backend
+	// reads it.
+	Container config.Container
 	// OnStart is called once the sandbox exists, with a handle Kill understands.
 	// The scheduler persists the handle so a restarted scheduler can kill
 	// orphans. May be nil.

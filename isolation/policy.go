@@ -215,3 +215,17 @@ func cleanUnique(paths []string) []string {
 	}
 	return out
 }
+
+// ContainerPolicy is the Landlock policy berth-agent applies to itself inside
+// a container, on top of the container's own walls: the workspace and /tmp
+// read-write, the system set read-only (paths missing from the image are
+// skipped by the agent), and TCP only when the container has a network.
+// file_access paths are host paths and mean nothing inside a container.
+func ContainerPolicy(c config.Container) agentproto.Policy {
+	readWrite := append([]string{config.ContainerWorkspace, config.ContainerTmp}, SystemReadWrite...)
+	return agentproto.Policy{
+		AllowRead:      append([]string(nil), SystemReadOnly...),
+		AllowReadWrite: readWrite,
+		Network:        c.Network != "none",
+	}
+}

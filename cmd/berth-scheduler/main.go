@@ -13,6 +13,7 @@ import (
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/container"
 	"github.com/berth-dev/berth/isolation/landlock"
 	"github.com/berth-dev/berth/isolation/unrestricted"
 	"github.com/berth-dev/berth/services/scheduler"
@@ -55,6 +56,13 @@ func serve(configFlag, stateFlag string, allUnrestricted bool) error {
 	backends := map[string]isolation.Backend{
 		"landlock":     landlock.New(),
 		"unrestricted": unrestricted.New(log),
+	}
+	// The engine is contacted per run: a Docker that is down fails container
+	// runs with a reason, and landlock agents keep running.
+	if cb, err := container.New(container.Options{Instance: stateDir, Logger: log}); err != nil {
+		log.Warn("container isolation is not available", "err", err)
+	} else {
+		backends[container.Name] = cb
 	}
 	if allUnrestricted {
 		log.Warn("--unrestricted: every landlock agent runs UNRESTRICTED on the host, with no sandbox")

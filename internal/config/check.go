@@ -115,6 +115,10 @@ func (c *Config) writeAgent(w io.Writer, a Agent) {
 	t.str("image", a.Container.Image)
 	t.str("memory_limit", a.Container.MemoryLimit)
 	t.str("network", a.Container.Network)
+	t.str("runtime", a.Container.Runtime)
+	t.val("warm", a.Container.Warm)
+	t.list("binds", a.Container.Binds)
+	t.list("security_opt", a.Container.SecurityOpt)
 
 	t.table(table + ".file_access")
 	t.val("unrestricted", a.FileAccess.Unrestricted)

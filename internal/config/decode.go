@@ -357,6 +357,10 @@ func (d *decoder) agent(p keyPath, v any, withID bool) agentEntry {
 				"memory_limit":    d.str(e.at, "container_mode.memory_limit", &c.MemoryLimit),
 				"timeout_seconds": d.intPtr(e.at, "container_mode.timeout_seconds", &c.TimeoutSeconds),
 				"network":         d.str(e.at, "container_mode.network", &c.Network),
+				"runtime":         d.str(e.at, "container_mode.runtime", &c.Runtime),
+				"warm":            d.intPtr(e.at, "container_mode.warm", &c.Warm),
+				"binds":           d.strs(e.at, "container_mode.binds", &c.Binds),
+				"security_opt":    d.strs(e.at, "container_mode.security_opt", &c.SecurityOpt),
 			}, nil)
 		},
 		"file_access": func(p keyPath, v any) {

@@ -38,7 +38,7 @@ id = "ops"
 enabled = true
 netwrk = "none"
 `},
-			want: []string{"berth.toml:13: agents[1].container_mode.netwrk: unknown key (known keys: enabled, image, memory_limit, network, timeout_seconds)"},
+			want: []string{"berth.toml:13: agents[1].container_mode.netwrk: unknown key (known keys: binds, enabled, image, memory_limit, network, runtime, security_opt, timeout_seconds, warm)"},
 		},
 		{
 			name: "An unknown key in a drop-in names the drop-in",
@@ -112,7 +112,45 @@ netwrk = "none"
 		{
 			name:  "A container network other than bridge or none is rejected",
 			files: map[string]string{"berth.toml": base + "\n[[agents]]\nid = \"ops\"\n[agents.container_mode]\nnetwork = \"host\"\n"},
-			want:  []string{`berth.toml:12: agents[1].container_mode.network: "host" is not one of bridge, none`},
+			want:  []string{`berth.toml:12: agents[1].container_mode.network: "host" would share the host's network stack (and its local services) with the agent; use "bridge" or "none"`},
+		},
+		{
+			name:  "Joining another container's network is refused",
+			files: map[string]string{"berth.toml": base + "\n[[agents]]\nid = \"ops\"\n[agents.container_mode]\nnetwork = \"container:abc\"\n"},
+			want:  []string{`berth.toml:12: agents[1].container_mode.network: "container:abc" would join another container's network namespace; use "bridge" or "none"`},
+		},
+		{
+			name: "Dangerous container binds are refused, each on its own line",
+			files: map[string]string{"berth.toml": base + "\n[[agents]]\nid = \"ops\"\n[agents.container_mode]\nbinds = [\n" +
+				"  \"/srv/data:/data:ro\",\n  \"/var/run/docker.sock:/var/run/docker.sock\",\n  \"/etc:/host-etc:ro\",\n" +
+				"  \"/:/host\",\n  \"/proc/1:/p\",\n  \"/sys:/sys\",\n  \"/dev/sda:/dev/sda\",\n  \"/run/secrets:/s\",\n  \"/srv:/workspace\",\n  \"rel:/x\",\n]\n"},
+			want: []string{
+				`berth.toml:14: agents[1].container_mode.binds[1]: "/var/run/docker.sock:/var/run/docker.sock": the Docker socket gives root on the host; it is never mounted`,
+				`berth.toml:15: agents[1].container_mode.binds[2]: "/etc:/host-etc:ro": sources under /etc are refused (host configuration, kernel or runtime state)`,
+				`berth.toml:16: agents[1].container_mode.binds[3]: "/:/host": binding the host's root directory is refused`,
+				`berth.toml:17: agents[1].container_mode.binds[4]: "/proc/1:/p": sources under /proc are refused (host configuration, kernel or runtime state)`,
+				`berth.toml:18: agents[1].container_mode.binds[5]: "/sys:/sys": sources under /sys are refused (host configuration, kernel or runtime state)`,
+				`berth.toml:19: agents[1].container_mode.binds[6]: "/dev/sda:/dev/sda": sources under /dev are refused (host configuration, kernel or runtime state)`,
+				`berth.toml:20: agents[1].container_mode.binds[7]: "/run/secrets:/s": sources under /run are refused (host configuration, kernel or runtime state)`,
+				`berth.toml:21: agents[1].container_mode.binds[8]: "/srv:/workspace": destination /workspace is managed by berth`,
+				`berth.toml:22: agents[1].container_mode.binds[9]: "rel:/x": source and destination must be absolute paths`,
+			},
+		},
+		{
+			name:  "Unconfined seccomp and apparmor are refused",
+			files: map[string]string{"berth.toml": base + "\n[[agents]]\nid = \"ops\"\n[agents.container_mode]\nsecurity_opt = [\"seccomp=unconfined\", \"apparmor:unconfined\", \"apparmor=berth-agent\"]\n"},
+			want: []string{
+				`berth.toml:12: agents[1].container_mode.security_opt[0]: "seccomp=unconfined" switches off the kernel's seccomp filter; refused`,
+				`berth.toml:12: agents[1].container_mode.security_opt[1]: "apparmor:unconfined" switches off the kernel's apparmor filter; refused`,
+			},
+		},
+		{
+			name:  "A warm pool beyond the cap and a malformed runtime are refused",
+			files: map[string]string{"berth.toml": base + "\n[[agents]]\nid = \"ops\"\n[agents.container_mode]\nwarm = 17\nruntime = \"run c\"\n"},
+			want: []string{
+				`berth.toml:12: agents[1].container_mode.warm: must be between 0 and 16, not 17`,
+				`berth.toml:13: agents[1].container_mode.runtime: "run c" is not a runtime name (runc, runsc, kata-runtime, sysbox-runc, ...)`,
+			},
 		},
 		{
 			name:  "A bad value in an inline table is reported on the inline table's line",
@@ -210,7 +248,7 @@ netwrk = "none"
 				`berth.toml:10: scheduler.run_as: agents must not run as root`,
 				`berth.toml:11: scheduler.max_concurrent_runs: must be an integer, not a string`,
 				`berth.toml:14: intake.listen: must be a string, not an integer`,
-				`berth.d/10-a.toml:4: agents[0].container_mode.network: "host" is not one of bridge, none`,
+				`berth.d/10-a.toml:4: agents[0].container_mode.network: "host" would share the host's network stack (and its local services) with the agent; use "bridge" or "none"`,
 				`berth.d/20-b.toml:3: bindings[0].agent: agent "nobody" is not defined (defined: coder)`,
 				`berth.d/30-c.toml:1: expected value but found '=' instead`,
 			},

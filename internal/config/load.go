@@ -200,6 +200,10 @@ func mergeAgent(d, s *agentEntry) {
 	take(&dc.MemoryLimit, sc.MemoryLimit, "container_mode.memory_limit", d.at, s.at)
 	take(&dc.TimeoutSeconds, sc.TimeoutSeconds, "container_mode.timeout_seconds", d.at, s.at)
 	take(&dc.Network, sc.Network, "container_mode.network", d.at, s.at)
+	take(&dc.Runtime, sc.Runtime, "container_mode.runtime", d.at, s.at)
+	take(&dc.Warm, sc.Warm, "container_mode.warm", d.at, s.at)
+	take(&dc.Binds, sc.Binds, "container_mode.binds", d.at, s.at)
+	take(&dc.SecurityOpt, sc.SecurityOpt, "container_mode.security_opt", d.at, s.at)
 	df, sf := &d.s.FileAccess, &s.s.FileAccess
 	take(&df.Unrestricted, sf.Unrestricted, "file_access.unrestricted", d.at, s.at)
 	take(&df.AllowRead, sf.AllowRead, "file_access.allow_read", d.at, s.at)

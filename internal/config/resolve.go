@@ -61,6 +61,10 @@ func (c *Config) Agent(id string) (Agent, error) {
 			Image:       first(sc.Image, dc.Image),
 			MemoryLimit: first(sc.MemoryLimit, dc.MemoryLimit, defaultMemoryLimit),
 			Network:     first(sc.Network, dc.Network, defaultNetwork),
+			Runtime:     first(sc.Runtime, dc.Runtime),
+			Warm:        firstSet(0, sc.Warm, dc.Warm),
+			Binds:       firstList(sc.Binds, dc.Binds),
+			SecurityOpt: firstList(sc.SecurityOpt, dc.SecurityOpt),
 		},
 		FileAccess: FileAccess{
 			Unrestricted:      firstSet(false, sf.Unrestricted, df.Unrestricted),

@@ -58,6 +58,10 @@ type ContainerSettings struct {
 	MemoryLimit    string
 	TimeoutSeconds *int
 	Network        string
+	Runtime        string
+	Warm           *int
+	Binds          []string
+	SecurityOpt    []string
 }
 
 type FileAccessSettings struct {
@@ -91,8 +95,12 @@ type Agent struct {
 type Container struct {
 	Enabled     bool
 	Image       string
-	MemoryLimit string // default "512m"
-	Network     string // "bridge" (default) or "none"
+	MemoryLimit string   // default "512m"
+	Network     string   // "bridge" (default) or "none"
+	Runtime     string   // engine runtime (runc, runsc, ...); empty means the engine's default
+	Warm        int      // containers kept started per agent, waiting for a request; default 0
+	Binds       []string // extra "SRC:DST[:ro|rw]" binds, checked by CheckBind
+	SecurityOpt []string // extra security options, checked by CheckSecurityOpt
 }
 
 type FileAccess struct {

@@ -231,7 +231,8 @@ func (c *checks) agentValues(a *agentEntry) {
 	if l, ok := a.at["container_mode.timeout_seconds"]; ok {
 		c.timeout(l, *s.ContainerMode.TimeoutSeconds)
 	}
-	c.str(a.at, "container_mode.network", s.ContainerMode.Network, oneOf("bridge", "none"))
+	c.str(a.at, "container_mode.network", s.ContainerMode.Network, CheckNetwork)
+	c.containerValues(a)
 	c.strs(a.at, "file_access.allow_read", s.FileAccess.AllowRead, absolutePath)
 	c.strs(a.at, "file_access.allow_read_write", s.FileAccess.AllowReadWrite, absolutePath)
 	c.strs(a.at, "file_access.deny", s.FileAccess.Deny, absolutePath)

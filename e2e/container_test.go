@@ -1,0 +1,134 @@
+package e2e
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+
+	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/testenv"
+	boxes "github.com/berth-dev/berth/isolation/container"
+)
+
+// dockerEngine returns a client of the local engine; no engine fails the
+// test under CI=true.
+func dockerEngine(t *testing.T) *client.Client {
+	t.Helper()
+	cli, err := client.New(client.FromEnv)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
+	}
+	testenv.Need(t, err == nil, "no Docker engine answers (scripts/test.sh starts one): %v", err)
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func containersLabelled(t *testing.T, cli *client.Client, label string) []container.Summary {
+	t.Helper()
+	list, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", label)})
+	if err != nil {
+		t.Fatalf("cannot list containers: %v", err)
+	}
+	return list.Items
+}
+
+func exists(t *testing.T, cli *client.Client, id string) bool {
+	t.Helper()
+	_, err := cli.ContainerInspect(context.Background(), id, client.ContainerInspectOptions{})
+	return err == nil
+}
+
+const containerAgent = `[agents.container_mode]
+enabled = true
+network = "none"
+timeout_seconds = 120`
+
+func TestContainerAgentAnswersFromAFreshContainerThatIsGoneAfterwards(t *testing.T) {
+	t.Parallel()
+	cli := dockerEngine(t)
+	s := start(t, []agentSpec{{id: "boxed", extra: containerAgent}})
+	id := s.mustPost(t, "boxed", "/sh echo in-a-box as $(id -u) in $(pwd)")
+	reply := text(s.sink.wait(t, 3*time.Minute, id)[id])
+	if !strings.Contains(reply, "in-a-box as 65534 in /workspace") {
+		t.Fatalf("reply %q: want the agent in a container as nobody", reply)
+	}
+	runs := s.listRuns(t, nil)
+	if len(runs) != 1 || str(runs[0]["backend"]) != "container" {
+		t.Fatalf("runs %v: want one run on the container backend", runs)
+	}
+	if left := containersLabelled(t, cli, boxes.LabelRun+"="+str(runs[0]["id"])); len(left) != 0 {
+		t.Fatalf("%d containers of the run left behind", len(left))
+	}
+}
+
+func TestSchedulerKilledDuringAContainerRunLeavesNoContainerBehind(t *testing.T) {
+	t.Parallel()
+	cli := dockerEngine(t)
+	s := start(t, []agentSpec{{id: "boxed-crash", extra: containerAgent}})
+	id := s.mustPost(t, "boxed-crash", "/sh sleep 6; echo survived")
+
+	var original container.Summary
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if cs := containersLabelled(t, cli, boxes.LabelAgent+"=boxed-crash"); len(cs) == 1 && cs[0].State == "running" {
+			original = cs[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no running container within 2 minutes")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := s.KillService(bus.SchedulerName, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !exists(t, cli, original.ID) {
+		t.Fatal("the container died with the scheduler; the test cannot tell the clean-up from that")
+	}
+	// A container nobody recorded a handle for (a crash between create and
+	// the handle's commit): only the sweep finds it.
+	instance := boxes.InstanceLabel(filepath.Join(s.StateDir, "scheduler"))
+	stray, err := cli.ContainerCreate(context.Background(), client.ContainerCreateOptions{
+		Config: &container.Config{Image: original.Image, Labels: map[string]string{
+			boxes.LabelRun: "stray-run", boxes.LabelAgent: "boxed-crash", boxes.LabelInstance: instance}},
+		HostConfig: &container.HostConfig{NetworkMode: "none"},
+	})
+	if err != nil {
+		t.Fatalf("cannot create a stray container: %v", err)
+	}
+	t.Cleanup(func() {
+		_, _ = cli.ContainerRemove(context.Background(), stray.ID, client.ContainerRemoveOptions{Force: true})
+	})
+
+	// The next bus call D-Bus-activates a new scheduler: it removes both and
+	// runs the interrupted message again.
+	if err := s.conn(t).Object(bus.SchedulerName, bus.SchedulerPath).Call("org.freedesktop.DBus.Peer.Ping", 0).Err; err != nil {
+		t.Fatalf("cannot activate the scheduler again: %v", err)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for exists(t, cli, original.ID) || exists(t, cli, stray.ID) {
+		if time.Now().After(deadline) {
+			t.Fatalf("orphans still there 30s after the restart: original %v, stray %v", exists(t, cli, original.ID), exists(t, cli, stray.ID))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	reply := text(s.sink.wait(t, 3*time.Minute, id)[id])
+	if !strings.Contains(reply, "survived") {
+		t.Fatalf("reply %q: want the interrupted message run again", reply)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for len(containersLabelled(t, cli, boxes.LabelAgent+"=boxed-crash")) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("containers of the agent left behind after its reply")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,87 @@
+package imagectl_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/berth-dev/berth/imagectl"
+	"github.com/berth-dev/berth/internal/testenv"
+)
+
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	if prebuilt := os.Getenv("BERTH_TEST_AGENT_BINARY"); prebuilt != "" {
+		return prebuilt
+	}
+	out := filepath.Join(t.TempDir(), "berth-agent")
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./cmd/berth-agent")
+	cmd.Dir = filepath.Join(filepath.Dir(file), "..")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("cannot build berth-agent: %v\n%s", err, b)
+	}
+	return out
+}
+
+func engine(t *testing.T) *client.Client {
+	t.Helper()
+	cli, err := client.New(client.FromEnv)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
+	}
+	testenv.Need(t, err == nil, "no Docker engine answers (scripts/test.sh starts one): %v", err)
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func TestAgentImageIsBuiltOfflineOnceAndTaggedByItsContent(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	_, err := os.Stat(imagectl.DefaultBusybox)
+	testenv.Need(t, err == nil, "busybox-static is not installed")
+	img := imagectl.AgentImage{AgentBinary: buildAgent(t)}
+	ctx := context.Background()
+	tag, err := imagectl.Ensure(ctx, cli, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(tag, imagectl.Repository+":") {
+		t.Fatalf("tag %q", tag)
+	}
+	start := time.Now()
+	again, err := imagectl.Ensure(ctx, cli, img)
+	if err != nil || again != tag {
+		t.Fatalf("second Ensure: %q, %v; want %q", again, err, tag)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("second Ensure took %v: it rebuilt an unchanged image", d)
+	}
+	out, err := exec.Command("docker", "run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", tag, "-c", "ls /usr/libexec/berth/berth-agent && echo sh-works").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "sh-works") {
+		t.Fatalf("the image has no working /bin/sh or berth-agent: %v\n%s", err, out)
+	}
+}
+
+func TestDynamicBinariesAreRefusedWithAHint(t *testing.T) {
+	t.Parallel()
+	dynamic, err := exec.LookPath("ls")
+	if err != nil {
+		t.Skip("no ls")
+	}
+	var sb strings.Builder
+	_, err = imagectl.AgentImage{AgentBinary: dynamic}.Context(&sb)
+	if err == nil || !strings.Contains(err.Error(), "dynamically linked") || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
+		t.Fatalf("Context with a dynamic berth-agent: %v", err)
+	}
+}

@@ -1,0 +1,536 @@
+package container_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/container"
+)
+
+var (
+	agentBinary string
+	buildErr    error
+)
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		dir, err := os.MkdirTemp("", "berth-container-test-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		agentBinary = filepath.Join(dir, "berth-agent")
+		if prebuilt := os.Getenv("BERTH_TEST_AGENT_BINARY"); prebuilt != "" {
+			// A static berth-agent built elsewhere (e.g. while agent/ is being edited).
+			agentBinary = prebuilt
+			return m.Run()
+		}
+		_, file, _, _ := runtime.Caller(0)
+		cmd := exec.Command("go", "build", "-trimpath", "-o", agentBinary, "./cmd/berth-agent")
+		cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("cannot build berth-agent: %v\n%s", err, out)
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// engine returns a client of the local engine, failing under CI=true and
+// skipping elsewhere when none answers.
+func engine(t *testing.T) *client.Client {
+	t.Helper()
+	testenv.NeedRoot(t)
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	cli, err := client.New(client.FromEnv)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
+	}
+	testenv.Need(t, err == nil, "no Docker engine answers (scripts/test.sh starts one): %v", err)
+	_, err = os.Stat("/bin/busybox")
+	testenv.Need(t, err == nil, "busybox-static is not installed")
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// newBackend is a backend of its own instance, so sweeps of parallel tests
+// never meet.
+func newBackend(t *testing.T, cli *client.Client) *container.Backend {
+	t.Helper()
+	b, err := container.New(container.Options{Client: cli, Instance: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// workspace is a directory the agent user (nobody) owns.
+func workspace(t *testing.T) string {
+	t.Helper()
+	ws := filepath.Join(t.TempDir(), "ws")
+	if err := os.Mkdir(ws, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(ws, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	return ws
+}
+
+var runSeq struct {
+	sync.Mutex
+	n int
+}
+
+func spec(t *testing.T, ws, text string, c config.Container) isolation.Spec {
+	runSeq.Lock()
+	runSeq.n++
+	id := fmt.Sprintf("test%d_%d", time.Now().UnixNano(), runSeq.n)
+	runSeq.Unlock()
+	if c.Network == "" {
+		c.Network = "none"
+	}
+	return isolation.Spec{
+		RunID:   id,
+		AgentID: "tester",
+		Request: agentproto.Request{
+			Version:  agentproto.Version,
+			RunID:    id,
+			Agent:    agentproto.Agent{ID: "tester", MaxIterations: 3},
+			Message:  agentproto.Message{ID: id, Author: "t", Text: text},
+			Provider: agentproto.Provider{Name: "local", Kind: "local"},
+		},
+		Workspace:   ws,
+		AgentBinary: agentBinary,
+		RunAs:       "nobody",
+		Timeout:     60 * time.Second,
+		Container:   c,
+	}
+}
+
+func run(t *testing.T, b *container.Backend, s isolation.Spec) (isolation.Result, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	return b.Run(ctx, s)
+}
+
+func mustRun(t *testing.T, b *container.Backend, s isolation.Spec) string {
+	t.Helper()
+	res, err := run(t, b, s)
+	if err != nil {
+		t.Fatalf("run %q: %v\nstderr: %s", s.Request.Message.Text, err, res.Stderr)
+	}
+	return res.Response.Reply
+}
+
+// containersOf lists every container (running or not) labelled with run.
+func containersOf(t *testing.T, cli *client.Client, run string) int {
+	t.Helper()
+	list, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", container.LabelRun+"="+run)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(list.Items)
+}
+
+func TestRequestRoundTripsThroughAFreshContainerThatIsRemovedAfterwards(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	b := newBackend(t, cli)
+	s := spec(t, workspace(t), "/sh echo hello from $(pwd) as $(id -u) home=$HOME", config.Container{})
+	var handle string
+	s.OnStart = func(h string) { handle = h }
+	reply := mustRun(t, b, s)
+	if !strings.Contains(reply, "hello from /workspace as 65534 home=/workspace") {
+		t.Fatalf("reply %q: want the agent in /workspace as nobody", reply)
+	}
+	if !strings.HasPrefix(handle, "container:") {
+		t.Fatalf("OnStart handle %q, want container:<id>", handle)
+	}
+	if n := containersOf(t, cli, s.RunID); n != 0 {
+		t.Fatalf("%d containers of run %s left behind", n, s.RunID)
+	}
+}
+
+func TestWorkspacePersistsAcrossRunsWhileTmpDoesNot(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	b := newBackend(t, cli)
+	ws := workspace(t)
+	mustRun(t, b, spec(t, ws, "/sh echo kept > /workspace/note && echo gone > /tmp/scratch && cat /tmp/scratch", config.Container{}))
+	reply := mustRun(t, b, spec(t, ws, "/sh cat /workspace/note; cat /tmp/scratch", config.Container{}))
+	if !strings.Contains(reply, "kept") || strings.Contains(reply, "gone") || !strings.Contains(reply, "No such file") {
+		t.Fatalf("second run: %q; want the workspace file and no /tmp file", reply)
+	}
+	if data, err := os.ReadFile(filepath.Join(ws, "note")); err != nil || string(data) != "kept\n" {
+		t.Fatalf("workspace on the host: %q, %v", data, err)
+	}
+}
+
+func TestContainerIsHardenedAndTheSecretIsNeverVisibleInDockerInspect(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	b := newBackend(t, cli)
+	const secret = "sk-berth-test-SECRET-4711"
+	s := spec(t, workspace(t), "/sh sleep 3; echo done", config.Container{MemoryLimit: "128m"})
+	s.Request.Provider.Key = secret
+	inspected := make(chan string, 1)
+	s.OnStart = func(h string) {
+		go func() {
+			time.Sleep(time.Second)
+			out, err := exec.Command("docker", "inspect", strings.TrimPrefix(h, "container:")).CombinedOutput()
+			if err != nil {
+				inspected <- "docker inspect failed: " + err.Error() + string(out)
+				return
+			}
+			inspected <- string(out)
+		}()
+	}
+	if reply := mustRun(t, b, s); !strings.Contains(reply, "done") {
+		t.Fatalf("reply %q", reply)
+	}
+	out := <-inspected
+	if strings.Contains(out, secret) || strings.Contains(out, "sk-berth-test") {
+		t.Fatalf("the provider key is visible in docker inspect:\n%s", out)
+	}
+	var got []struct {
+		Config struct {
+			User       string
+			Env        []string
+			Cmd        []string
+			Labels     map[string]string
+			WorkingDir string
+		}
+		HostConfig struct {
+			ReadonlyRootfs bool
+			CapDrop        []string
+			SecurityOpt    []string
+			Memory         int64
+			MemorySwap     int64
+			PidsLimit      int64
+			NanoCpus       int64
+			NetworkMode    string
+			Binds          []string
+			Tmpfs          map[string]string
+			PortBindings   map[string]any
+			Privileged     bool
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got) != 1 {
+		t.Fatalf("cannot decode docker inspect (%v):\n%s", err, out)
+	}
+	c, h := got[0].Config, got[0].HostConfig
+	checks := []struct {
+		what string
+		ok   bool
+	}{
+		{"read-only rootfs", h.ReadonlyRootfs},
+		{"CapDrop ALL", len(h.CapDrop) == 1 && strings.EqualFold(h.CapDrop[0], "ALL")},
+		{"no-new-privileges", strings.Join(h.SecurityOpt, ",") == "no-new-privileges"},
+		{"memory 128m, no extra swap", h.Memory == 128<<20 && h.MemorySwap == 128<<20},
+		{"pids limit 256", h.PidsLimit == 256},
+		{"one CPU", h.NanoCpus == 1e9},
+		{"network none", h.NetworkMode == "none"},
+		{"only the workspace bind", len(h.Binds) == 1 && strings.HasSuffix(h.Binds[0], ":/workspace:rw")},
+		{"/tmp tmpfs of 256m", strings.Contains(h.Tmpfs["/tmp"], "size=256m")},
+		{"no published ports", len(h.PortBindings) == 0},
+		{"not privileged", !h.Privileged},
+		{"non-root user", c.User == "65534:65534"},
+		{"workdir /workspace", c.WorkingDir == "/workspace"},
+		{"labels", c.Labels[container.LabelRun] == s.RunID && c.Labels[container.LabelAgent] == "tester" && c.Labels[container.LabelConfigHash] != ""},
+		{"no command line", len(c.Cmd) == 0},
+		{"minimal environment", strings.Join(c.Env, " ") == strings.Join(container.Environment(), " ")},
+	}
+	for _, ck := range checks {
+		if !ck.ok {
+			t.Errorf("%s: not so in docker inspect: config %+v host %+v", ck.what, c, h)
+		}
+	}
+}
+
+func TestAgentHasNoCapabilitiesAndCannotWriteTheImage(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	b := newBackend(t, cli)
+	reply := mustRun(t, b, spec(t, workspace(t), "/sh touch /workspace/f && chown 0:0 /workspace/f; echo chown=$?; touch /bin/evil; echo touch=$?; grep Cap /proc/$$/status", config.Container{}))
+	if !strings.Contains(reply, "chown=1") || !strings.Contains(reply, "Operation not permitted") {
+		t.Fatalf("chown in the container: %q; want Operation not permitted", reply)
+	}
+	if !strings.Contains(reply, "touch=1") {
+		t.Fatalf("writing /bin: %q; want a failure", reply)
+	}
+}
+
+// gatewayIP is the host's address on docker0: reachable from a bridge
+// container, and never an external address.
+func gatewayIP(t *testing.T) string {
+	t.Helper()
+	iface, err := net.InterfaceByName("docker0")
+	if err != nil {
+		t.Fatalf("no docker0 bridge: %v", err)
+	}
+	addrs, _ := iface.Addrs()
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+			return ipn.IP.String()
+		}
+	}
+	t.Fatal("docker0 has no IPv4 address")
+	return ""
+}
+
+func TestNetworkNoneBlocksEgressThatBridgeAllows(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	b := newBackend(t, cli)
+	l, err := net.Listen("tcp", gatewayIP(t)+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "reached-the-host") })}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	host, port, _ := net.SplitHostPort(l.Addr().String())
+	cmd := `/sh printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 5 ` + host + " " + port + "; echo nc=$?"
+
+	for _, tc := range []struct {
+		network string
+		reached bool
+	}{{"none", false}, {"bridge", true}} {
+		reply := mustRun(t, b, spec(t, workspace(t), cmd, config.Container{Network: tc.network}))
+		if got := strings.Contains(reply, "reached-the-host"); got != tc.reached {
+			t.Errorf("network %s: reached the host = %v, want %v; reply %q", tc.network, got, tc.reached, reply)
+		}
+	}
+}
+
+func TestMemoryBombFailsTheRunWithOutOfMemory(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	b := newBackend(t, cli)
+	s := spec(t, workspace(t), `/sh head -c 400000000 /dev/zero | tr '\0' x | sort | wc -c`, config.Container{MemoryLimit: "64m"})
+	_, err := run(t, b, s)
+	if isolation.ReasonOf(err) != container.ReasonOutOfMemory {
+		t.Fatalf("memory bomb: %v; want reason %q", err, container.ReasonOutOfMemory)
+	}
+}
+
+func TestForkBombIsStoppedByThePidsLimit(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	b := newBackend(t, cli)
+	s := spec(t, workspace(t), `/sh i=0; while [ $i -lt 400 ]; do sleep 60 >/dev/null 2>&1 & i=$((i+1)); done; echo started-all`, config.Container{})
+	start := time.Now()
+	res, err := run(t, b, s)
+	if err != nil {
+		t.Fatalf("fork bomb run: %v (stderr %s)", err, res.Stderr)
+	}
+	reply := res.Response.Reply
+	if !strings.Contains(reply, "can't fork") {
+		t.Fatalf("reply %q: want the shell refused forks beyond the pids limit", reply)
+	}
+	if d := time.Since(start); d > 50*time.Second {
+		t.Fatalf("fork bomb run took %v", d)
+	}
+	if n := containersOf(t, cli, s.RunID); n != 0 {
+		t.Fatalf("%d containers left behind", n)
+	}
+}
+
+func TestRunPastItsTimeoutIsKilledAndRemoved(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	b := newBackend(t, cli)
+	s := spec(t, workspace(t), "/sh sleep 120", config.Container{})
+	s.Timeout = 3 * time.Second
+	start := time.Now()
+	_, err := run(t, b, s)
+	if isolation.ReasonOf(err) != isolation.ReasonTimeout {
+		t.Fatalf("run: %v; want reason timeout", err)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("timeout took %v to take effect", d)
+	}
+	if n := containersOf(t, cli, s.RunID); n != 0 {
+		t.Fatalf("%d containers of the timed-out run left behind", n)
+	}
+}
+
+func TestSweepRemovesOrphansOfItsOwnInstanceOnly(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	first := newBackend(t, cli)
+	s := spec(t, workspace(t), "/sh sleep 120", config.Container{})
+	started := make(chan struct{})
+	s.OnStart = func(string) { close(started) }
+	done := make(chan error, 1)
+	go func() { _, err := run(t, first, s); done <- err }()
+	<-started
+
+	other, err := container.New(container.Options{Client: cli, Instance: t.Name() + "-other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if removed, err := other.Sweep(ctx, nil); err != nil || len(removed) != 0 {
+		t.Fatalf("another instance's sweep removed %v (%v); want nothing", removed, err)
+	}
+	restarted := newBackend(t, cli) // same instance: a restarted scheduler
+	if removed, err := restarted.Sweep(ctx, func(run string) bool { return run != s.RunID }); err != nil || len(removed) != 1 || removed[0] != s.RunID {
+		t.Fatalf("sweep removed %v (%v); want run %s", removed, err, s.RunID)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the run whose container was swept succeeded")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the run did not end after its container was removed")
+	}
+	if n := containersOf(t, cli, s.RunID); n != 0 {
+		t.Fatalf("%d containers left behind", n)
+	}
+}
+
+func TestDangerousSettingsNeverReachTheEngine(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	b := newBackend(t, cli)
+	for _, tc := range []struct {
+		name string
+		c    config.Container
+		want string
+	}{
+		{"Docker_socket_bind", config.Container{Binds: []string{"/var/run/docker.sock:/var/run/docker.sock"}}, "Docker socket"},
+		{"Etc_bind", config.Container{Binds: []string{"/etc:/etc2:ro"}}, "under /etc"},
+		{"Host_network", config.Container{Network: "host"}, "host's network"},
+		{"Unconfined_seccomp", config.Container{SecurityOpt: []string{"seccomp=unconfined"}}, "seccomp"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := spec(t, workspace(t), "/sh echo should-not-run", tc.c)
+			_, err := run(t, b, s)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("run: %v; want a refusal mentioning %q", err, tc.want)
+			}
+			if n := containersOf(t, cli, s.RunID); n != 0 {
+				t.Fatalf("a container was created for a refused config")
+			}
+		})
+	}
+}
+
+func TestUnknownRuntimeIsRefusedWithTheEnginesRuntimes(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	b := newBackend(t, cli)
+	_, err := run(t, b, spec(t, workspace(t), "/sh true", config.Container{Runtime: "no-such-runtime"}))
+	if err == nil || !strings.Contains(err.Error(), `"no-such-runtime" is not registered`) || !strings.Contains(err.Error(), "runc") {
+		t.Fatalf("run: %v; want a refusal listing runc", err)
+	}
+}
+
+func TestMissingImageAndUnreachableEngineSayWhatToDo(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	b := newBackend(t, cli)
+	_, err := run(t, b, spec(t, workspace(t), "/sh true", config.Container{Image: "berth-test-missing:nope"}))
+	if isolation.ReasonOf(err) != container.ReasonImage || !strings.Contains(err.Error(), "docker build/load") {
+		t.Fatalf("missing image: %v", err)
+	}
+
+	down, err := client.New(client.WithHost("unix://" + filepath.Join(t.TempDir(), "no-docker.sock")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nb, err := container.New(container.Options{Client: down, Instance: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = run(t, nb, spec(t, workspace(t), "/sh true", config.Container{}))
+	if isolation.ReasonOf(err) != container.ReasonEngine || !strings.Contains(err.Error(), "systemctl start docker") {
+		t.Fatalf("engine down: %v", err)
+	}
+}
+
+// foreignImage loads a one-file image that claims another architecture.
+func foreignImage(t *testing.T, cli *client.Client, arch string) string {
+	t.Helper()
+	var layer bytes.Buffer
+	lw := tar.NewWriter(&layer)
+	lw.WriteHeader(&tar.Header{Name: "hello", Mode: 0o755, Size: 2, Typeflag: tar.TypeReg})
+	lw.Write([]byte("hi"))
+	lw.Close()
+	sum := sha256.Sum256(layer.Bytes())
+	cfg, _ := json.Marshal(map[string]any{
+		"architecture": arch, "os": "linux",
+		"config": map[string]any{"Entrypoint": []string{"/hello"}},
+		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + hex.EncodeToString(sum[:])}},
+	})
+	tag := "berth-test-foreign:" + arch
+	manifest, _ := json.Marshal([]map[string]any{{"Config": "config.json", "RepoTags": []string{tag}, "Layers": []string{"layer.tar"}}})
+	var archive bytes.Buffer
+	aw := tar.NewWriter(&archive)
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{"layer.tar", layer.Bytes()}, {"config.json", cfg}, {"manifest.json", manifest}} {
+		aw.WriteHeader(&tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.data)), Typeflag: tar.TypeReg})
+		aw.Write(f.data)
+	}
+	aw.Close()
+	res, err := cli.ImageLoad(context.Background(), &archive, client.ImageLoadWithQuiet(true))
+	if err != nil {
+		t.Fatalf("cannot load a foreign image: %v", err)
+	}
+	io.Copy(io.Discard, res)
+	res.Close()
+	return tag
+}
+
+func TestImageOfAnotherArchitectureIsRefusedBeforeStartNamingBoth(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	b := newBackend(t, cli)
+	arch := "arm64"
+	if runtime.GOARCH == "arm64" {
+		arch = "amd64"
+	}
+	image := foreignImage(t, cli, arch)
+	s := spec(t, workspace(t), "/sh true", config.Container{Image: image})
+	_, err := run(t, b, s)
+	if err == nil || !strings.Contains(err.Error(), "built for "+arch) || !strings.Contains(err.Error(), "exec format error") {
+		t.Fatalf("run: %v; want a refusal naming %s and the engine's architecture", err, arch)
+	}
+	if n := containersOf(t, cli, s.RunID); n != 0 {
+		t.Fatalf("a container was created for a foreign image")
+	}
+}
