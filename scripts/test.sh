@@ -29,3 +29,7 @@ fi
 echo "==> go test"
 export CI="${CI:-}"
 go test -count=1 -timeout 20m "$@" ./...
+echo "==> unit hardening (systemd-analyze security)"
+scripts/check-unit-security.sh
+echo "==> install test (.deb on real systemd, .rpm with rpm tools)"
+scripts/install-test.sh

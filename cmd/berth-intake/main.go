@@ -12,9 +12,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/services/intake"
 )
@@ -27,16 +29,24 @@ func run() int {
 	configFlag := flag.String("config", "", "config file (default $BERTH_CONFIG or /etc/berth/berth.toml)")
 	stateFlag := flag.String("state-dir", "", "state directory (default $STATE_DIRECTORY, $BERTH_STATE_DIR/intake or /var/lib/berth/intake)")
 	listenFlag := flag.String("listen", "", "HTTP address when not socket-activated (default [intake] listen)")
+	idleFlag := flag.Duration("idle-exit", 0, "exit with status 75 after this long with nothing to do, unless a long-lived connector is configured (0: never)")
 	flag.Parse()
 	log := daemon.SetupLogging("berth-intake")
-	if err := serve(*configFlag, *stateFlag, *listenFlag); err != nil {
+	err := serve(*configFlag, *stateFlag, *listenFlag, *idleFlag)
+	if errors.Is(err, errIdle) {
+		return daemon.ExitIdle
+	}
+	if err != nil {
 		log.Error("berth-intake failed", "err", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(configFlag, stateFlag, listenFlag string) error {
+// errIdle ends serve when --idle-exit found nothing to do.
+var errIdle = errors.New("idle")
+
+func serve(configFlag, stateFlag, listenFlag string, idleExit time.Duration) error {
 	log := slog.Default()
 	configPath := daemon.ConfigPath(configFlag)
 	cfg, err := daemon.LoadConfig(configPath, log)
@@ -79,8 +89,9 @@ func serve(configFlag, stateFlag, listenFlag string) error {
 			listeners = append(listeners, l)
 		}
 	}
+	idle := daemon.NewIdle()
 	srv := &http.Server{
-		Handler:           svc.Handler(),
+		Handler:           idle.Handler(svc.Handler()),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -102,14 +113,30 @@ func serve(configFlag, stateFlag, listenFlag string) error {
 	runDone := make(chan error, 1)
 	go func() { runDone <- svc.Run(ctx) }()
 
-	why := daemon.Loop(ctx, log, conn.Context().Done(), "accepting messages", func() error {
+	loopCtx, stopLoop := context.WithCancelCause(ctx)
+	defer stopLoop(nil)
+	var current atomic.Pointer[config.Config]
+	current.Store(cfg)
+	if idleExit > 0 {
+		go func() {
+			if idle.Wait(loopCtx, idleExit, func() bool { return hasWork(svc, current.Load()) }) {
+				stopLoop(errIdle)
+			}
+		}()
+	}
+	why := daemon.Loop(loopCtx, log, conn.Context().Done(), "accepting messages", func() error {
 		newCfg, err := daemon.LoadConfig(configPath, log)
 		if err != nil {
 			return err
 		}
 		svc.Reload(newCfg)
+		current.Store(newCfg)
 		return nil
 	})
+	idled := errors.Is(context.Cause(loopCtx), errIdle)
+	if idled {
+		why = fmt.Sprintf("idle for %s with nothing pending", idleExit)
+	}
 	log.Info("stopping", "why", why)
 	daemon.Notify("STOPPING=1")
 	shutdownCtx, cancelShutdown := context.WithTimeout(context.Background(), 10*time.Second)
@@ -119,5 +146,18 @@ func serve(configFlag, stateFlag, listenFlag string) error {
 	if err := <-runDone; err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
+	if idled {
+		return errIdle
+	}
 	return nil
+}
+
+// hasWork reports whether intake must keep running: messages or replies are
+// pending, or a long-lived connector needs its connection.
+func hasWork(svc *intake.Service, cfg *config.Config) bool {
+	if intake.HasLongLivedConnector(cfg) {
+		return true
+	}
+	inbox, outbox, err := svc.Pending()
+	return err != nil || inbox > 0 || outbox > 0
 }

@@ -33,6 +33,8 @@ Commands:
   runs show RUN_ID [--json]
   runs cancel RUN_ID
   send [--timeout D] AGENT TEXT               submit TEXT to AGENT and wait for the reply
+  providers test [--config FILE] [NAME]       call each provider (or NAME) once from this host: reachability, auth, model, latency
+  sandbox explain [--config FILE] AGENT       how AGENT is isolated: backend, image, limits, network, mounts, user, and why
 
 The bus is the system bus, or DBUS_SYSTEM_BUS_ADDRESS when set.
 `
@@ -65,6 +67,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = c.runs(args[1:])
 	case "send":
 		err = c.send(args[1:])
+	case "providers":
+		err = c.providers(args[1:])
+	case "sandbox":
+		err = c.sandbox(args[1:])
 	default:
 		err = usageError("unknown command %q", args[0])
 	}

@@ -94,14 +94,20 @@ func Notify(state string) {
 // Loop tells systemd the service is ready (with status) once its signal
 // handlers are in place, then blocks until the service should stop: SIGTERM
 // or SIGINT, the bus connection ending, or ctx done; it returns why. SIGHUP
-// calls reload, which logs and keeps the old config on error.
+// calls reload, which logs and keeps the old config on error. Under
+// WatchdogSec= it pings the watchdog from this loop, so a wedged loop gets
+// the service restarted.
 func Loop(ctx context.Context, log *slog.Logger, busDone <-chan struct{}, status string, reload func() error) string {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	Notify("READY=1\nSTATUS=" + status)
+	watchdog, stopWatchdog := watchdogTicks()
+	defer stopWatchdog()
 	for {
 		select {
+		case <-watchdog:
+			Notify("WATCHDOG=1")
 		case <-ctx.Done():
 			return "context done"
 		case <-busDone:

@@ -52,6 +52,10 @@ const Path = "/usr/local/bin:/usr/bin:/bin"
 type Runner struct {
 	// AllowRoot permits running the agent as uid 0 (unrestricted backend only).
 	AllowRoot bool
+	// Limits are the run's resource limits; zero means DefaultLimits. Under
+	// systemd they are cgroup limits of a transient unit (unit.go), else
+	// rlimits (limits.go).
+	Limits Limits
 }
 
 // Run starts spec.AgentBinary, hands it the request and waits for its
@@ -88,6 +92,9 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 	if err != nil {
 		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot encode request", Err: err}
 	}
+	if SystemdAvailable() {
+		return r.runUnit(ctx, newUnitRun(spec, req, input, cred, !req.Policy.Network))
+	}
 
 	stdout := &cappedBuffer{max: MaxResponse}
 	stderr := &tailBuffer{max: StderrTail}
@@ -111,6 +118,9 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 	}
 	if !req.Policy.Network {
 		cutNetwork(cmd.SysProcAttr)
+	}
+	if err := r.limitWithRlimits(cmd, spec.Timeout); err != nil {
+		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot limit the agent", Err: err}
 	}
 
 	// Pdeathsig fires when the thread that started the child exits, not the
@@ -337,6 +347,9 @@ func Handle(pid int, startTime uint64) string {
 // process still runs. A process that is gone, or a pid now used by another
 // process, is not an error.
 func Kill(ctx context.Context, handle string) error {
+	if strings.HasPrefix(handle, unitHandlePrefix) {
+		return killUnit(ctx, handle)
+	}
 	pid, want, err := parseHandle(handle)
 	if err != nil {
 		return err

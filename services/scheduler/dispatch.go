@@ -137,6 +137,9 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 		default:
 			finish(&cur, StateSucceeded, "", "")
 			cur.Reply = res.Response.Reply
+			if err := appendHistory(tx, cur); err != nil {
+				return err
+			}
 		}
 		if runErr == nil && len(res.Response.ToolCalls) > 0 {
 			calls, err := json.Marshal(res.Response.ToolCalls)
@@ -198,6 +201,9 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 	if len(chain) == 0 {
 		return res, backend, isolation.Errorf(isolation.ReasonStart, "agent %s has no provider", agent.ID)
 	}
+	if err := checkProviderNetwork(agent, chain); err != nil {
+		return res, backend, err
+	}
 	var policyOpts []isolation.PolicyOption
 	if runUser != nil {
 		policyOpts = append(policyOpts, isolation.RunUserHome(runUser.HomeDir))
@@ -225,6 +231,7 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		Fallback:  chain[1:],
 		Policy:    isolation.HostPolicy(agent, workspace, s.protectedPaths(cfg, agent, workspace), policyOpts...),
 		Workspace: workspace,
+		History:   s.history(r),
 	}
 	spec := isolation.Spec{
 		RunID:       r.ID,
@@ -234,6 +241,7 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		AgentBinary: cfg.Scheduler.AgentBinary,
 		RunAs:       cfg.Scheduler.RunAs,
 		Timeout:     agent.Timeout,
+		Container:   agent.Container,
 		OnStart:     func(handle string) { s.saveHandle(r.ID, backend, handle) },
 	}
 	res, err = b.Run(ctx, spec)

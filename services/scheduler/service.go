@@ -151,6 +151,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err := s.reconcile(ctx); err != nil {
 		return fmt.Errorf("cannot reconcile runs: %w", err)
 	}
+	s.sweepOrphans(ctx)
 	var deliveries sync.WaitGroup
 	deliveries.Go(func() { s.deliverLoop(ctx) })
 	s.publishCounts()

@@ -51,6 +51,9 @@ func main() {
 		}
 		b, _ := json.Marshal(r)
 		resp.Reply = string(b)
+	case "limits":
+		b, _ := os.ReadFile("/proc/self/limits")
+		resp.Reply = string(b)
 	case "sleep":
 		time.Sleep(time.Hour)
 	case "spawn":

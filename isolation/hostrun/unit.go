@@ -1,0 +1,423 @@
+package hostrun
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	sdbus "github.com/coreos/go-systemd/v22/dbus"
+	"github.com/coreos/go-systemd/v22/unit"
+	"github.com/godbus/dbus/v5"
+
+	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/isolation"
+)
+
+// Under systemd a host run is a transient service, berth-run-<run id>.service
+// in berth-runs.slice, started by PID 1 through its private D-Bus socket
+// (root only). The unit gets the cgroup limits (MemoryMax, TasksMax,
+// CPUQuota, RuntimeMaxSec) and the sandboxing (ProtectSystem=strict,
+// PrivateTmp, NoNewPrivileges, PrivateNetwork) of a hardened service; the
+// agent still confines itself with Landlock inside it.
+//
+// The request carries the provider key, so it must reach the agent's stdin
+// and nothing else: the runner makes three pipes and hands their far ends to
+// systemd as StandardInputFileDescriptor, StandardOutputFileDescriptor and
+// StandardErrorFileDescriptor (file descriptors travel over the D-Bus socket
+// with SCM_RIGHTS). The unit's properties hold no part of the request.
+
+const (
+	// UnitPrefix starts the name of every host run unit.
+	UnitPrefix = "berth-run-"
+	// RunsSlice holds the host run units; limits on it cap all runs together.
+	RunsSlice = "berth-runs.slice"
+	// unitHandlePrefix marks handles of runs that are transient units.
+	unitHandlePrefix = "unit:"
+	// systemdPrivateSocket is PID 1's D-Bus socket; only root may connect.
+	systemdPrivateSocket = "/run/systemd/private"
+	// runtimeGrace is how much longer than the run's timeout systemd lets a
+	// unit live (RuntimeMaxSec): a backstop for when the scheduler is gone.
+	runtimeGrace = 30 * time.Second
+)
+
+// Limits are the resource limits of one host run.
+type Limits struct {
+	MemoryMax       uint64 // bytes
+	TasksMax        uint64 // processes and threads
+	CPUQuotaPercent uint64 // of one CPU
+}
+
+// DefaultLimits match the container backend's defaults (memory_limit 512m).
+var DefaultLimits = Limits{MemoryMax: 512 << 20, TasksMax: 256, CPUQuotaPercent: 100}
+
+func (r Runner) limits() Limits {
+	if r.Limits == (Limits{}) {
+		return DefaultLimits
+	}
+	return r.Limits
+}
+
+// SystemdAvailable reports whether host runs become transient units: systemd
+// is the init system and this process may talk to it (it is root).
+func SystemdAvailable() bool {
+	if os.Geteuid() != 0 {
+		return false
+	}
+	if fi, err := os.Stat("/run/systemd/system"); err != nil || !fi.IsDir() {
+		return false
+	}
+	_, err := os.Stat(systemdPrivateSocket)
+	return err == nil
+}
+
+// UnitName is the transient unit of a run.
+func UnitName(runID string) string {
+	return UnitPrefix + unit.UnitNameEscape(runID) + ".service"
+}
+
+// unitRun is what runUnit needs besides the spec.
+type unitRun struct {
+	spec       isolation.Spec
+	runID      string
+	input      []byte
+	cred       *syscall.Credential // nil: as root (unrestricted only)
+	cutNetwork bool
+	confine    bool // the sandboxing properties (not for unrestricted runs)
+	readWrite  []string
+	readOnly   []string
+}
+
+func newUnitRun(spec isolation.Spec, req agentproto.Request, input []byte, cred *syscall.Credential, cutNetwork bool) unitRun {
+	return unitRun{
+		spec:       spec,
+		runID:      req.RunID,
+		input:      input,
+		cred:       cred,
+		cutNetwork: cutNetwork,
+		confine:    !req.Policy.Unrestricted,
+		readWrite:  append([]string{spec.Workspace}, req.Policy.AllowReadWrite...),
+		readOnly:   req.Policy.AllowRead,
+	}
+}
+
+// runUnit runs the agent as a transient unit and waits for it.
+func (r Runner) runUnit(ctx context.Context, u unitRun) (isolation.Result, error) {
+	name := UnitName(u.runID)
+	conn, err := sdbus.NewSystemdConnectionContext(ctx)
+	if err != nil {
+		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot connect to systemd", Err: err}
+	}
+	defer conn.Close()
+
+	stdinR, stdinW, err := os.Pipe()
+	if err != nil {
+		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create pipes", Err: err}
+	}
+	stdoutR, stdoutW, err := os.Pipe()
+	if err != nil {
+		stdinR.Close()
+		stdinW.Close()
+		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create pipes", Err: err}
+	}
+	stderrR, stderrW, err := os.Pipe()
+	if err != nil {
+		stdinR.Close()
+		stdinW.Close()
+		stdoutR.Close()
+		stdoutW.Close()
+		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create pipes", Err: err}
+	}
+	defer stdoutR.Close()
+	defer stderrR.Close()
+
+	// A unit left by an earlier attempt of this run (a scheduler that died)
+	// must not block the name.
+	stopUnit(ctx, conn, name)
+
+	props := r.unitProperties(u, name, int(stdinR.Fd()), int(stdoutW.Fd()), int(stderrW.Fd()))
+	_, startErr := conn.StartTransientUnitContext(ctx, name, "fail", props, nil)
+	// systemd holds its own copies now; ours would keep the pipes open.
+	stdinR.Close()
+	stdoutW.Close()
+	stderrW.Close()
+	if startErr != nil {
+		stdinW.Close()
+		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "systemd refused the transient unit " + name, Err: startErr}
+	}
+	if u.spec.OnStart != nil {
+		u.spec.OnStart(unitHandlePrefix + name)
+	}
+
+	var wg sync.WaitGroup
+	stdout := &cappedBuffer{max: MaxResponse}
+	stderr := &tailBuffer{max: StderrTail}
+	wg.Go(func() {
+		_, _ = stdinW.Write(u.input)
+		stdinW.Close()
+	})
+	wg.Go(func() { _, _ = io.Copy(stdout, stdoutR) })
+	wg.Go(func() { _, _ = io.Copy(stderr, stderrR) })
+
+	var timeout <-chan time.Time
+	if u.spec.Timeout > 0 {
+		timer := time.NewTimer(u.spec.Timeout)
+		defer timer.Stop()
+		timeout = timer.C
+	}
+	ended := make(chan unitEnd, 1)
+	pollCtx, stopPolling := context.WithCancel(context.Background())
+	defer stopPolling()
+	go func() { ended <- waitUnitEnd(pollCtx, conn, name) }()
+
+	var killed *isolation.RunError
+	var end unitEnd
+	select {
+	case end = <-ended:
+	case <-timeout:
+		killed = isolation.Errorf(isolation.ReasonTimeout, "killed after %s", u.spec.Timeout)
+	case <-ctx.Done():
+		killed = &isolation.RunError{Reason: isolation.ReasonCanceled, Err: context.Cause(ctx)}
+	}
+	stopPolling()
+	// Stopping ends whatever the agent left running (the whole cgroup) and
+	// frees the name; after that the pipes reach EOF.
+	stopUnit(context.Background(), conn, name)
+	drained := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(drained)
+	}()
+	select {
+	case <-drained:
+	case <-time.After(ioGrace):
+		stdoutR.Close()
+		stderrR.Close()
+		stdinW.Close()
+		<-drained
+	}
+
+	res := isolation.Result{ExitCode: end.exitCode(), Stderr: stderr.String()}
+	if killed != nil {
+		killed.Detail = withTail(killed.Detail, res.Stderr)
+		return res, killed
+	}
+	if end.err != nil {
+		return res, &isolation.RunError{Reason: isolation.ReasonCrashed, Detail: withTail("lost track of unit "+name, res.Stderr), Err: end.err}
+	}
+	switch {
+	case end.result == "oom-kill":
+		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", withTail(fmt.Sprintf("agent ran out of memory (MemoryMax=%d)", r.limits().MemoryMax), res.Stderr))
+	case end.result == "timeout":
+		return res, isolation.Errorf(isolation.ReasonTimeout, "%s", withTail("RuntimeMaxSec reached", res.Stderr))
+	case end.code == cldExited && end.status >= 200 && end.status < 256:
+		// systemd's own exit codes (EXIT_USER, EXIT_EXEC, ...): the agent
+		// never ran.
+		return res, isolation.Errorf(isolation.ReasonStart, "%s", withTail(fmt.Sprintf("systemd could not start the agent in %s (exit status %d, see journalctl -u %s)", name, end.status, name), res.Stderr))
+	case end.code == cldKilled || end.code == cldDumped:
+		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", withTail("agent was killed by signal "+syscall.Signal(end.status).String(), res.Stderr))
+	}
+	return interpret(res, stdout, u.runID, nil)
+}
+
+func (r Runner) unitProperties(u unitRun, name string, stdin, stdout, stderr int) []sdbus.Property {
+	lim := r.limits()
+	props := []sdbus.Property{
+		sdbus.PropDescription(fmt.Sprintf("berth run %s (agent %s)", u.runID, u.spec.AgentID)),
+		sdbus.PropType("exec"),
+		sdbus.PropSlice(RunsSlice),
+		sdbus.PropExecStart([]string{u.spec.AgentBinary}, true),
+		// The unit stays loaded after the agent exits so its exit status
+		// can be read; the runner stops it right after.
+		sdbus.PropRemainAfterExit(true),
+		prop("WorkingDirectory", u.spec.Workspace),
+		prop("Environment", Environment(u.spec.Workspace)),
+		prop("StandardInputFileDescriptor", dbus.UnixFD(stdin)),
+		prop("StandardOutputFileDescriptor", dbus.UnixFD(stdout)),
+		prop("StandardErrorFileDescriptor", dbus.UnixFD(stderr)),
+		prop("KillMode", "control-group"),
+		prop("MemoryAccounting", true),
+		prop("MemoryMax", lim.MemoryMax),
+		prop("MemorySwapMax", uint64(0)),
+		prop("TasksAccounting", true),
+		prop("TasksMax", lim.TasksMax),
+		prop("CPUAccounting", true),
+		prop("CPUQuotaPerSecUSec", lim.CPUQuotaPercent*10000),
+		prop("LimitCORE", uint64(0)),
+		prop("LimitCORESoft", uint64(0)),
+	}
+	if u.spec.Timeout > 0 {
+		props = append(props, prop("RuntimeMaxUSec", uint64((u.spec.Timeout+runtimeGrace)/time.Microsecond)))
+	}
+	if u.cred != nil {
+		props = append(props,
+			prop("User", strconv.FormatUint(uint64(u.cred.Uid), 10)),
+			prop("Group", strconv.FormatUint(uint64(u.cred.Gid), 10)),
+		)
+	}
+	if u.confine {
+		props = append(props,
+			prop("NoNewPrivileges", true),
+			prop("PrivateTmp", true),
+			prop("ProtectSystem", "strict"),
+			prop("ProtectKernelTunables", true),
+			prop("ProtectKernelModules", true),
+			prop("ProtectControlGroups", true),
+			prop("RestrictSUIDSGID", true),
+			prop("LockPersonality", true),
+			// Bind mounts, not ReadWritePaths: they also show paths under
+			// /tmp through PrivateTmp. "-" paths may be missing.
+			prop("BindPaths", bindPaths(u.readWrite)),
+			prop("BindReadOnlyPaths", bindPaths(append([]string{u.spec.AgentBinary}, u.readOnly...))),
+		)
+		if u.cutNetwork {
+			props = append(props, prop("PrivateNetwork", true))
+		}
+	}
+	return props
+}
+
+// bindPath is one entry of BindPaths/BindReadOnlyPaths (D-Bus signature
+// (ssbt)): source, destination, ignore a missing source, mount flags.
+type bindPath struct {
+	Source, Destination string
+	IgnoreMissing       bool
+	Flags               uint64
+}
+
+func bindPaths(paths []string) []bindPath {
+	out := []bindPath{}
+	seen := map[string]bool{}
+	for _, p := range paths {
+		p = filepath.Clean(p)
+		if !filepath.IsAbs(p) || seen[p] || p == "/" {
+			continue
+		}
+		seen[p] = true
+		out = append(out, bindPath{Source: p, Destination: p, IgnoreMissing: true, Flags: syscall.MS_REC})
+	}
+	return out
+}
+
+func prop(name string, value any) sdbus.Property {
+	return sdbus.Property{Name: name, Value: dbus.MakeVariant(value)}
+}
+
+// Exit codes of ExecMainCode (siginfo si_code).
+const (
+	cldExited = 1
+	cldKilled = 2
+	cldDumped = 3
+)
+
+// unitEnd is how a run's unit ended.
+type unitEnd struct {
+	code   int32  // ExecMainCode
+	status int32  // ExecMainStatus: exit status or signal
+	result string // Result: success, exit-code, signal, oom-kill, timeout, ...
+	err    error
+}
+
+func (e unitEnd) exitCode() int {
+	if e.code == cldExited {
+		return int(e.status)
+	}
+	return -1
+}
+
+// waitUnitEnd polls the unit until its main process has exited.
+func waitUnitEnd(ctx context.Context, conn *sdbus.Conn, name string) unitEnd {
+	delay := 10 * time.Millisecond
+	for {
+		props, err := conn.GetUnitPropertiesContext(ctx, name)
+		if err != nil {
+			return unitEnd{err: err}
+		}
+		active, _ := props["ActiveState"].(string)
+		sub, _ := props["SubState"].(string)
+		// Right after StartTransientUnit the unit is inactive with its
+		// start job still queued; inactive counts as an end only once no
+		// job is pending.
+		if active == "failed" || (active == "inactive" && !hasJob(props)) || (active == "active" && sub == "exited") {
+			svc, err := conn.GetUnitTypePropertiesContext(ctx, name, "Service")
+			if err != nil {
+				return unitEnd{err: err}
+			}
+			end := unitEnd{}
+			end.code, _ = svc["ExecMainCode"].(int32)
+			end.status, _ = svc["ExecMainStatus"].(int32)
+			end.result, _ = svc["Result"].(string)
+			if end.code == 0 {
+				return unitEnd{err: fmt.Errorf("unit %s is %s/%s and reports no exit status", name, active, sub)}
+			}
+			return end
+		}
+		select {
+		case <-ctx.Done():
+			return unitEnd{err: ctx.Err()}
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 200*time.Millisecond)
+	}
+}
+
+// hasJob reports whether the unit has a job queued or running (its Job
+// property, (uo), has a non-zero id).
+func hasJob(props map[string]any) bool {
+	job, ok := props["Job"].([]any)
+	if !ok || len(job) == 0 {
+		return false
+	}
+	id, _ := job[0].(uint32)
+	return id != 0
+}
+
+// stopUnit stops the unit (killing its whole cgroup), waits until it is
+// inactive and clears a failed state, so the name is free again. A unit
+// that is not there is not an error.
+func stopUnit(ctx context.Context, conn *sdbus.Conn, name string) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := conn.StopUnitContext(ctx, name, "replace", nil); err == nil {
+		delay := 10 * time.Millisecond
+		for {
+			p, err := conn.GetUnitPropertyContext(ctx, name, "ActiveState")
+			if err != nil {
+				break
+			}
+			if s, _ := p.Value.Value().(string); s == "inactive" || s == "failed" {
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(delay):
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			delay = min(delay*2, 200*time.Millisecond)
+		}
+	}
+	_ = conn.ResetFailedUnitContext(ctx, name)
+}
+
+// killUnit is Kill for a run that is a transient unit.
+func killUnit(ctx context.Context, handle string) error {
+	name := strings.TrimPrefix(handle, unitHandlePrefix)
+	if !strings.HasPrefix(name, UnitPrefix) || !strings.HasSuffix(name, ".service") {
+		return fmt.Errorf("cannot kill %q: not a berth run unit", handle)
+	}
+	conn, err := sdbus.NewSystemdConnectionContext(ctx)
+	if err != nil {
+		return fmt.Errorf("cannot connect to systemd to stop %s: %w", name, err)
+	}
+	defer conn.Close()
+	stopUnit(ctx, conn, name)
+	return nil
+}

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestPackages(t *testing.T) {
+	t.Parallel()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := exec.LookPath("dpkg-deb"); err != nil {
+		t.Fatalf("dpkg-deb is needed to inspect the package: %v", err)
+	}
+	// Stand-in binaries: this test is about the layout, not the programs.
+	bin := t.TempDir()
+	for _, b := range binaries {
+		if err := os.WriteFile(filepath.Join(bin, b.name), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := t.TempDir()
+	paths, err := Build(Options{Root: root, Out: out, Version: "1.2.3+4.gabc", Arch: "amd64", Formats: []string{"deb", "rpm"}, BinDir: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deb := paths[0]
+	if !strings.HasSuffix(deb, ".deb") || !strings.HasSuffix(paths[1], ".rpm") {
+		t.Fatalf("packages are %v, want a .deb and an .rpm", paths)
+	}
+
+	t.Run("The_deb_installs_every_listed_path_with_its_mode", func(t *testing.T) {
+		listing := run(t, "dpkg-deb", "-c", deb)
+		for _, want := range []string{
+			"-rwxr-xr-x root/root .* ./usr/bin/berthctl",
+			"-rwxr-xr-x root/root .* ./usr/libexec/berth/berth-agent",
+			"-rwxr-xr-x root/root .* ./usr/libexec/berth/berth-intake",
+			"-rwxr-xr-x root/root .* ./usr/libexec/berth/berth-scheduler",
+			"-rw-r----- root/berth .* ./etc/berth/berth.toml",
+			"./usr/lib/systemd/system/berth-intake.socket",
+			"./usr/lib/systemd/system/berth-intake.service",
+			"./usr/lib/systemd/system/berth-scheduler.service",
+			"./usr/share/dbus-1/system.d/dev.berth.Scheduler1.conf",
+			"./usr/share/dbus-1/system-services/dev.berth.Intake1.service",
+			"./usr/share/dbus-1/interfaces/dev.berth.Scheduler1.xml",
+			"./usr/lib/sysusers.d/berth.conf",
+			"./usr/lib/tmpfiles.d/berth.conf",
+			"./usr/share/man/man1/berthctl.1",
+			"./usr/share/man/man5/berth.toml.5",
+			"./usr/share/bash-completion/completions/berthctl",
+			"./usr/share/zsh/vendor-completions/_berthctl",
+		} {
+			if !matchesLine(listing, want) {
+				t.Errorf("deb has no line matching %q:\n%s", want, listing)
+			}
+		}
+	})
+
+	t.Run("The_config_is_a_conffile_and_the_dependencies_are_declared", func(t *testing.T) {
+		control := run(t, "dpkg-deb", "-I", deb)
+		for _, want := range []string{"Version: 1.2.3+4.gabc-1", "Depends: dbus, systemd", "Recommends: docker.io | docker-ce"} {
+			if !strings.Contains(control, want) {
+				t.Errorf("control has no %q:\n%s", want, control)
+			}
+		}
+		dir := t.TempDir()
+		run(t, "dpkg-deb", "-e", deb, dir)
+		b, err := os.ReadFile(filepath.Join(dir, "conffiles"))
+		if err != nil || strings.TrimSpace(string(b)) != "/etc/berth/berth.toml" {
+			t.Errorf("conffiles = %q (%v), want /etc/berth/berth.toml", b, err)
+		}
+		pre, err := os.ReadFile(filepath.Join(dir, "preinst"))
+		if err != nil || !strings.Contains(string(pre), "u berth-agent") || strings.Contains(string(pre), "#SYSUSERS#") {
+			t.Errorf("preinst does not carry the sysusers entries:\n%s", pre)
+		}
+		for _, s := range []string{"postinst", "prerm", "postrm"} {
+			if fi, err := os.Stat(filepath.Join(dir, s)); err != nil || fi.Mode().Perm()&0o111 == 0 {
+				t.Errorf("%s missing or not executable: %v", s, err)
+			}
+		}
+	})
+}
+
+func TestVersionComesFromGitDescribe(t *testing.T) {
+	t.Parallel()
+	tests := map[string]string{
+		"v1.2.3":             "1.2.3",
+		"1.2.3":              "1.2.3",
+		"v1.2.3-4-gabcdef01": "1.2.3+4.gabcdef01",
+	}
+	for in, want := range tests {
+		m := describeRe.FindStringSubmatch(in)
+		if m == nil {
+			t.Errorf("%q does not parse", in)
+			continue
+		}
+		got := m[1]
+		if m[2] != "" {
+			got += "+" + m[2] + ".g" + m[3]
+		}
+		if got != want {
+			t.Errorf("%q → %q, want %q", in, got, want)
+		}
+	}
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := Version(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(v, "0.0.0+") && !describeRe.MatchString("v"+strings.Split(v, "+")[0]) {
+		t.Errorf("Version = %q, want a tag's version or 0.0.0+<commit>", v)
+	}
+}
+
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	}
+	return string(out)
+}
+
+func matchesLine(listing, pattern string) bool {
+	parts := strings.Split(pattern, " .* ")
+	for _, line := range strings.Split(listing, "\n") {
+		ok := true
+		rest := line
+		for _, p := range parts {
+			i := strings.Index(rest, p)
+			if i < 0 {
+				ok = false
+				break
+			}
+			rest = rest[i+len(p):]
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,267 @@
+#!/usr/bin/env bash
+# The install test: builds the .deb and .rpm, boots real systemd (PID 1) in a
+# container made from a debootstrapped Debian 12 rootfs, installs the .deb
+# with apt and checks that berth installs, runs, upgrades and purges like a
+# Linux service should. The .rpm is checked with rpm's own tools.
+#
+#   scripts/install-test.sh            (as root; scripts/test.sh runs it)
+#
+# The rootfs comes from Debian's packages through the apt mirror this machine
+# is configured with, and is cached in /var/cache/berth-install-test (and as
+# a local Docker image) between runs; the first run takes about a minute
+# longer. BERTH_INSTALL_TEST_KEEP=1 keeps the container for a look inside.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "scripts/install-test.sh must run as root (debootstrap, docker)" >&2
+  exit 1
+fi
+started=$SECONDS
+ensure_packages debootstrap:debootstrap rpm:rpm dpkg-deb:dpkg
+ensure_docker
+
+cache=/var/cache/berth-install-test
+suite=bookworm
+include=systemd,systemd-sysv,dbus,procps,apt
+image=berth-install-test:$suite-$(printf '%s' "$include" | sha256sum | cut -c1-12)
+work=$(mktemp -d /tmp/berth-install-test.XXXXXX)
+container=berth-install-test-$$
+
+step() { echo "==> $*"; }
+fail() {
+  echo "FAIL: $*" >&2
+  if docker inspect "$container" >/dev/null 2>&1; then
+    echo "--- journal (last 80 lines) ---" >&2
+    docker exec "$container" journalctl --no-pager -n 80 >&2 || true
+  fi
+  exit 1
+}
+cleanup() {
+  if [ -z "${BERTH_INSTALL_TEST_KEEP:-}" ]; then
+    docker rm -f "$container" >/dev/null 2>&1 || true
+  else
+    echo "kept container $container (docker exec -it $container bash)"
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# inside CMD: run a shell command line in the container.
+inside() { docker exec "$container" bash -c "$*"; }
+
+apt_mirror() {
+  local uri
+  uri=$(awk '/^URIs:/ && !done { print $2; done=1 }' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  if [ -z "$uri" ]; then
+    uri=$(awk '$1 == "deb" && $3 ~ /^bookworm$/ { print $2; exit }' /etc/apt/sources.list 2>/dev/null || true)
+  fi
+  [ -n "$uri" ] || { echo "cannot find a Debian mirror in /etc/apt/sources.list*" >&2; return 1; }
+  printf '%s\n' "$uri"
+}
+
+ensure_image() {
+  if docker image inspect "$image" >/dev/null 2>&1; then
+    return 0
+  fi
+  mkdir -p "$cache"
+  local tarball=$cache/$suite-$(printf '%s' "$include" | sha256sum | cut -c1-12).tar
+  if [ ! -s "$tarball" ]; then
+    local mirror rootfs=$cache/rootfs.tmp
+    mirror=$(apt_mirror)
+    step "debootstrap $suite ($include) from the configured mirror"
+    rm -rf "$rootfs"
+    debootstrap --variant=minbase --include="$include" "$suite" "$rootfs" "$mirror" >"$cache/debootstrap.log" 2>&1 ||
+      { tail -20 "$cache/debootstrap.log" >&2; return 1; }
+    tar -C "$rootfs" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
+    rm -rf "$rootfs"
+  fi
+  step "docker import $image"
+  docker import "$tarball" "$image" >/dev/null
+}
+
+step "build packages"
+version=$(cd packaging && go run . --out "$work/dist" | tee "$work/built" | sed -n 's/.*berth_\(.*\)-1_.*\.deb$/\1/p')
+deb=$(grep '\.deb$' "$work/built")
+rpm=$(grep '\.rpm$' "$work/built")
+# The same binaries as an older version, to test the upgrade.
+(cd packaging && go run . --out "$work/old" --version 0.0.0~installtest --formats deb >/dev/null)
+olddeb=$(ls "$work"/old/*.deb)
+CGO_ENABLED=0 go build -o "$work/installprobe" ./scripts/installprobe
+echo "    berth $version"
+
+step "rpm: contents, config files, dependencies and scripts"
+rpm_list=$(rpm -qlp "$rpm" 2>/dev/null)
+for f in /usr/bin/berthctl /usr/libexec/berth/berth-agent /usr/libexec/berth/berth-intake /usr/libexec/berth/berth-scheduler \
+  /usr/lib/systemd/system/berth-intake.socket /usr/lib/systemd/system/berth-scheduler.service \
+  /usr/share/dbus-1/system.d/dev.berth.Scheduler1.conf /usr/share/dbus-1/system-services/dev.berth.Intake1.service \
+  /usr/share/dbus-1/interfaces/dev.berth.Scheduler1.xml /usr/lib/sysusers.d/berth.conf /usr/lib/tmpfiles.d/berth.conf \
+  /usr/lib/systemd/system-preset/80-berth.preset /usr/share/man/man1/berthctl.1 /usr/share/man/man5/berth.toml.5 \
+  /etc/berth/berth.toml; do
+  grep -qx "$f" <<<"$rpm_list" || fail "rpm does not contain $f"
+done
+[ "$(rpm -qcp "$rpm" 2>/dev/null)" = /etc/berth/berth.toml ] || fail "rpm config files: $(rpm -qcp "$rpm")"
+grep -q '^cn /etc/berth/berth.toml$' <<<"$(rpm -qp --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' "$rpm" 2>/dev/null)" ||
+  fail "berth.toml is not %config(noreplace) in the rpm"
+rpm_requires=$(rpm -qpR "$rpm" 2>/dev/null)
+grep -qx dbus <<<"$rpm_requires" && grep -qx systemd <<<"$rpm_requires" || fail "rpm requires: $rpm_requires"
+grep -q docker-ce <<<"$(rpm -qp --recommends "$rpm" 2>/dev/null)" || fail "rpm does not recommend docker"
+rpm_scripts=$(rpm --scripts -qp "$rpm" 2>/dev/null)
+for want in 'preinstall scriptlet' 'systemd-sysusers --replace=/usr/lib/sysusers.d/berth.conf' 'u berth-agent' \
+  'systemctl --no-reload preset berth-intake.socket berth-scheduler.service' \
+  'preuninstall scriptlet' 'disable --now' 'postuninstall scriptlet' 'try-restart berth-intake.service berth-scheduler.service'; do
+  grep -qF -- "$want" <<<"$rpm_scripts" || fail "rpm scripts lack: $want"
+done
+
+ensure_image
+step "boot systemd in $image"
+docker run -d --name "$container" --network none --hostname berth-install-test \
+  --cap-add SYS_ADMIN --security-opt seccomp=unconfined --cgroupns=host \
+  -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock \
+  "$image" /lib/systemd/systemd >/dev/null
+for _ in $(seq 1 60); do
+  state=$(inside 'systemctl is-system-running 2>/dev/null' || true)
+  case $state in running | degraded) break ;; esac
+  sleep 0.5
+done
+case $state in running | degraded) ;; *) fail "systemd did not come up (state: $state)" ;; esac
+[ "$(inside 'cat /proc/1/comm')" = systemd ] || fail "PID 1 is not systemd"
+docker cp "$deb" "$container:/root/pkg.deb"
+docker cp "$olddeb" "$container:/root/old.deb"
+docker cp "$work/installprobe" "$container:/usr/local/bin/installprobe"
+docker cp scripts/check-unit-security.sh "$container:/usr/local/bin/check-unit-security"
+
+step "apt install (the older version first; the upgrade comes later)"
+inside 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends /root/old.deb' >"$work/apt.log" 2>&1 ||
+  { cat "$work/apt.log"; fail "apt-get install"; }
+
+step "users, files and units enabled per preset; only the socket runs"
+inside 'getent passwd berth && getent passwd berth-agent && getent group berth-admin' >/dev/null || fail "users or groups missing"
+[ "$(inside 'stat -c %U:%G:%a /etc/berth/berth.toml')" = root:berth:640 ] || fail "berth.toml: $(inside 'stat -c %U:%G:%a /etc/berth/berth.toml')"
+inside 'berthctl config check' >/dev/null || fail "the shipped config does not pass berthctl config check"
+[ "$(inside 'systemctl is-enabled berth-intake.socket berth-scheduler.service' | sort -u)" = enabled ] || fail "units not enabled"
+inside 'systemctl is-active -q berth-intake.socket' || fail "berth-intake.socket is not active after install"
+inside 'systemctl is-active -q berth-intake.service berth-scheduler.service' && fail "a service runs before anyone asked for it"
+inside 'man -w berthctl >/dev/null 2>&1 || test -f /usr/share/man/man1/berthctl.1' || fail "no man page"
+
+step "configure a webhook connector and a reply receiver"
+inside 'set -e
+head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n" >/etc/berth/hooks.secret
+chgrp berth /etc/berth/hooks.secret && chmod 0640 /etc/berth/hooks.secret
+cat >/etc/berth/berth.d/50-install-test.toml <<EOF
+[[connectors]]
+id = "hooks"
+type = "webhook"
+secret_file = "/etc/berth/hooks.secret"
+reply_url = "http://127.0.0.1:9999/replies"
+EOF
+berthctl config check >/dev/null
+systemd-run --quiet --unit=install-test-receiver /usr/local/bin/installprobe receive --secret-file /etc/berth/hooks.secret
+for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/9999) 2>/dev/null && exit 0; sleep 0.1; done; exit 1' ||
+  fail "cannot set up the connector or the receiver"
+
+post() { inside "installprobe post --secret-file /etc/berth/hooks.secret --channel C1 $(printf '%q' "$1")"; }
+await() { inside "installprobe wait --id $1 --timeout ${2:-60s} --field ${3:-text}"; }
+
+step "a signed webhook starts intake by socket activation; the scheduler is D-Bus-activated; the reply arrives"
+id=$(post '/sh id -un') || fail "POST to the socket"
+reply=$(await "$id") || fail "no reply"
+grep -q '^berth-agent$' <<<"$reply" || fail "reply: $reply"
+inside 'systemctl is-active -q berth-intake.service' || fail "intake did not start"
+inside "journalctl -u dbus --no-pager | grep -q \"Activating via systemd: service name='dev.berth.Scheduler1' unit='berth-scheduler.service'\"" ||
+  fail "berth-scheduler was not D-Bus-activated"
+run_id=$(await "$id" 5s run_id)
+
+step "busctl: root introspects; an unprivileged user reads status but may not change state"
+grep -q '\.Submit' <<<"$(inside 'busctl introspect dev.berth.Scheduler1 /dev/berth/Scheduler1')" || fail "busctl introspect as root"
+inside 'useradd -M -s /bin/bash tester'
+inside 'runuser -u tester -- busctl get-property dev.berth.Scheduler1 /dev/berth/Scheduler1 dev.berth.Scheduler1 QueueDepth' >/dev/null ||
+  fail "an unprivileged user cannot read QueueDepth"
+grep -q 'scheduler: *running' <<<"$(inside 'runuser -u tester -- berthctl status')" || fail "berthctl status as an unprivileged user"
+denied=$(inside "runuser -u tester -- busctl call dev.berth.Scheduler1 /dev/berth/Scheduler1 dev.berth.Scheduler1 CancelRun s $run_id 2>&1" || true)
+grep -qi 'denied' <<<"$denied" || fail "an unprivileged CancelRun was not refused: $denied"
+
+step "journal fields RUN_ID, AGENT, CONNECTOR"
+grep -q 'AGENT=ops' <<<"$(inside "journalctl --no-pager -o verbose RUN_ID=$run_id")" || fail "no journal entry with RUN_ID=$run_id and AGENT=ops"
+grep -q 'CONNECTOR=hooks' <<<"$(inside 'journalctl --no-pager -o verbose CONNECTOR=hooks')" || fail "no journal entry with CONNECTOR=hooks"
+
+step "a Landlock run is a transient unit with MemoryMax and TasksMax"
+id=$(post '/sh sleep 4; echo slept')
+unit=
+for _ in $(seq 1 60); do
+  unit=$(inside "systemctl list-units --no-legend --plain --type=service 'berth-run-*' | awk '{print \$1}' | head -1")
+  [ -n "$unit" ] && break
+  sleep 0.1
+done
+[ -n "$unit" ] || fail "no berth-run-* unit while a run is running"
+props=$(inside "systemctl show -p MemoryMax -p TasksMax -p User -p PrivateNetwork -p ProtectSystem -p NoNewPrivileges -p PrivateTmp -p Slice $unit")
+for want in MemoryMax=536870912 TasksMax=256 User=995 PrivateNetwork=yes ProtectSystem=strict NoNewPrivileges=yes PrivateTmp=yes Slice=berth-runs.slice; do
+  case $want in User=*) want="User=$(inside 'id -u berth-agent')" ;; esac
+  grep -qx "$want" <<<"$props" || fail "$unit lacks $want: $props"
+done
+grep -q '^slept$' <<<"$(await "$id")" || fail "the long run's reply"
+grep -q . <<<"$(inside "systemctl list-units --no-legend --all 'berth-run-*'")" && fail "a run unit outlived its run"
+
+step "systemctl reload with a backlog loses nothing"
+ids=()
+for i in 1 2 3 4; do ids+=("$(post "/sh sleep 0.5; echo backlog-$i")"); done
+pids_before=$(inside 'systemctl show -p MainPID --value berth-intake berth-scheduler')
+inside 'systemctl reload berth-intake berth-scheduler' || fail "reload"
+for i in 1 2 3 4; do grep -qx "backlog-$i" <<<"$(await "${ids[$((i - 1))]}" 90s)" || fail "backlog message $i lost after reload"; done
+[ "$(inside 'systemctl show -p MainPID --value berth-intake berth-scheduler')" = "$pids_before" ] || fail "reload restarted a service"
+
+step "a bad config on reload is refused; the old one keeps serving"
+inside 'printf "[scheduler]\nbogus_key = 1\n" >/etc/berth/berth.d/99-bad.toml'
+inside 'systemctl reload berth-intake berth-scheduler'
+for _ in $(seq 1 50); do
+  inside 'journalctl --no-pager -u berth-intake -u berth-scheduler | grep -q "config reload refused"' && break
+  sleep 0.1
+done
+inside 'journalctl --no-pager -u berth-intake | grep -q "config reload refused"' || fail "intake did not refuse the bad config"
+inside 'journalctl --no-pager -u berth-scheduler | grep -q "config reload refused"' || fail "the scheduler did not refuse the bad config"
+id=$(post '/sh echo still-serving')
+grep -qx still-serving <<<"$(await "$id")" || fail "no reply with the old config"
+inside 'rm /etc/berth/berth.d/99-bad.toml'
+
+step "systemd-analyze security thresholds hold on the installed units"
+inside 'check-unit-security /usr/lib/systemd/system' || fail "unit exposure above threshold"
+
+step "upgrade with queued work: services restart, nothing is lost, the admin's config stays"
+inside 'echo "# admin was here" >>/etc/berth/berth.toml'
+ids=()
+for i in 1 2 3; do ids+=("$(post "/sh sleep 1; echo upgrade-$i")"); done
+pids_before=$(inside 'systemctl show -p MainPID --value berth-scheduler')
+inside 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends -o Dpkg::Options::=--force-confold /root/pkg.deb' >"$work/apt.log" 2>&1 ||
+  { cat "$work/apt.log"; fail "upgrade"; }
+[ "$(inside "dpkg-query -W -f '\${Version}' berth")" = "$version-1" ] || fail "upgrade did not install $version"
+[ "$(inside 'systemctl show -p MainPID --value berth-scheduler')" != "$pids_before" ] || fail "the scheduler was not restarted on upgrade"
+for i in 1 2 3; do grep -qx "upgrade-$i" <<<"$(await "${ids[$((i - 1))]}" 120s)" || fail "message $i lost in the upgrade"; done
+inside 'grep -q "admin was here" /etc/berth/berth.toml' || fail "the upgrade replaced the admin's berth.toml"
+
+step "idle intake exits with status 75 (a success); the next request starts it again; the watchdog never fired"
+inside 'mkdir -p /etc/systemd/system/berth-intake.service.d && printf "[Service]\nExecStart=\nExecStart=/usr/libexec/berth/berth-intake --idle-exit=2s\n" >/etc/systemd/system/berth-intake.service.d/idle.conf && systemctl daemon-reload && systemctl restart berth-intake.service'
+for _ in $(seq 1 100); do
+  [ "$(inside 'systemctl show -p ActiveState --value berth-intake.service')" = inactive ] && break
+  sleep 0.1
+done
+idle=$(inside 'systemctl show -p ActiveState -p Result -p ExecMainStatus berth-intake.service')
+grep -qx ActiveState=inactive <<<"$idle" && grep -qx Result=success <<<"$idle" && grep -qx ExecMainStatus=75 <<<"$idle" ||
+  fail "intake did not exit idle with status 75: $idle"
+inside 'systemctl is-active -q berth-intake.socket' || fail "the socket stopped with the idle service"
+id=$(post '/sh echo woke-up')
+grep -qx woke-up <<<"$(await "$id")" || fail "no reply after an idle exit"
+inside 'rm -r /etc/systemd/system/berth-intake.service.d && systemctl daemon-reload'
+grep -q "Watchdog timeout" <<<"$(inside 'journalctl --no-pager -u berth-intake -u berth-scheduler')" && fail "a watchdog timeout killed a service"
+grep -qx WatchdogUSec=30s <<<"$(inside 'systemctl show -p WatchdogUSec berth-intake.service')" || fail "berth-intake has no watchdog"
+
+step "apt-get purge leaves no berth files, units or users behind"
+inside 'DEBIAN_FRONTEND=noninteractive apt-get purge -y -q berth' >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; fail "purge"; }
+inside 'systemctl stop install-test-receiver' || true
+left=$(inside 'find / -xdev \( -path /proc -o -path /sys -o -path /var/log/journal -o -path /root \) -prune -o \( -name "*berth*" -o -name "dev.berth.*" \) -print' || true)
+[ -z "$left" ] || fail "files left after purge: $left"
+for u in berth berth-agent; do inside "getent passwd $u" >/dev/null && fail "user $u left after purge"; done
+for g in berth berth-agent berth-admin; do inside "getent group $g" >/dev/null && fail "group $g left after purge"; done
+grep -q . <<<"$(inside "systemctl list-units --no-legend --all 'berth*'")" && fail "units left after purge: $(inside "systemctl list-units --no-legend --all 'berth*'")"
+
+echo "install test passed in $((SECONDS - started))s"
