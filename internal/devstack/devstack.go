@@ -42,7 +42,7 @@ func Build(repoRoot, binDir string) error {
 		return fmt.Errorf("cannot chmod %s: %w", binDir, err)
 	}
 	for _, name := range Binaries {
-		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(binDir, name), "./cmd/"+name)
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(binDir, name), "./cmd/"+name)
 		cmd.Dir = repoRoot
 		// berth-agent goes into sandboxes and images: static.
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
