@@ -146,6 +146,89 @@ func (s *store) message(connector, id string) (inboxEntry, bool, error) {
 	return m, found, nil
 }
 
+// queued is an inbox or outbox entry: stored under its key, listed in the
+// pending index under its sequence number while its state is pending.
+type queued interface {
+	inboxEntry | outboxEntry
+}
+
+// entryKey returns the bucket key of an entry, and its place in the pending
+// index.
+func entryKey[E queued](e *E) (key []byte, seq *uint64, state *string) {
+	switch e := any(e).(type) {
+	case *inboxEntry:
+		return []byte(e.Key()), &e.Seq, &e.State
+	case *outboxEntry:
+		return []byte(e.RunID), &e.Seq, &e.State
+	}
+	panic("unreachable")
+}
+
+// enqueue stores e as pending unless its key is already there, in which
+// case it loads the stored entry into e. It reports whether e was new.
+func enqueue[E queued](items, pending *bolt.Bucket, e *E) (bool, error) {
+	key, seq, state := entryKey(e)
+	if v := items.Get(key); v != nil {
+		return false, json.Unmarshal(v, e)
+	}
+	n, err := pending.NextSequence()
+	if err != nil {
+		return false, err
+	}
+	*seq, *state = n, statePending
+	v, err := json.Marshal(e)
+	if err != nil {
+		return false, err
+	}
+	if err := items.Put(key, v); err != nil {
+		return false, err
+	}
+	return true, pending.Put(u64(n), key)
+}
+
+// update applies change to the entry stored under key and drops it from the
+// pending index once it is no longer pending.
+func update[E queued](items, pending *bolt.Bucket, key string, change func(*E)) error {
+	v := items.Get([]byte(key))
+	if v == nil {
+		return fmt.Errorf("%q is not stored", key)
+	}
+	var e E
+	if err := json.Unmarshal(v, &e); err != nil {
+		return err
+	}
+	change(&e)
+	_, seq, state := entryKey(&e)
+	if *state != statePending {
+		if err := pending.Delete(u64(*seq)); err != nil {
+			return err
+		}
+	}
+	nv, err := json.Marshal(&e)
+	if err != nil {
+		return err
+	}
+	return items.Put([]byte(key), nv)
+}
+
+// listPending returns the pending entries, oldest first.
+func listPending[E queued](items, pending *bolt.Bucket) ([]E, error) {
+	var out []E
+	err := pending.ForEach(func(_, key []byte) error {
+		v := items.Get(key)
+		if v == nil {
+			return fmt.Errorf("pending index names missing entry %q", key)
+		}
+		var e E
+		if err := json.Unmarshal(v, &e); err != nil {
+			return fmt.Errorf("entry %q: %w", key, err)
+		}
+		out = append(out, e)
+		return nil
+	})
+	return out, err
+}
+
 // accept stores m as pending unless its key is already in the inbox, and
 // returns the stored entry and whether it was new. It returns after the
 // commit is on disk.
@@ -153,24 +236,9 @@ func (s *store) accept(m inboxEntry) (inboxEntry, bool, error) {
 	var created bool
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		messages, pending := inboxBuckets(tx)
-		key := []byte(m.Key())
-		if v := messages.Get(key); v != nil {
-			return json.Unmarshal(v, &m)
-		}
-		seq, err := pending.NextSequence()
-		if err != nil {
-			return err
-		}
-		m.Seq, m.State = seq, statePending
-		v, err := json.Marshal(m)
-		if err != nil {
-			return err
-		}
-		if err := messages.Put(key, v); err != nil {
-			return err
-		}
-		created = true
-		return pending.Put(u64(seq), key)
+		var err error
+		created, err = enqueue(messages, pending, &m)
+		return err
 	})
 	if err != nil {
 		return inboxEntry{}, false, fmt.Errorf("cannot store message in inbox: %w", err)
@@ -179,22 +247,10 @@ func (s *store) accept(m inboxEntry) (inboxEntry, bool, error) {
 }
 
 // pendingMessages returns the messages not yet submitted, oldest first.
-func (s *store) pendingMessages() ([]inboxEntry, error) {
-	var out []inboxEntry
-	err := s.db.View(func(tx *bolt.Tx) error {
-		messages, pending := inboxBuckets(tx)
-		return pending.ForEach(func(_, key []byte) error {
-			var m inboxEntry
-			v := messages.Get(key)
-			if v == nil {
-				return fmt.Errorf("pending index names missing message %q", key)
-			}
-			if err := json.Unmarshal(v, &m); err != nil {
-				return fmt.Errorf("message %q: %w", key, err)
-			}
-			out = append(out, m)
-			return nil
-		})
+func (s *store) pendingMessages() (out []inboxEntry, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		out, err = listPending[inboxEntry](inboxBuckets(tx))
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot read pending inbox: %w", err)
@@ -202,30 +258,10 @@ func (s *store) pendingMessages() ([]inboxEntry, error) {
 	return out, nil
 }
 
-// updateMessage applies change to the stored message with key and drops it
-// from the pending index once it is no longer pending.
 func (s *store) updateMessage(key string, change func(*inboxEntry)) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		messages, pending := inboxBuckets(tx)
-		v := messages.Get([]byte(key))
-		if v == nil {
-			return fmt.Errorf("message %q is not in the inbox", key)
-		}
-		var m inboxEntry
-		if err := json.Unmarshal(v, &m); err != nil {
-			return err
-		}
-		change(&m)
-		if m.State != statePending {
-			if err := pending.Delete(u64(m.Seq)); err != nil {
-				return err
-			}
-		}
-		nv, err := json.Marshal(m)
-		if err != nil {
-			return err
-		}
-		return messages.Put([]byte(key), nv)
+		return update(messages, pending, key, change)
 	})
 }
 
@@ -245,44 +281,17 @@ func (s *store) markSubmitted(key, runID string) error {
 // sender, so the user hears why instead of waiting forever.
 func (s *store) refuseMessage(key string, cause error, reply outboxEntry) error {
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		messages, inPending := inboxBuckets(tx)
-		v := messages.Get([]byte(key))
-		if v == nil {
-			return fmt.Errorf("message %q is not in the inbox", key)
-		}
-		var m inboxEntry
-		if err := json.Unmarshal(v, &m); err != nil {
-			return err
-		}
-		m.State, m.LastError = stateRefused, cause.Error()
-		m.Attempts++
-		if err := inPending.Delete(u64(m.Seq)); err != nil {
-			return err
-		}
-		nv, err := json.Marshal(m)
+		messages, pending := inboxBuckets(tx)
+		err := update(messages, pending, key, func(m *inboxEntry) {
+			m.State, m.LastError = stateRefused, cause.Error()
+			m.Attempts++
+		})
 		if err != nil {
-			return err
-		}
-		if err := messages.Put([]byte(key), nv); err != nil {
 			return err
 		}
 		replies, outPending := outboxBuckets(tx)
-		if replies.Get([]byte(reply.RunID)) != nil {
-			return nil
-		}
-		seq, err := outPending.NextSequence()
-		if err != nil {
-			return err
-		}
-		reply.Seq, reply.State = seq, statePending
-		rv, err := json.Marshal(reply)
-		if err != nil {
-			return err
-		}
-		if err := replies.Put([]byte(reply.RunID), rv); err != nil {
-			return err
-		}
-		return outPending.Put(u64(seq), []byte(reply.RunID))
+		_, err = enqueue(replies, outPending, &reply)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("cannot record refused message: %w", err)
@@ -307,24 +316,9 @@ func (s *store) addReply(r outboxEntry) (bool, error) {
 	var created bool
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		replies, pending := outboxBuckets(tx)
-		key := []byte(r.RunID)
-		if replies.Get(key) != nil {
-			return nil
-		}
-		seq, err := pending.NextSequence()
-		if err != nil {
-			return err
-		}
-		r.Seq, r.State = seq, statePending
-		v, err := json.Marshal(r)
-		if err != nil {
-			return err
-		}
-		if err := replies.Put(key, v); err != nil {
-			return err
-		}
-		created = true
-		return pending.Put(u64(seq), key)
+		var err error
+		created, err = enqueue(replies, pending, &r)
+		return err
 	})
 	if err != nil {
 		return false, fmt.Errorf("cannot store reply in outbox: %w", err)
@@ -333,22 +327,10 @@ func (s *store) addReply(r outboxEntry) (bool, error) {
 }
 
 // pendingReplies returns the replies not yet delivered, oldest first.
-func (s *store) pendingReplies() ([]outboxEntry, error) {
-	var out []outboxEntry
-	err := s.db.View(func(tx *bolt.Tx) error {
-		replies, pending := outboxBuckets(tx)
-		return pending.ForEach(func(_, key []byte) error {
-			var r outboxEntry
-			v := replies.Get(key)
-			if v == nil {
-				return fmt.Errorf("pending index names missing reply %q", key)
-			}
-			if err := json.Unmarshal(v, &r); err != nil {
-				return fmt.Errorf("reply %q: %w", key, err)
-			}
-			out = append(out, r)
-			return nil
-		})
+func (s *store) pendingReplies() (out []outboxEntry, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		out, err = listPending[outboxEntry](outboxBuckets(tx))
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot read pending outbox: %w", err)
@@ -359,25 +341,7 @@ func (s *store) pendingReplies() ([]outboxEntry, error) {
 func (s *store) updateReply(runID string, change func(*outboxEntry)) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		replies, pending := outboxBuckets(tx)
-		v := replies.Get([]byte(runID))
-		if v == nil {
-			return fmt.Errorf("run %q is not in the outbox", runID)
-		}
-		var r outboxEntry
-		if err := json.Unmarshal(v, &r); err != nil {
-			return err
-		}
-		change(&r)
-		if r.State != statePending {
-			if err := pending.Delete(u64(r.Seq)); err != nil {
-				return err
-			}
-		}
-		nv, err := json.Marshal(r)
-		if err != nil {
-			return err
-		}
-		return replies.Put([]byte(runID), nv)
+		return update(replies, pending, runID, change)
 	})
 }
 
