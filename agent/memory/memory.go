@@ -14,7 +14,6 @@
 package memory
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/rand"
 	"encoding/hex"
@@ -108,12 +107,13 @@ func (s *Store) All() ([]Fact, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot read %s: %w", FileName, err)
 	}
+	// The whole file is in memory already: split it rather than scan, so no
+	// line is too long to read and no fact after a long one is lost. Only a
+	// line that is not a fact (a torn last append) is skipped.
 	var facts []Fact
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 0, 64<<10), 4*MaxContent)
-	for sc.Scan() {
+	for _, line := range bytes.Split(data, []byte("\n")) {
 		var f Fact
-		if json.Unmarshal(sc.Bytes(), &f) == nil && f.ID != "" {
+		if json.Unmarshal(line, &f) == nil && f.ID != "" {
 			facts = append(facts, f)
 		}
 	}

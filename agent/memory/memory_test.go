@@ -122,3 +122,33 @@ func TestAddRefusesEmptyAndOversizedFacts(t *testing.T) {
 		}
 	}
 }
+
+func TestAFactWithAHugeSourceHidesNoLaterFactAndDeleteKeepsThem(t *testing.T) {
+	t.Parallel()
+	s := Open(filepath.Join(t.TempDir(), FileName))
+	first, err := s.Add("alpha fact", "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// JSON escapes "<" as 6 bytes: this line is far longer than any scanner buffer.
+	if _, err := s.Add("page fact", strings.Repeat("<", 200_000)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Add("beta fact", "test"); err != nil {
+		t.Fatal(err)
+	}
+	if found, err := s.Delete(first.ID); err != nil || !found {
+		t.Fatalf("Delete: %v %v", found, err)
+	}
+	all, err := s.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var contents []string
+	for _, f := range all {
+		contents = append(contents, f.Content)
+	}
+	if strings.Join(contents, ",") != "page fact,beta fact" {
+		t.Fatalf("after deleting alpha the store holds %q, want page and beta", contents)
+	}
+}

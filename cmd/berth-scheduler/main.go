@@ -14,6 +14,7 @@ import (
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/container"
+	"github.com/berth-dev/berth/isolation/hostrun"
 	"github.com/berth-dev/berth/isolation/landlock"
 	"github.com/berth-dev/berth/isolation/unrestricted"
 	"github.com/berth-dev/berth/services/scheduler"
@@ -53,6 +54,11 @@ func serve(configFlag, stateFlag string, allUnrestricted bool) error {
 	}
 	defer conn.Close()
 
+	if hostrun.SystemdAvailable() {
+		log.Info("host runs start as transient systemd units (cgroup limits)")
+	} else {
+		log.Warn("systemd is not reachable (not PID 1, or not root): host runs are held by rlimits only, see berthctl sandbox explain")
+	}
 	backends := map[string]isolation.Backend{
 		"landlock":     landlock.New(),
 		"unrestricted": unrestricted.New(log),

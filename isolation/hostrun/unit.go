@@ -276,9 +276,11 @@ func (r Runner) unitProperties(u unitRun, name string, stdin, stdout, stderr int
 			prop("BindPaths", bindPaths(u.readWrite)),
 			prop("BindReadOnlyPaths", bindPaths(append([]string{u.spec.AgentBinary}, u.readOnly...))),
 		)
-		if u.cutNetwork {
-			props = append(props, prop("PrivateNetwork", true))
-		}
+	}
+	// The network follows allow_network for every run, unrestricted ones too:
+	// "unrestricted" lifts the file sandbox, not the network policy.
+	if u.cutNetwork {
+		props = append(props, prop("PrivateNetwork", true))
 	}
 	return props
 }

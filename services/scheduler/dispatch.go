@@ -137,8 +137,10 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 		default:
 			finish(&cur, StateSucceeded, "", "")
 			cur.Reply = res.Response.Reply
+			// History is a convenience; it must never keep the outcome from
+			// being recorded (the run would be started again).
 			if err := appendHistory(tx, cur); err != nil {
-				return err
+				s.log.Error("cannot record the run in its conversation history", "run", cur.ID, "agent", cur.Agent, "err", err)
 			}
 		}
 		if runErr == nil && len(res.Response.ToolCalls) > 0 {

@@ -28,10 +28,11 @@ func migrateHistory(tx *bolt.Tx) error {
 	return nil
 }
 
-// historyKey names a conversation: connector, channel and thread joined by
-// NUL (which none of them can contain in a JSON message text of intake).
+// historyKey names a conversation of one agent: agent, connector, channel and
+// thread joined by NUL (which none of them can contain). The agent is part of
+// it so a channel re-bound to another agent does not hand over its past.
 func historyKey(r Run) []byte {
-	return []byte(r.Connector + "\x00" + r.Channel + "\x00" + r.Thread)
+	return []byte(r.Agent + "\x00" + r.Connector + "\x00" + r.Channel + "\x00" + r.Thread)
 }
 
 // loadHistory returns the earlier turns of r's conversation, oldest first.

@@ -142,3 +142,19 @@ func TestARemoteProviderWithoutNetworkFailsClosed(t *testing.T) {
 	run.reply("ok")
 	waitState(t, s, id, StateSucceeded)
 }
+
+func TestAChannelReboundToAnotherAgentDoesNotHandOverItsHistory(t *testing.T) {
+	t.Parallel()
+	b := newGateBackend("landlock")
+	s := newTestService(t, testConfig(4), "", b, nil)
+	start(t, s)
+	thread := []string{"connector", "hooks", "channel", "C1", "thread", "T1"}
+	id := submit(t, s, "m1", "alpha", thread...)
+	b.next(t).reply("alpha's private answer")
+	waitState(t, s, id, StateSucceeded)
+
+	submit(t, s, "m2", "beta", thread...)
+	if h := b.next(t).spec.Request.History; len(h) != 0 {
+		t.Fatalf("agent beta got agent alpha's history in the same thread: %+v", h)
+	}
+}
