@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -72,6 +73,7 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 	if req.Workspace == "" {
 		req.Workspace = spec.Workspace
 	}
+	r = r.forAgent(spec)
 	if !filepath.IsAbs(spec.AgentBinary) {
 		return isolation.Result{}, isolation.Errorf(isolation.ReasonStart, "agent binary %q is not an absolute path", spec.AgentBinary)
 	}
@@ -499,3 +501,19 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 }
 
 func (t *tailBuffer) String() string { return string(t.buf) }
+
+// forAgent applies the agent's memory_limit (container_mode.memory_limit,
+// which config validation has parsed already) to this run, so a host run is
+// held to the same memory as the agent's containers would be.
+func (r Runner) forAgent(spec isolation.Spec) Runner {
+	if spec.Container.MemoryLimit == "" {
+		return r
+	}
+	n, err := config.ParseMemoryLimit(spec.Container.MemoryLimit)
+	if err != nil || n <= 0 {
+		return r
+	}
+	r.Limits = r.limits()
+	r.Limits.MemoryMax = uint64(n)
+	return r
+}

@@ -51,3 +51,20 @@ func TestTransientUnitProperties(t *testing.T) {
 		})
 	}
 }
+
+func TestHostRunsHonourTheAgentsMemoryLimit(t *testing.T) {
+	t.Parallel()
+	spec := isolation.Spec{RunID: "r1", Workspace: "/ws", AgentBinary: "/bin/true"}
+	spec.Container.MemoryLimit = "1g"
+	u := newUnitRun(spec, agentproto.Request{RunID: "r1"}, nil, nil, true)
+	props := Runner{}.forAgent(spec).unitProperties(u, UnitName("r1"), 10, 11, 12)
+	for _, p := range props {
+		if p.Name == "MemoryMax" {
+			if got := p.Value.Value(); got != uint64(1<<30) {
+				t.Fatalf("MemoryMax = %v, want 1 GiB from memory_limit", got)
+			}
+			return
+		}
+	}
+	t.Fatal("no MemoryMax property")
+}
