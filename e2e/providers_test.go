@@ -16,6 +16,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/devstack"
 	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/godbus/dbus/v5"
 )
 
 const fakeKey = "sk-e2e-fake-openai-key"
@@ -185,5 +186,15 @@ func TestAConfinedAgentTalksToAnOpenAIServerAndFollowsTheThread(t *testing.T) {
 	reply = post("offline", "", "hello")
 	if reply["state"] != "failed" || !strings.Contains(text(reply), "provider needs network") {
 		t.Errorf("agent without network: state %v, reply %q; want failed with 'provider needs network'", reply["state"], text(reply))
+	}
+
+	// Nothing an admin can read over D-Bus — replies, errors, tool calls, the
+	// agent's log tail — carries the key.
+	for _, r := range s.listRuns(t, map[string]dbus.Variant{"limit": dbus.MakeVariant(uint32(100))}) {
+		for k, v := range r {
+			if strings.Contains(fmt.Sprint(v.Value()), fakeKey) {
+				t.Errorf("run %s exposes the provider key in %s", str(r["id"]), k)
+			}
+		}
 	}
 }
