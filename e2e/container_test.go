@@ -132,3 +132,44 @@ func TestSchedulerKilledDuringAContainerRunLeavesNoContainerBehind(t *testing.T)
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+func TestWarmAgentAnswersFromAContainerStartedBeforeTheMessageAndStopDrainsThePool(t *testing.T) {
+	t.Parallel()
+	cli := dockerEngine(t)
+	s := start(t, []agentSpec{{id: "boxed-warm", extra: containerAgent + "\nwarm = 1"}})
+	if err := s.conn(t).Object(bus.SchedulerName, bus.SchedulerPath).Call("org.freedesktop.DBus.Peer.Ping", 0).Err; err != nil {
+		t.Fatalf("cannot activate the scheduler: %v", err)
+	}
+	pool := boxes.LabelPool + "=boxed-warm"
+	waitOne := func(what string, not string) container.Summary {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			if cs := containersLabelled(t, cli, pool); len(cs) == 1 && cs[0].State == "running" && cs[0].ID != not {
+				return cs[0]
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no %s within 2 minutes", what)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	warm := waitOne("warm container", "")
+
+	id := s.mustPost(t, "boxed-warm", "/sh echo host=$(hostname)")
+	reply := text(s.sink.wait(t, 3*time.Minute, id)[id])
+	if !strings.Contains(reply, "host="+warm.ID[:12]) {
+		t.Fatalf("reply %q: want it from the container started before the message (%s)", reply, warm.ID[:12])
+	}
+	replacement := waitOne("replacement", warm.ID)
+	if exists(t, cli, warm.ID) {
+		t.Fatal("the container that served the message is still there")
+	}
+
+	if err := s.KillService(bus.SchedulerName, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if left := containersLabelled(t, cli, boxes.LabelAgent+"=boxed-warm"); len(left) != 0 || exists(t, cli, replacement.ID) {
+		t.Fatalf("%d containers of the agent left after the scheduler stopped", len(left))
+	}
+}

@@ -35,3 +35,28 @@ func TestQuickstartPrintsTheAgentsReplyAndTheRun(t *testing.T) {
 		t.Fatalf("quickstart did not stop what it started:\n%s", s)
 	}
 }
+
+func TestQuickstartWithContainerIsolationAnswersFromAContainer(t *testing.T) {
+	t.Parallel()
+	testenv.NeedRoot(t)
+	dockerEngine(t)
+	_, file, _, _ := runtime.Caller(0)
+	repo := filepath.Join(filepath.Dir(file), "..")
+	cmd := exec.Command(filepath.Join(repo, "scripts", "quickstart.sh"), "--isolation", "container", "/sh echo boxed-quickstart-ok as $(id -un) in $(pwd); head -1 /proc/1/cgroup")
+	cmd.Dir = repo
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("quickstart --isolation container failed: %v\n%s", err, out)
+	}
+	s := string(out)
+	reply := s[strings.Index(s, "--- agent reply ---")+1:]
+	if !strings.Contains(reply, "boxed-quickstart-ok as nobody in /workspace") || !strings.Contains(reply, "/docker/") {
+		t.Fatalf("quickstart did not print a reply from a container:\n%s", s)
+	}
+	if !regexp.MustCompile(`(?m)^backend:\s+container$`).MatchString(s) || !regexp.MustCompile(`(?m)^state:\s+succeeded$`).MatchString(s) {
+		t.Fatalf("quickstart did not print a succeeded container run:\n%s", s)
+	}
+	if !strings.Contains(s, "==> agent image berth-agent:") || !strings.Contains(s, "==> stopping the suite") {
+		t.Fatalf("quickstart did not build the image or stop what it started:\n%s", s)
+	}
+}

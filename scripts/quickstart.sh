@@ -4,13 +4,24 @@
 # berth-intake socket-activated), posts MESSAGE signed to the webhook
 # connector, prints the agent's reply and the run, then stops everything.
 #
-#   scripts/quickstart.sh [--keep] [MESSAGE]
+#   scripts/quickstart.sh [--keep] [--isolation container] [MESSAGE]
 #
 # Needs Go, dbus-daemon and systemd-socket-activate (installed when missing).
 # No Docker, no LLM key: the agent runs Landlock-confined with the offline
 # "local" provider. Try: scripts/quickstart.sh '/sh uname -a'
+# --isolation container runs it in a fresh Docker container instead: Docker
+# (docker.io) and busybox-static are installed and dockerd started when
+# missing, and the agent image is built offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 ensure_packages dbus-daemon:dbus systemd-socket-activate:systemd busctl:systemd
+prev=
+for arg in "$@"; do
+  if [ "$arg" = --isolation=container ] || { [ "$prev" = --isolation ] && [ "$arg" = container ]; }; then
+    ensure_docker
+    [ -e /usr/share/doc/busybox-static ] || ensure_packages busybox-static-is-missing:busybox-static
+  fi
+  prev=$arg
+done
 exec go run ./scripts/quickstart "$@"

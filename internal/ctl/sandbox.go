@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/container"
+	"github.com/berth-dev/berth/isolation/hostrun"
 )
 
 // sandbox handles `berthctl sandbox explain [--config FILE] AGENT`: the
@@ -93,7 +95,9 @@ func explain(w io.Writer, cfg *config.Config, a config.Agent) {
 		}
 		line("inside", "berth-agent confines itself with Landlock: /workspace and /tmp read-write, the system set read-only")
 		if c.Warm > 0 {
-			line("warm", "container_mode.warm = %d is configured but this build starts containers per message", c.Warm)
+			line("warm", "%d started container(s) kept waiting on stdin (container_mode.warm); a message takes one, which is removed after it, and a replacement starts", c.Warm)
+		} else {
+			line("warm", "none (container_mode.warm = 0): each message creates and starts its container")
 		}
 	case "unrestricted":
 		line("backend", "unrestricted — file_access.unrestricted = true: a plain host process with NO file confinement (logged on every run)")
@@ -116,7 +120,38 @@ func explain(w io.Writer, cfg *config.Config, a config.Agent) {
 			line("", "%s denied (file_access.deny)", strings.Join(fa.Deny, ", "))
 		}
 		line("", "berth's config, state and other agents' workspaces denied")
+		explainHostLimits(line, cfg, a)
 	}
+}
+
+// explainHostLimits writes which limits hold for a host run on this machine
+// and the Landlock policy the agent applies (computed for the default state
+// directory when the scheduler's own is unknown here).
+func explainHostLimits(line func(key, format string, args ...any), cfg *config.Config, a config.Agent) {
+	conf := hostrun.Runner{}.Explain(a.Timeout, a.FileAccess.AllowNetwork)
+	line("limits", "%s on this machine:", conf.Mode)
+	for _, h := range conf.Holds {
+		line("", "holds: %s", h)
+	}
+	for _, m := range conf.Missing {
+		line("", "missing: %s", m)
+	}
+	base := firstOf(os.Getenv("BERTH_STATE_DIR"), "/var/lib/berth")
+	stateDir := filepath.Join(base, "scheduler")
+	workspace := firstOf(a.Workspace, filepath.Join(stateDir, "agents", a.ID))
+	protect := []string{stateDir, filepath.Join(base, "intake")}
+	for _, src := range cfg.Sources {
+		protect = append(protect, filepath.Dir(src))
+	}
+	for _, c := range cfg.Connectors {
+		if c.SecretFile != "" {
+			protect = append(protect, c.SecretFile)
+		}
+	}
+	pol := isolation.HostPolicy(a, workspace, protect)
+	line("policy", "read-write: %s", strings.Join(pol.AllowReadWrite, " "))
+	line("", "read-only:  %s", strings.Join(pol.AllowRead, " "))
+	line("", "denied:     %s (and what %s holds besides the workspace, listed per run)", strings.Join(pol.Deny, " "), stateDir)
 }
 
 func hostNetwork(allowed bool) string {

@@ -21,6 +21,7 @@ network = "none"
 memory_limit = "256m"
 runtime = "runc"
 binds = ["/srv/data:/data:ro"]
+warm = 2
 
 [[agents]]
 id = "ops"
@@ -39,9 +40,12 @@ allow_read = ["/var/log"]
 		{"A_container_agent_shows_image_limits_network_mounts_user_and_runtime", "boxed", ctl.ExitOK, []string{
 			"backend:   container — container_mode.enabled = true", "image:     berth-agent:<content hash>",
 			"runtime:   runc", "memory 256m with no extra swap, 256 pids, 1 CPU", "network:   none",
-			"→ /workspace", "tmpfs /tmp", "/srv/data:/data:ro", "user:      uid:gid of berth-agent"}},
+			"→ /workspace", "tmpfs /tmp", "/srv/data:/data:ro", "user:      uid:gid of berth-agent",
+			"warm:      2 started container(s) kept waiting on stdin"}},
 		{"A_landlock_agent_shows_its_file_access", "ops", ctl.ExitOK, []string{
-			"backend:   landlock", "/var/log read-only (file_access.allow_read)"}},
+			"backend:   landlock", "/var/log read-only (file_access.allow_read)",
+			"limits:", "holds: NoNewPrivileges",
+			"policy:    read-write: /var/lib/berth/scheduler/agents/ops", "read-only:  /usr", "/var/log"}},
 		{"An_unknown_agent_fails", "nope", ctl.ExitFailed, nil},
 	}
 	for _, tc := range tests {

@@ -10,9 +10,14 @@
 // ports, no engine socket) and berth-agent still confines itself with
 // Landlock inside (isolation.ContainerPolicy).
 //
-// Every container carries labels: berth.run, berth.agent, berth.config-hash
-// and berth.instance (which scheduler made it), so Sweep can remove what a
+// Every container carries labels: berth.run (or berth.pool for a warm
+// container that has no run yet), berth.agent, berth.config-hash and
+// berth.instance (which scheduler made it), so Sweep can remove what a
 // crashed scheduler left behind without touching anyone else's containers.
+//
+// With container_mode.warm = N the backend keeps N containers per agent
+// started and blocked on their stdin (pool.go); a run takes one, and it is
+// still removed after that one run.
 package container
 
 import (
@@ -54,6 +59,9 @@ const (
 	LabelAgent      = "berth.agent"
 	LabelConfigHash = "berth.config-hash"
 	LabelInstance   = "berth.instance"
+	// LabelPool marks a warm container started before any message reached
+	// it; the value is the agent id. It has no berth.run label.
+	LabelPool = "berth.pool"
 )
 
 // Reasons this backend adds to isolation's.
@@ -107,6 +115,11 @@ type Backend struct {
 	info   *system.Info
 	infoAt time.Time
 	images map[string]string // agent binary identity → image tag
+
+	poolMu  sync.Mutex
+	pools   map[string]*pool // agent id → its warm pool
+	owned   map[string]bool  // ids of warm containers this process made and has not removed
+	drained bool             // Drain ran and Warm did not since: no pool starts by itself
 }
 
 var _ isolation.Backend = (*Backend)(nil)
@@ -130,6 +143,8 @@ func New(opts Options) (*Backend, error) {
 		busybox:  opts.Busybox,
 		log:      opts.Logger,
 		images:   map[string]string{},
+		pools:    map[string]*pool{},
+		owned:    map[string]bool{},
 	}, nil
 }
 
@@ -318,44 +333,97 @@ func (b *Backend) Run(ctx context.Context, spec isolation.Spec) (isolation.Resul
 		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonCanceled, Err: context.Cause(ctx)}
 	}
 
+	if spec.Container.Warm > 0 {
+		if warm := b.takeWarm(spec, p.hash); warm != nil {
+			defer b.release(warm.id)
+			if spec.OnStart != nil {
+				spec.OnStart(handlePrefix + warm.id)
+			}
+			return b.finish(ctx, spec, warm, input)
+		}
+	}
+
 	created, err := b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{Config: p.config, HostConfig: p.host, Name: containerName(spec.RunID)})
 	if err != nil {
 		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create container", Err: err}
 	}
 	id := created.ID
-	defer b.remove(id)
+	defer b.release(id)
 	if spec.OnStart != nil {
 		spec.OnStart(handlePrefix + id)
 	}
-	return b.drive(ctx, spec, id, input)
+	sess, err := b.begin(ctx, id)
+	if err != nil {
+		return isolation.Result{}, err
+	}
+	return b.finish(ctx, spec, sess, input)
 }
 
-// drive attaches to a created container, starts it, feeds it the request and
-// collects the outcome.
-func (b *Backend) drive(ctx context.Context, spec isolation.Spec, id string, input []byte) (isolation.Result, error) {
+// session is a started container whose stdin is still open: attached and
+// waited for before it started, so none of its output is lost.
+type session struct {
+	id       string
+	hash     string // the config hash it was made with (warm members)
+	attach   client.ContainerAttachResult
+	wait     client.ContainerWaitResult
+	stopWait context.CancelFunc
+	stdout   *cappedBuffer
+	stderr   *tailBuffer
+	copied   chan struct{}
+}
+
+func (s *session) close() {
+	s.attach.Close()
+	s.stopWait()
+}
+
+// exited reports whether the container of a session ended already.
+func (s *session) exited() bool {
+	select {
+	case <-s.copied:
+		return true
+	case <-s.wait.Error:
+		return true
+	default:
+		return false
+	}
+}
+
+// begin attaches to a created container, starts it and returns with the
+// agent blocked on its stdin.
+func (b *Backend) begin(ctx context.Context, id string) (*session, error) {
 	attach, err := b.cli.ContainerAttach(ctx, id, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
 	if err != nil {
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot attach to container", Err: err}
+		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot attach to container", Err: err}
 	}
-	defer attach.Close()
 	waitCtx, stopWait := context.WithCancel(context.Background())
-	defer stopWait()
-	wait := b.cli.ContainerWait(waitCtx, id, client.ContainerWaitOptions{Condition: container.WaitConditionNextExit})
-
-	stdout := &cappedBuffer{max: MaxResponse}
-	stderr := &tailBuffer{max: StderrTail}
-	copied := make(chan struct{})
-	go func() {
-		defer close(copied)
-		_, _ = stdcopy.StdCopy(stdout, stderr, attach.Reader)
-	}()
-
-	if _, err := b.cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil {
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start container", Err: err}
+	s := &session{
+		id:       id,
+		attach:   attach,
+		wait:     b.cli.ContainerWait(waitCtx, id, client.ContainerWaitOptions{Condition: container.WaitConditionNextExit}),
+		stopWait: stopWait,
+		stdout:   &cappedBuffer{max: MaxResponse},
+		stderr:   &tailBuffer{max: StderrTail},
+		copied:   make(chan struct{}),
 	}
 	go func() {
-		_, _ = attach.Conn.Write(input)
-		_ = attach.CloseWrite()
+		defer close(s.copied)
+		_, _ = stdcopy.StdCopy(s.stdout, s.stderr, attach.Reader)
+	}()
+	if _, err := b.cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil {
+		s.close()
+		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start container", Err: err}
+	}
+	return s, nil
+}
+
+// finish feeds a started container the request and collects the outcome.
+func (b *Backend) finish(ctx context.Context, spec isolation.Spec, s *session, input []byte) (isolation.Result, error) {
+	defer s.close()
+	id := s.id
+	go func() {
+		_, _ = s.attach.Conn.Write(input)
+		_ = s.attach.CloseWrite()
 	}()
 
 	var timeout <-chan time.Time
@@ -367,9 +435,9 @@ func (b *Backend) drive(ctx context.Context, spec isolation.Spec, id string, inp
 	var killed *isolation.RunError
 	exitCode := -1
 	select {
-	case r := <-wait.Result:
+	case r := <-s.wait.Result:
 		exitCode = int(r.StatusCode)
-	case err := <-wait.Error:
+	case err := <-s.wait.Error:
 		killed = &isolation.RunError{Reason: ReasonEngine, Detail: "lost the container while waiting for it", Err: err}
 	case <-timeout:
 		killed = isolation.Errorf(isolation.ReasonTimeout, "killed after %s", spec.Timeout)
@@ -380,11 +448,12 @@ func (b *Backend) drive(ctx context.Context, spec isolation.Spec, id string, inp
 		b.kill(id)
 	}
 	select {
-	case <-copied:
+	case <-s.copied:
 	case <-time.After(ioGrace):
-		attach.Close()
-		<-copied
+		s.attach.Close()
+		<-s.copied
 	}
+	stdout, stderr := s.stdout, s.stderr
 	res := isolation.Result{ExitCode: exitCode, Stderr: stderr.String()}
 	if killed != nil {
 		killed.Detail = withTail(killed.Detail, res.Stderr)
@@ -492,7 +561,7 @@ func (b *Backend) Kill(ctx context.Context, handle string) error {
 func (b *Backend) Sweep(ctx context.Context, keep func(runID string) bool) ([]string, error) {
 	list, err := b.cli.ContainerList(ctx, client.ContainerListOptions{
 		All:     true,
-		Filters: make(client.Filters).Add("label", LabelInstance+"="+b.instance).Add("label", LabelRun),
+		Filters: make(client.Filters).Add("label", LabelInstance+"="+b.instance),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot list containers: %w", err)
@@ -500,7 +569,20 @@ func (b *Backend) Sweep(ctx context.Context, keep func(runID string) bool) ([]st
 	var removed []string
 	var errs []error
 	for _, c := range list.Items {
-		run := c.Labels[LabelRun]
+		if b.owns(c.ID) {
+			continue
+		}
+		run, isRun := c.Labels[LabelRun]
+		if !isRun {
+			// A warm pool member (berth.pool) of an earlier process: it never
+			// saw a request, so there is no run to report.
+			if err := removeContainer(ctx, b.cli, c.ID); err != nil {
+				errs = append(errs, fmt.Errorf("cannot remove container %s: %w", c.ID, err))
+				continue
+			}
+			b.log.Info("removed a warm container left behind by an earlier scheduler", "container", c.ID, "agent", c.Labels[LabelPool])
+			continue
+		}
 		if keep != nil && keep(run) {
 			continue
 		}

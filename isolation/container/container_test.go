@@ -534,3 +534,20 @@ func TestImageOfAnotherArchitectureIsRefusedBeforeStartNamingBoth(t *testing.T) 
 		t.Fatalf("a container was created for a foreign image")
 	}
 }
+
+func TestAgentCannotOpenARawSocket(t *testing.T) {
+	t.Parallel()
+	cli := engine(t)
+	b := newBackend(t, cli)
+	// arping needs a packet socket and traceroute a raw ICMP socket: both
+	// need CAP_NET_RAW, which no container agent has (even on the bridge).
+	reply := mustRun(t, b, spec(t, workspace(t), "/sh arping -c 1 -w 1 -I eth0 127.0.0.1; echo arping=$?; traceroute -n -m 1 -w 1 127.0.0.1; echo traceroute=$?", config.Container{Network: "bridge"}))
+	for _, tool := range []string{"arping", "traceroute"} {
+		if !strings.Contains(reply, tool+"=1") {
+			t.Errorf("%s in the container: %q; want it to fail", tool, reply)
+		}
+	}
+	if strings.Count(reply, "Operation not permitted") < 2 {
+		t.Fatalf("reply %q: want both raw sockets refused with Operation not permitted", reply)
+	}
+}

@@ -2,7 +2,9 @@
 // systemd would (private system bus with units/dbus, berth-scheduler
 // D-Bus-activated, berth-intake socket-activated), posts one signed webhook
 // message, prints the agent's reply and the run as berthctl shows it, then
-// stops everything it started. Run it through scripts/quickstart.sh.
+// stops everything it started. With --isolation container the demo agent runs
+// in a fresh Docker container per message, from an image built offline. Run
+// it through scripts/quickstart.sh.
 package main
 
 import (
@@ -25,6 +27,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moby/moby/client"
+
+	"github.com/berth-dev/berth/imagectl"
 	"github.com/berth-dev/berth/internal/devstack"
 )
 
@@ -40,7 +45,11 @@ func main() {
 func run() error {
 	keep := flag.Bool("keep", false, "keep the working directory (config, state, logs)")
 	timeout := flag.Duration("timeout", 2*time.Minute, "how long to wait for the reply")
+	isolationFlag := flag.String("isolation", "landlock", `how the demo agent is isolated: "landlock" or "container" (needs Docker)`)
 	flag.Parse()
+	if *isolationFlag != "landlock" && *isolationFlag != "container" {
+		return fmt.Errorf(`--isolation %q: want "landlock" or "container"`, *isolationFlag)
+	}
 	message := demoMessage
 	if flag.NArg() > 0 {
 		message = flag.Arg(0)
@@ -106,6 +115,17 @@ func run() error {
 		}
 	}
 	providers, agentExtra, env := demoProvider(os.Getenv)
+	if *isolationFlag == "container" {
+		image, err := buildAgentImage(filepath.Join(binDir, "berth-agent"))
+		if err != nil {
+			return err
+		}
+		network := "none"
+		if agentExtra != "" { // a real provider: it needs the network
+			network = "bridge"
+		}
+		agentExtra += fmt.Sprintf("[agents.container_mode]\nenabled = true\nimage = %q\nnetwork = %q\n", image, network)
+	}
 	cfg := fmt.Sprintf(`# written by scripts/quickstart.sh
 %s
 [[agents]]
@@ -179,6 +199,25 @@ agent_binary = %q
 		fmt.Fprintf(os.Stderr, "==> kept %s\n", work)
 	}
 	return nil
+}
+
+// buildAgentImage builds the berth-agent image offline (FROM scratch, the
+// static berth-agent and busybox-static) unless the engine has it already.
+func buildAgentImage(agentBinary string) (string, error) {
+	fmt.Fprintln(os.Stderr, "==> building the agent image offline (FROM scratch: berth-agent + busybox-static)")
+	cli, err := client.New(client.FromEnv)
+	if err != nil {
+		return "", fmt.Errorf("cannot create Docker client: %w", err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	tag, err := imagectl.Ensure(ctx, cli, imagectl.AgentImage{AgentBinary: agentBinary})
+	if err != nil {
+		return "", fmt.Errorf("cannot build the agent image (is Docker running? scripts/quickstart.sh starts it): %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "==> agent image %s\n", tag)
+	return tag, nil
 }
 
 // demoProvider picks the demo agent's provider from the environment:

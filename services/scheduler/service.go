@@ -79,6 +79,7 @@ type Service struct {
 	active   map[string]*activeRun // run id → a run this process is running
 	stopping bool
 	runs     sync.WaitGroup
+	warming  atomic.Bool // Run keeps warm pools (warm.go)
 
 	wakeDispatch chan struct{}
 	wakeDeliver  chan struct{}
@@ -130,6 +131,9 @@ func (s *Service) Reload(cfg *config.Config) {
 		return
 	}
 	s.cfg.Store(cfg)
+	if s.warming.Load() {
+		s.warmPools()
+	}
 	wake(s.wakeDispatch)
 }
 
@@ -152,6 +156,8 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("cannot reconcile runs: %w", err)
 	}
 	s.sweepOrphans(ctx)
+	s.warming.Store(true)
+	s.warmPools()
 	var deliveries sync.WaitGroup
 	deliveries.Go(func() { s.deliverLoop(ctx) })
 	s.publishCounts()
@@ -167,6 +173,8 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 			s.mu.Unlock()
 			s.runs.Wait()
+			s.warming.Store(false)
+			s.drainPools()
 			deliveries.Wait()
 			s.publishCounts()
 			return nil
