@@ -45,9 +45,9 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/imagectl"
-	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/agentio"
 )
 
 // Name is the backend's config name.
@@ -77,10 +77,9 @@ const (
 	DefaultNanoCPUs  = 1_000_000_000 // one CPU
 	TmpfsSize        = "256m"
 	// MaxResponse caps what is read from the agent's stdout.
-	MaxResponse = 16 << 20
+	MaxResponse = agentio.MaxResponse
 	// StderrTail is how much of the agent's stderr is kept.
-	StderrTail = 64 << 10
-	detailTail = 2 << 10
+	StderrTail = agentio.StderrTail
 	// ioGrace bounds how long output is drained after the container exited.
 	ioGrace = 2 * time.Second
 	// cleanupTimeout bounds kill and remove, which run even when the run's
@@ -367,8 +366,8 @@ type session struct {
 	attach   client.ContainerAttachResult
 	wait     client.ContainerWaitResult
 	stopWait context.CancelFunc
-	stdout   *cappedBuffer
-	stderr   *tailBuffer
+	stdout   *agentio.Stdout
+	stderr   *agentio.Tail
 	copied   chan struct{}
 }
 
@@ -402,8 +401,8 @@ func (b *Backend) begin(ctx context.Context, id string) (*session, error) {
 		attach:   attach,
 		wait:     b.cli.ContainerWait(waitCtx, id, client.ContainerWaitOptions{Condition: container.WaitConditionNextExit}),
 		stopWait: stopWait,
-		stdout:   &cappedBuffer{max: MaxResponse},
-		stderr:   &tailBuffer{max: StderrTail},
+		stdout:   agentio.NewStdout(),
+		stderr:   agentio.NewTail(),
 		copied:   make(chan struct{}),
 	}
 	go func() {
@@ -456,61 +455,15 @@ func (b *Backend) finish(ctx context.Context, spec isolation.Spec, s *session, i
 	stdout, stderr := s.stdout, s.stderr
 	res := isolation.Result{ExitCode: exitCode, Stderr: stderr.String()}
 	if killed != nil {
-		killed.Detail = withTail(killed.Detail, res.Stderr)
+		killed.Detail = agentio.WithTail(killed.Detail, res.Stderr)
 		return res, killed
 	}
 	inspectCtx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	if st, err := b.cli.ContainerInspect(inspectCtx, id, client.ContainerInspectOptions{}); err == nil && st.Container.State != nil && st.Container.State.OOMKilled {
-		return res, isolation.Errorf(ReasonOutOfMemory, "%s", withTail(fmt.Sprintf("the container hit its memory limit of %s (container_mode.memory_limit)", firstNonEmpty(spec.Container.MemoryLimit, "512m")), res.Stderr))
+		return res, isolation.Errorf(ReasonOutOfMemory, "%s", agentio.WithTail(fmt.Sprintf("the container hit its memory limit of %s (container_mode.memory_limit)", firstNonEmpty(spec.Container.MemoryLimit, "512m")), res.Stderr))
 	}
-	return interpret(res, stdout, spec.RunID)
-}
-
-// interpret maps the exit code and stdout of a finished agent to a Result
-// or a RunError.
-func interpret(res isolation.Result, stdout *cappedBuffer, runID string) (isolation.Result, error) {
-	code := res.ExitCode
-	switch code {
-	case agentproto.ExitConfinement:
-		return res, isolation.Errorf(isolation.ReasonConfinement, "%s", withTail("exit code 3", res.Stderr))
-	case agentproto.ExitBadRequest:
-		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", withTail("exit code 2 (agent rejected the request)", res.Stderr))
-	}
-	resp, perr := parseResponse(stdout, runID)
-	if perr == nil {
-		res.Response = resp
-		return res, nil
-	}
-	if code == agentproto.ExitOK || code == agentproto.ExitAgentError {
-		return res, &isolation.RunError{Reason: isolation.ReasonBadResponse, Detail: withTail(fmt.Sprintf("exit code %d", code), res.Stderr), Err: perr}
-	}
-	detail := fmt.Sprintf("exit code %d", code)
-	if code > 128 {
-		detail = fmt.Sprintf("exit code %d (killed by signal %d)", code, code-128)
-	}
-	return res, isolation.Errorf(isolation.ReasonCrashed, "%s", withTail(detail, res.Stderr))
-}
-
-func parseResponse(stdout *cappedBuffer, runID string) (agentproto.Response, error) {
-	if stdout.overflow {
-		return agentproto.Response{}, fmt.Errorf("response is larger than %d bytes", MaxResponse)
-	}
-	data := stdout.buf
-	if len(strings.TrimSpace(string(data))) == 0 {
-		return agentproto.Response{}, errors.New("no response on stdout")
-	}
-	var resp agentproto.Response
-	if err := json.Unmarshal(data, &resp); err != nil {
-		return agentproto.Response{}, fmt.Errorf("cannot decode response: %w", err)
-	}
-	if resp.Version != agentproto.Version {
-		return agentproto.Response{}, fmt.Errorf("response has version %d, want %d", resp.Version, agentproto.Version)
-	}
-	if resp.RunID != runID {
-		return agentproto.Response{}, fmt.Errorf("response is for run %q, want %q", resp.RunID, runID)
-	}
-	return resp, nil
+	return agentio.Interpret(res, stdout, spec.RunID)
 }
 
 // kill stops a container now; remove follows in Run's defer.
@@ -704,48 +657,3 @@ func firstNonEmpty(values ...string) string {
 	}
 	return ""
 }
-
-func withTail(detail, stderr string) string {
-	tail := strings.TrimSpace(stderr)
-	if tail == "" {
-		return detail
-	}
-	if len(tail) > detailTail {
-		tail = "…" + tail[len(tail)-detailTail:]
-	}
-	return detail + "; stderr: " + tail
-}
-
-// cappedBuffer keeps the first max bytes and discards the rest.
-type cappedBuffer struct {
-	buf      []byte
-	max      int
-	overflow bool
-}
-
-func (c *cappedBuffer) Write(p []byte) (int, error) {
-	n := len(p)
-	if room := c.max - len(c.buf); n > room {
-		c.overflow = true
-		p = p[:max(room, 0)]
-	}
-	c.buf = append(c.buf, p...)
-	return n, nil
-}
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	buf []byte
-	max int
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	n := len(p)
-	t.buf = append(t.buf, p...)
-	if over := len(t.buf) - t.max; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
-	}
-	return n, nil
-}
-
-func (t *tailBuffer) String() string { return string(t.buf) }

@@ -24,18 +24,16 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/agentio"
 )
 
 const (
 	// MaxResponse caps what is read from the agent's stdout.
-	MaxResponse = 16 << 20
+	MaxResponse = agentio.MaxResponse
 	// StderrTail is how much of the agent's stderr is kept in Result.Stderr.
-	StderrTail = 64 << 10
-	// detailTail is how much of the stderr tail goes into a RunError's Detail.
-	detailTail = 2 << 10
+	StderrTail = agentio.StderrTail
 	// ioGrace bounds how long output is drained after the agent exited (a
 	// stray grandchild holding the pipes open must not stall the run).
 	ioGrace = 2 * time.Second
@@ -98,8 +96,8 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 		return r.runUnit(ctx, newUnitRun(spec, req, input, cred, !req.Policy.Network))
 	}
 
-	stdout := &cappedBuffer{max: MaxResponse}
-	stderr := &tailBuffer{max: StderrTail}
+	stdout := agentio.NewStdout()
+	stderr := agentio.NewTail()
 	cmd := &exec.Cmd{
 		Path:      spec.AgentBinary,
 		Args:      []string{spec.AgentBinary},
@@ -171,7 +169,7 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 
 	res := isolation.Result{ExitCode: cmd.ProcessState.ExitCode(), Stderr: stderr.String()}
 	if killed != nil {
-		killed.Detail = withTail(killed.Detail, res.Stderr)
+		killed.Detail = agentio.WithTail(killed.Detail, res.Stderr)
 		return res, killed
 	}
 	return interpret(res, stdout, req.RunID, waitErr)
@@ -179,9 +177,8 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 
 // interpret maps the exit status and stdout of a finished agent to a Result
 // or a RunError.
-func interpret(res isolation.Result, stdout *cappedBuffer, runID string, waitErr error) (isolation.Result, error) {
-	code := res.ExitCode
-	if code < 0 {
+func interpret(res isolation.Result, stdout *agentio.Stdout, runID string, waitErr error) (isolation.Result, error) {
+	if res.ExitCode < 0 {
 		detail := "agent was killed"
 		var ee *exec.ExitError
 		if errors.As(waitErr, &ee) {
@@ -189,43 +186,9 @@ func interpret(res isolation.Result, stdout *cappedBuffer, runID string, waitErr
 				detail = "agent was killed by signal " + ws.Signal().String()
 			}
 		}
-		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", withTail(detail, res.Stderr))
+		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", agentio.WithTail(detail, res.Stderr))
 	}
-	switch code {
-	case agentproto.ExitConfinement:
-		return res, isolation.Errorf(isolation.ReasonConfinement, "%s", withTail("exit code 3", res.Stderr))
-	case agentproto.ExitBadRequest:
-		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", withTail("exit code 2 (agent rejected the request)", res.Stderr))
-	}
-	resp, perr := parseResponse(stdout, runID)
-	if perr == nil {
-		res.Response = resp
-		return res, nil
-	}
-	if code == agentproto.ExitOK || code == agentproto.ExitAgentError {
-		return res, &isolation.RunError{Reason: isolation.ReasonBadResponse, Detail: withTail(fmt.Sprintf("exit code %d", code), res.Stderr), Err: perr}
-	}
-	return res, isolation.Errorf(isolation.ReasonCrashed, "%s", withTail(fmt.Sprintf("exit code %d", code), res.Stderr))
-}
-
-func parseResponse(stdout *cappedBuffer, runID string) (agentproto.Response, error) {
-	if stdout.overflow {
-		return agentproto.Response{}, fmt.Errorf("response is larger than %d bytes", MaxResponse)
-	}
-	if len(bytes.TrimSpace(stdout.buf.Bytes())) == 0 {
-		return agentproto.Response{}, errors.New("no response on stdout")
-	}
-	var resp agentproto.Response
-	if err := json.Unmarshal(stdout.buf.Bytes(), &resp); err != nil {
-		return agentproto.Response{}, fmt.Errorf("cannot decode response: %w", err)
-	}
-	if resp.Version != agentproto.Version {
-		return agentproto.Response{}, fmt.Errorf("response has version %d, want %d", resp.Version, agentproto.Version)
-	}
-	if resp.RunID != runID {
-		return agentproto.Response{}, fmt.Errorf("response is for run %q, want %q", resp.RunID, runID)
-	}
-	return resp, nil
+	return agentio.Interpret(res, stdout, runID)
 }
 
 // Environment is the complete environment of an agent: nothing of the
@@ -447,60 +410,6 @@ func sessionAndStart(pid int) (int, uint64, error) {
 	}
 	return session, start, nil
 }
-
-func withTail(detail, stderr string) string {
-	tail := strings.TrimSpace(stderr)
-	if tail == "" {
-		return detail
-	}
-	if len(tail) > detailTail {
-		tail = "…" + tail[len(tail)-detailTail:]
-	}
-	return detail + "; stderr: " + tail
-}
-
-// cappedBuffer keeps the first max bytes and discards the rest, so a chatty
-// agent never blocks on a full pipe.
-type cappedBuffer struct {
-	buf      bytes.Buffer
-	max      int
-	overflow bool
-}
-
-func (c *cappedBuffer) Write(p []byte) (int, error) {
-	if room := c.max - c.buf.Len(); room > 0 {
-		if len(p) > room {
-			c.buf.Write(p[:room])
-			c.overflow = true
-		} else {
-			c.buf.Write(p)
-		}
-	} else if len(p) > 0 {
-		c.overflow = true
-	}
-	return len(p), nil
-}
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	buf []byte
-	max int
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	n := len(p)
-	if len(p) >= t.max {
-		t.buf = append(t.buf[:0], p[len(p)-t.max:]...)
-		return n, nil
-	}
-	if over := len(t.buf) + len(p) - t.max; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
-	}
-	t.buf = append(t.buf, p...)
-	return n, nil
-}
-
-func (t *tailBuffer) String() string { return string(t.buf) }
 
 // forAgent applies the agent's memory_limit (container_mode.memory_limit,
 // which config validation has parsed already) to this run, so a host run is

@@ -18,6 +18,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/agentio"
 )
 
 // Under systemd a host run is a transient service, berth-run-<run id>.service
@@ -156,8 +157,8 @@ func (r Runner) runUnit(ctx context.Context, u unitRun) (isolation.Result, error
 	}
 
 	var wg sync.WaitGroup
-	stdout := &cappedBuffer{max: MaxResponse}
-	stderr := &tailBuffer{max: StderrTail}
+	stdout := agentio.NewStdout()
+	stderr := agentio.NewTail()
 	wg.Go(func() {
 		_, _ = stdinW.Write(u.input)
 		stdinW.Close()
@@ -205,23 +206,23 @@ func (r Runner) runUnit(ctx context.Context, u unitRun) (isolation.Result, error
 
 	res := isolation.Result{ExitCode: end.exitCode(), Stderr: stderr.String()}
 	if killed != nil {
-		killed.Detail = withTail(killed.Detail, res.Stderr)
+		killed.Detail = agentio.WithTail(killed.Detail, res.Stderr)
 		return res, killed
 	}
 	if end.err != nil {
-		return res, &isolation.RunError{Reason: isolation.ReasonCrashed, Detail: withTail("lost track of unit "+name, res.Stderr), Err: end.err}
+		return res, &isolation.RunError{Reason: isolation.ReasonCrashed, Detail: agentio.WithTail("lost track of unit "+name, res.Stderr), Err: end.err}
 	}
 	switch {
 	case end.result == "oom-kill":
-		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", withTail(fmt.Sprintf("agent ran out of memory (MemoryMax=%d)", r.limits().MemoryMax), res.Stderr))
+		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", agentio.WithTail(fmt.Sprintf("agent ran out of memory (MemoryMax=%d)", r.limits().MemoryMax), res.Stderr))
 	case end.result == "timeout":
-		return res, isolation.Errorf(isolation.ReasonTimeout, "%s", withTail("RuntimeMaxSec reached", res.Stderr))
+		return res, isolation.Errorf(isolation.ReasonTimeout, "%s", agentio.WithTail("RuntimeMaxSec reached", res.Stderr))
 	case end.code == cldExited && end.status >= 200 && end.status < 256:
 		// systemd's own exit codes (EXIT_USER, EXIT_EXEC, ...): the agent
 		// never ran.
-		return res, isolation.Errorf(isolation.ReasonStart, "%s", withTail(fmt.Sprintf("systemd could not start the agent in %s (exit status %d, see journalctl -u %s)", name, end.status, name), res.Stderr))
+		return res, isolation.Errorf(isolation.ReasonStart, "%s", agentio.WithTail(fmt.Sprintf("systemd could not start the agent in %s (exit status %d, see journalctl -u %s)", name, end.status, name), res.Stderr))
 	case end.code == cldKilled || end.code == cldDumped:
-		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", withTail("agent was killed by signal "+syscall.Signal(end.status).String(), res.Stderr))
+		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", agentio.WithTail("agent was killed by signal "+syscall.Signal(end.status).String(), res.Stderr))
 	}
 	return interpret(res, stdout, u.runID, nil)
 }
