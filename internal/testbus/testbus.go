@@ -9,9 +9,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -144,6 +147,22 @@ func (b *Bus) Conn(t testing.TB) *dbus.Conn {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// BusctlAs runs busctl against the bus as another (real) user, so the bus
+// daemon sees that user's credentials, and returns what busctl printed.
+func (b *Bus) BusctlAs(t testing.TB, username string, args ...string) string {
+	t.Helper()
+	u, err := user.Lookup(username)
+	if err != nil {
+		t.Fatalf("need user %s: %v", username, err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	cmd := exec.Command("busctl", append([]string{"--address=" + b.Address}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+	out, _ := cmd.CombinedOutput()
+	return string(out)
 }
 
 // Stop ends the daemon and removes its files. Services it activated are

@@ -2,30 +2,11 @@ package testbus
 
 import (
 	"os"
-	"os/exec"
-	"os/user"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/godbus/dbus/v5"
 )
-
-// busctlAs runs busctl against the bus as another user and returns its output.
-func busctlAs(t *testing.T, b *Bus, username string, args ...string) (string, error) {
-	t.Helper()
-	u, err := user.Lookup(username)
-	if err != nil {
-		t.Fatalf("need user %s: %v", username, err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	cmd := exec.Command("busctl", append([]string{"--address=" + b.Address}, args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
 
 func TestPrivateBusEnforcesBerthPolicy(t *testing.T) {
 	t.Parallel()
@@ -56,7 +37,7 @@ func TestPrivateBusEnforcesBerthPolicy(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			out, _ := busctlAs(t, b, "nobody", tc.args...)
+			out := b.BusctlAs(t, "nobody", tc.args...)
 			denied := strings.Contains(out, "Access denied") || strings.Contains(out, "not allowed")
 			if denied != tc.wantDenied {
 				t.Fatalf("denied = %v, want %v; busctl said: %s", denied, tc.wantDenied, out)

@@ -6,6 +6,8 @@ package testenv
 import (
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 )
 
@@ -26,4 +28,29 @@ func Need(t testing.TB, ok bool, format string, args ...any) {
 func NeedRoot(t testing.TB) {
 	t.Helper()
 	Need(t, os.Geteuid() == 0, "this test needs root")
+}
+
+// OpenDir creates a temporary directory every user can enter (t.TempDir's
+// parent is 0700): agents that run as nobody must reach binaries and
+// workspaces in it. The caller removes it.
+func OpenDir(prefix string) (string, error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", fmt.Errorf("cannot create test dir: %w", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		os.RemoveAll(dir)
+		return "", fmt.Errorf("cannot open test dir: %w", err)
+	}
+	return dir, nil
+}
+
+// Build compiles pkg (an import path, or a path relative to the test's
+// package directory) to dir/name and returns the binary's path.
+func Build(dir, name, pkg string) (string, error) {
+	bin := filepath.Join(dir, name)
+	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("cannot build %s: %v\n%s", pkg, err, out)
+	}
+	return bin, nil
 }

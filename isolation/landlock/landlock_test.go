@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strconv"
@@ -28,24 +27,15 @@ var berthAgentBuild error
 
 func TestMain(m *testing.M) {
 	var err error
-	base, err = os.MkdirTemp("", "berth-landlock-")
-	if err == nil {
-		err = os.Chmod(base, 0o755)
+	if base, err = testenv.OpenDir("berth-landlock-"); err == nil {
+		testAgent, err = testenv.Build(base, "testagent", "../hostrun/testdata/testagent")
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "cannot create test dir:", err)
-		os.Exit(1)
-	}
-	testAgent = filepath.Join(base, "testagent")
-	if out, err := exec.Command("go", "build", "-o", testAgent, "../hostrun/testdata/testagent").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "cannot build test agent: %v\n%s", err, out)
+		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(base)
 		os.Exit(1)
 	}
-	berthAgent = filepath.Join(base, "berth-agent")
-	if out, err := exec.Command("go", "build", "-o", berthAgent, "github.com/berth-dev/berth/cmd/berth-agent").CombinedOutput(); err != nil {
-		berthAgentBuild = fmt.Errorf("%v: %s", err, out)
-	}
+	berthAgent, berthAgentBuild = testenv.Build(base, "berth-agent", "github.com/berth-dev/berth/cmd/berth-agent")
 	code := m.Run()
 	os.RemoveAll(base)
 	os.Exit(code)

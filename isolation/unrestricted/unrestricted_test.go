@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -24,17 +22,11 @@ var base, testAgent string
 
 func TestMain(m *testing.M) {
 	var err error
-	base, err = os.MkdirTemp("", "berth-unrestricted-")
-	if err == nil {
-		err = os.Chmod(base, 0o755)
+	if base, err = testenv.OpenDir("berth-unrestricted-"); err == nil {
+		testAgent, err = testenv.Build(base, "testagent", "../hostrun/testdata/testagent")
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "cannot create test dir:", err)
-		os.Exit(1)
-	}
-	testAgent = filepath.Join(base, "testagent")
-	if out, err := exec.Command("go", "build", "-o", testAgent, "../hostrun/testdata/testagent").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "cannot build test agent: %v\n%s", err, out)
+		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(base)
 		os.Exit(1)
 	}

@@ -7,13 +7,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"os/user"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -318,21 +314,6 @@ func TestDeliverRefusesBadReplies(t *testing.T) {
 	}
 }
 
-// busctlAs runs busctl on b as another user.
-func busctlAs(t *testing.T, b *testbus.Bus, username string, args ...string) string {
-	t.Helper()
-	u, err := user.Lookup(username)
-	if err != nil {
-		t.Fatalf("need user %s: %v", username, err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	cmd := exec.Command("busctl", append([]string{"--address=" + b.Address}, args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
-	out, _ := cmd.CombinedOutput()
-	return string(out)
-}
-
 func TestDeliverFromAnUnprivilegedUserIsRefused(t *testing.T) {
 	t.Parallel()
 	deliverArgs := []string{"call", bus.IntakeName, string(bus.IntakePath), bus.IntakeInterface, "Deliver",
@@ -355,7 +336,7 @@ func TestDeliverFromAnUnprivilegedUserIsRefused(t *testing.T) {
 			if tc.letThrough {
 				allowNobodyToCallIntake(t, b)
 			}
-			out := busctlAs(t, b, "nobody", deliverArgs...)
+			out := b.BusctlAs(t, "nobody", deliverArgs...)
 			if !strings.Contains(out, tc.want) {
 				t.Fatalf("busctl as nobody said %q, want it to contain %q", out, tc.want)
 			}
@@ -407,7 +388,7 @@ func TestExport(t *testing.T) {
 		})
 		t.Run("Anyone_may_read_the_counters", func(t *testing.T) {
 			t.Parallel()
-			out := busctlAs(t, b, "nobody", "get-property", bus.IntakeName, string(bus.IntakePath), bus.IntakeInterface, "OutboxPending")
+			out := b.BusctlAs(t, "nobody", "get-property", bus.IntakeName, string(bus.IntakePath), bus.IntakeInterface, "OutboxPending")
 			if strings.TrimSpace(out) != "u 0" {
 				t.Fatalf("busctl get-property as nobody said %q, want \"u 0\"", out)
 			}
