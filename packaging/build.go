@@ -210,11 +210,8 @@ var describeRe = regexp.MustCompile(`^v?(\d+\.\d+\.\d+)(?:-(\d+)-g([0-9a-f]+))?$
 // 0.0.0+<commit>.
 func Version(root string) (string, error) {
 	if out, err := gitOutput(root, "describe", "--tags", "--match", "v[0-9]*"); err == nil {
-		if m := describeRe.FindStringSubmatch(out); m != nil {
-			if m[2] == "" {
-				return m[1], nil
-			}
-			return m[1] + "+" + m[2] + ".g" + m[3], nil
+		if v, ok := versionFromDescribe(out); ok {
+			return v, nil
 		}
 	}
 	sha, err := gitOutput(root, "rev-parse", "--short=12", "HEAD")
@@ -222,6 +219,18 @@ func Version(root string) (string, error) {
 		return "", fmt.Errorf("cannot find a version: no git tag and no commit: %w", err)
 	}
 	return "0.0.0+" + sha, nil
+}
+
+// versionFromDescribe turns `git describe` output into a package version.
+func versionFromDescribe(describe string) (string, bool) {
+	m := describeRe.FindStringSubmatch(describe)
+	if m == nil {
+		return "", false
+	}
+	if m[2] == "" {
+		return m[1], true
+	}
+	return m[1] + "+" + m[2] + ".g" + m[3], true
 }
 
 func gitOutput(root string, args ...string) (string, error) {

@@ -94,18 +94,12 @@ func TestVersionComesFromGitDescribe(t *testing.T) {
 		"v1.2.3-4-gabcdef01": "1.2.3+4.gabcdef01",
 	}
 	for in, want := range tests {
-		m := describeRe.FindStringSubmatch(in)
-		if m == nil {
-			t.Errorf("%q does not parse", in)
-			continue
+		if got, ok := versionFromDescribe(in); !ok || got != want {
+			t.Errorf("%q → %q (%v), want %q", in, got, ok, want)
 		}
-		got := m[1]
-		if m[2] != "" {
-			got += "+" + m[2] + ".g" + m[3]
-		}
-		if got != want {
-			t.Errorf("%q → %q, want %q", in, got, want)
-		}
+	}
+	if _, ok := versionFromDescribe("nightly"); ok {
+		t.Error("a tag that is no version was taken as one")
 	}
 	root, err := repoRoot()
 	if err != nil {
