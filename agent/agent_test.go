@@ -249,6 +249,22 @@ func TestConfinementKeepsTheAgentInsideItsPolicy(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "A_denied_path_that_does_not_exist_yet_stays_denied",
+			command: func(f fixture) string {
+				return "echo planted > " + f.root + "/shared/later.txt; cat " + f.root + "/shared/later.txt"
+			},
+			policy: func(f fixture, p *agentproto.Policy) {
+				p.AllowReadWrite = append(p.AllowReadWrite, f.root+"/shared")
+				p.Deny = []string{f.root + "/shared/later.txt"}
+			},
+			replyHas: func(f fixture) []string { return []string{"later.txt: Permission denied"} },
+			after: func(t *testing.T, f fixture) {
+				if _, err := os.Stat(filepath.Join(f.root, "shared/later.txt")); err == nil {
+					t.Error("the agent created a path it is denied")
+				}
+			},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

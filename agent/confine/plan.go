@@ -38,7 +38,8 @@ type Rule struct {
 // allow, so a denied path is carved out of an allowed directory by allowing
 // each of the directory's entries except the one leading to the denied path,
 // recursively down to it. An allowed path inside a denied one is dropped;
-// paths that do not exist are skipped. Symlinks are resolved first, so a rule
+// allowed paths that do not exist are skipped, denied ones are carved out
+// all the same (so they stay denied if they appear during the run). Symlinks are resolved first, so a rule
 // lands on the inode Landlock will check.
 //
 // Plan fails when a path is not absolute or cannot be examined: a policy it
@@ -49,11 +50,7 @@ func Plan(allowRead, allowReadWrite, deny []string, log *slog.Logger) ([]Rule, e
 		if !filepath.IsAbs(d) {
 			return nil, fmt.Errorf("cannot plan confinement: deny path %q is not absolute", d)
 		}
-		resolved, err := filepath.EvalSymlinks(d)
-		if errors.Is(err, fs.ErrNotExist) {
-			log.Debug("denied path does not exist; nothing to carve out", "path", d)
-			continue
-		}
+		resolved, err := resolveMissing(d)
 		if err != nil {
 			return nil, fmt.Errorf("cannot resolve denied path: %w", err)
 		}
@@ -160,6 +157,29 @@ func (p *planner) containsDenied(dir string) bool {
 		}
 	}
 	return false
+}
+
+// resolveMissing resolves symlinks in path; for a path that does not exist
+// (yet) it resolves the nearest existing ancestor and keeps the rest. A
+// denied path that is created during the run must stay denied: splitting the
+// allowed directory around it grants only the entries that exist now.
+func resolveMissing(path string) (string, error) {
+	resolved, err := filepath.EvalSymlinks(path)
+	if err == nil {
+		return resolved, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
+	parent := filepath.Dir(path)
+	if parent == path {
+		return path, nil
+	}
+	base, err := resolveMissing(parent)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(base, filepath.Base(path)), nil
 }
 
 // isBeneath reports whether path lies strictly beneath dir (both clean and absolute).

@@ -88,10 +88,17 @@ func TestPlan(t *testing.T) {
 			want: nil,
 		},
 		{
-			name: "Missing_allowed_and_denied_paths_are_skipped",
+			name: "Missing_allowed_paths_are_skipped",
 			read: []string{"missing", "allowed"},
-			deny: []string{"allowed/missing.txt"},
 			want: []string{"r dir allowed"},
+		},
+		{
+			// Created during the run, it must still be out of reach: the
+			// directory is split into what exists now.
+			name: "A_denied_path_that_does_not_exist_yet_is_carved_out",
+			read: []string{"allowed"},
+			deny: []string{"allowed/missing.txt"},
+			want: []string{"r file allowed/a.txt", "r dir allowed/sub"},
 		},
 		{
 			name: "A_symlinked_allowed_path_lands_on_its_target",
