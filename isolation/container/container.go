@@ -458,12 +458,48 @@ func (b *Backend) finish(ctx context.Context, spec isolation.Spec, s *session, i
 		killed.Detail = agentio.WithTail(killed.Detail, res.Stderr)
 		return res, killed
 	}
-	inspectCtx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	if st, err := b.cli.ContainerInspect(inspectCtx, id, client.ContainerInspectOptions{}); err == nil && st.Container.State != nil && st.Container.State.OOMKilled {
+	out, err := agentio.Interpret(res, stdout, spec.RunID)
+	if b.oomKilled(id, sigkilled(exitCode, out)) {
 		return res, isolation.Errorf(ReasonOutOfMemory, "%s", agentio.WithTail(fmt.Sprintf("the container hit its memory limit of %s (container_mode.memory_limit)", firstNonEmpty(spec.Container.MemoryLimit, "512m")), res.Stderr))
 	}
-	return agentio.Interpret(res, stdout, spec.RunID)
+	return out, err
+}
+
+// oomKilled asks the engine whether the kernel OOM-killed a process of the
+// container. The engine learns of an OOM kill asynchronously, so when
+// something in the run died of SIGKILL it is asked again for a short while
+// before the answer counts as no.
+func (b *Backend) oomKilled(id string, suspect bool) bool {
+	attempts := 1
+	if suspect {
+		attempts = 10
+	}
+	for i := 0; i < attempts; i++ {
+		if i > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		st, err := b.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+		cancel()
+		if err == nil && st.Container.State != nil && st.Container.State.OOMKilled {
+			return true
+		}
+	}
+	return false
+}
+
+// sigkilled reports whether the agent or one of its tools ended by SIGKILL,
+// the way the OOM killer ends a process.
+func sigkilled(exitCode int, res isolation.Result) bool {
+	if exitCode == 128+9 {
+		return true
+	}
+	for _, tc := range res.Response.ToolCalls {
+		if strings.Contains(tc.Output, `"exit_code":137`) {
+			return true
+		}
+	}
+	return false
 }
 
 // kill stops a container now; remove follows in Run's defer.

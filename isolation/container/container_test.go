@@ -337,7 +337,7 @@ func TestMemoryBombFailsTheRunWithOutOfMemory(t *testing.T) {
 	t.Parallel()
 	cli := engine(t)
 	b := newBackend(t, cli)
-	s := spec(t, workspace(t), `/sh head -c 400000000 /dev/zero | tr '\0' x | sort | wc -c`, config.Container{MemoryLimit: "64m"})
+	s := spec(t, workspace(t), `/sh set -o pipefail; head -c 400000000 /dev/zero | tr '\0' x | sort | wc -c`, config.Container{MemoryLimit: "64m"})
 	_, err := run(t, b, s)
 	if isolation.ReasonOf(err) != container.ReasonOutOfMemory {
 		t.Fatalf("memory bomb: %v; want reason %q", err, container.ReasonOutOfMemory)
