@@ -48,7 +48,10 @@ func (e *Error) Error() string {
 	if e.Status == 0 {
 		return e.Msg
 	}
-	return fmt.Sprintf("HTTP %d %s: %s", e.Status, http.StatusText(e.Status), e.Msg)
+	if text := http.StatusText(e.Status); text != "" {
+		return fmt.Sprintf("HTTP %d %s: %s", e.Status, text, e.Msg)
+	}
+	return fmt.Sprintf("HTTP %d: %s", e.Status, e.Msg) // e.g. Anthropic's 529
 }
 
 // ErrorClass returns the class of err: an *Error's own class; context

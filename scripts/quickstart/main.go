@@ -126,26 +126,7 @@ func run() error {
 		}
 		agentExtra += fmt.Sprintf("[agents.container_mode]\nenabled = true\nimage = %q\nnetwork = %q\n", image, network)
 	}
-	cfg := fmt.Sprintf(`# written by scripts/quickstart.sh
-%s
-[[agents]]
-id = "demo"
-name = "Demo agent"
-max_iterations = 5
-%s
-[intake]
-default_agent = "demo"
-
-[[connectors]]
-id = "webhook"
-type = "webhook"
-secret = %q
-reply_url = "http://%s/reply"
-
-[scheduler]
-run_as = %q
-agent_binary = %q
-`, providers, agentExtra, secretHex, ln.Addr(), runAs, filepath.Join(binDir, "berth-agent"))
+	cfg := demoConfig(providers, agentExtra, secretHex, ln.Addr().String(), runAs, filepath.Join(binDir, "berth-agent"))
 
 	fmt.Fprintln(os.Stderr, "==> starting the suite: private system bus (scheduler D-Bus-activated), intake socket-activated")
 	stack, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: filepath.Join(work, "suite"), Config: cfg, Env: env})
@@ -223,13 +204,14 @@ func buildAgentImage(agentBinary string) (string, error) {
 // demoProvider picks the demo agent's provider from the environment:
 // OPENAI_API_KEY or OPENAI_BASE_URL (with OPENAI_MODEL), else
 // ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL (with ANTHROPIC_MODEL), else the
-// offline "local" provider. A real provider needs the network, so the demo
-// agent then gets allow_network; the key reaches the scheduler through its
-// environment (api_key_env) and the agent only on stdin.
+// offline "local" provider; with both set, OpenAI wins. A real provider
+// needs the network, so the demo agent then gets allow_network; the key
+// reaches the scheduler through its environment (api_key_env) and the agent
+// only on stdin.
 func demoProvider(getenv func(string) string) (providers, agentExtra string, env []string) {
 	for _, p := range []struct{ kind, prefix, model string }{
 		{"openai", "OPENAI", "gpt-4o-mini"},
-		{"anthropic", "ANTHROPIC", "claude-3-5-haiku-latest"},
+		{"anthropic", "ANTHROPIC", "claude-haiku-4-5"},
 	} {
 		key, base := getenv(p.prefix+"_API_KEY"), getenv(p.prefix+"_BASE_URL")
 		if key == "" && base == "" {
@@ -252,4 +234,30 @@ func demoProvider(getenv func(string) string) (providers, agentExtra string, env
 		return b.String(), "[agents.file_access]\nallow_network = true\n", env
 	}
 	return "[providers]\nprimary = \"local\"\n", "", nil
+}
+
+// demoConfig is the suite's berth.toml: the providers and the demo agent's
+// extra settings from demoProvider, a webhook connector whose replies go to
+// replyAddr (host:port), and the scheduler running agentBinary as runAs.
+func demoConfig(providers, agentExtra, secretHex, replyAddr, runAs, agentBinary string) string {
+	return fmt.Sprintf(`# written by scripts/quickstart.sh
+%s
+[[agents]]
+id = "demo"
+name = "Demo agent"
+max_iterations = 5
+%s
+[intake]
+default_agent = "demo"
+
+[[connectors]]
+id = "webhook"
+type = "webhook"
+secret = %q
+reply_url = "http://%s/reply"
+
+[scheduler]
+run_as = %q
+agent_binary = %q
+`, providers, agentExtra, secretHex, replyAddr, runAs, agentBinary)
 }
