@@ -155,13 +155,37 @@ id = "hooks"
 type = "webhook"
 secret_file = "/etc/berth/hooks.secret"
 reply_url = "http://127.0.0.1:9999/replies"
+
+# A landlock agent with a short timeout (container_mode.timeout_seconds is
+# the run timeout of every backend) and an unrestricted one without network.
+[[agents]]
+id = "brief"
+[agents.container_mode]
+timeout_seconds = 2
+
+[[agents]]
+id = "open"
+[agents.file_access]
+unrestricted = true
+allow_network = false
+
+[[bindings]]
+connector = "hooks"
+channel_id = "CBRIEF"
+agent = "brief"
+
+[[bindings]]
+connector = "hooks"
+channel_id = "COPEN"
+agent = "open"
 EOF
 berthctl config check >/dev/null
 systemd-run --quiet --unit=install-test-receiver /usr/local/bin/installprobe receive --secret-file /etc/berth/hooks.secret
 for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/9999) 2>/dev/null && exit 0; sleep 0.1; done; exit 1' ||
   fail "cannot set up the connector or the receiver"
 
-post() { inside "installprobe post --secret-file /etc/berth/hooks.secret --channel C1 $(printf '%q' "$1")"; }
+# post TEXT [CHANNEL]: prints the message id.
+post() { inside "installprobe post --secret-file /etc/berth/hooks.secret --channel ${2:-C1} $(printf '%q' "$1")"; }
 await() { inside "installprobe wait --id $1 --timeout ${2:-60s} --field ${3:-text}"; }
 
 step "a signed webhook starts intake by socket activation; the scheduler is D-Bus-activated; the reply arrives"
@@ -202,6 +226,82 @@ for want in MemoryMax=536870912 TasksMax=256 User=995 PrivateNetwork=yes Protect
 done
 grep -q '^slept$' <<<"$(await "$id")" || fail "the long run's reply"
 grep -q . <<<"$(inside "systemctl list-units --no-legend --all 'berth-run-*'")" && fail "a run unit outlived its run"
+
+# running_run AGENT PATTERN: waits until AGENT's running run has an active
+# transient unit and a berth-agent process matching PATTERN; prints the run id.
+running_run() {
+  inside "for _ in \$(seq 150); do
+    rid=\$(berthctl runs list --agent $1 --state running | awk 'NR == 2 { print \$1 }')
+    if [ -n \"\$rid\" ] && systemctl is-active -q berth-run-\$rid.service && pgrep -u berth-agent -f '$2' >/dev/null; then
+      echo \$rid; exit 0
+    fi
+    sleep 0.1
+  done; exit 1"
+}
+# run_field RUN_ID FIELD: one field of berthctl runs show.
+run_field() { inside "berthctl runs show $1 | awk -F': *' '\$1 == \"$2\" { print \$2 }'"; }
+# gone RUN_ID PATTERN: fails unless the run's unit and every process of it are gone.
+gone() {
+  local left
+  left=$(inside "systemctl list-units --all --no-legend --plain berth-run-$1.service
+    pgrep -a -u berth-agent -f '$2'
+    grep -l berth-run-$1.service /proc/[0-9]*/cgroup 2>/dev/null" || true)
+  [ -z "$left" ] || fail "run $1 left behind: $left"
+}
+nothing_left() {
+  local left
+  left=$(inside "systemctl list-units --all --no-legend --plain 'berth-run-*'; pgrep -a -u berth-agent" || true)
+  [ -z "$left" ] || fail "left after the runs ended: $left"
+}
+
+step "a run past its timeout fails with reason timeout; a canceled run ends canceled; nothing of either is left"
+timeout_id=$(post '/sh sleep 600' CBRIEF)
+cancel_id=$(post '/sh sleep 601')
+timeout_run=$(running_run brief 'sleep 600') || fail "the run to time out did not start its unit and command"
+cancel_run=$(running_run ops 'sleep 601') || fail "the run to cancel did not start its unit and command"
+inside "berthctl runs cancel $cancel_run" >/dev/null || fail "berthctl runs cancel $cancel_run"
+[ "$(run_field "$cancel_run" state)" = canceled ] || fail "canceled run: $(inside "berthctl runs show $cancel_run")"
+gone "$cancel_run" 'sleep 601'
+[ "$(await "$cancel_id" 10s state)" = canceled ] || fail "the canceled run's reply"
+[ "$(await "$timeout_id" 20s state)" = failed ] || fail "the run with a 2 s timeout did not fail"
+[ "$(run_field "$timeout_run" reason)" = timeout ] || fail "timed-out run: $(inside "berthctl runs show $timeout_run")"
+gone "$timeout_run" 'sleep 600'
+nothing_left
+
+step "a scheduler killed during a run: the new one stops the left-over unit, re-queues the run once, one reply"
+restart_id=$(post '/sh if [ -e restart.mark ]; then rm restart.mark; echo second-attempt; else touch restart.mark; sleep 602; fi')
+restart_run=$(running_run ops 'sleep 602') || fail "the run to interrupt did not start its unit and command"
+pid_before=$(inside 'systemctl show -p MainPID --value berth-scheduler')
+inside 'systemctl kill -s KILL berth-scheduler'
+grep -qx second-attempt <<<"$(await "$restart_id" 30s)" || fail "the interrupted run's reply: $(inside "berthctl runs show $restart_run")"
+[ "$(inside 'systemctl show -p MainPID --value berth-scheduler')" != "$pid_before" ] || fail "the scheduler was not restarted"
+[ "$(run_field "$restart_run" state)" = succeeded ] && [ "$(run_field "$restart_run" attempts)" = 2 ] ||
+  fail "interrupted run: $(inside "berthctl runs show $restart_run")"
+gone "$restart_run" 'sleep 602'
+# The new scheduler stops the first attempt's unit through the handle it
+# recorded (unit:berth-run-<id>.service) while it reconciles, before it logs
+# the interruption and starts the second attempt (which would stop a unit of
+# the same name too, but only after "run was interrupted").
+sched_log=$(inside "journalctl --no-pager -o cat -u berth-scheduler RUN=$restart_run")
+grep -q 'cannot kill sandbox' <<<"$sched_log" && fail "the scheduler could not stop the left-over unit: $sched_log"
+inside "journalctl --no-pager -o cat UNIT=berth-run-$restart_run.service + RUN=$restart_run" |
+  awk -v stop="Stopped berth-run-$restart_run.service" '
+    index($0, stop) == 1 && !stopped { stopped = NR }
+    /^run was interrupted by a scheduler restart/ { interrupted = NR }
+    END { exit !(stopped && interrupted && stopped < interrupted) }' ||
+  fail "the restarted scheduler did not stop the left-over unit while reconciling: $(inside "journalctl --no-pager -o cat UNIT=berth-run-$restart_run.service + RUN=$restart_run")"
+
+step "landlock and unrestricted agents without allow_network get a network namespace other than PID 1's"
+host_ns=$(inside 'readlink /proc/1/ns/net')
+ns_ids=("$(post '/sh readlink /proc/self/ns/net')" "$(post '/sh readlink /proc/self/ns/net' COPEN)")
+backends=(landlock unrestricted)
+for i in 0 1; do
+  reply=$(await "${ns_ids[$i]}" 20s)
+  ns=$(grep -o 'net:\[[0-9]*\]' <<<"$reply") || fail "no network namespace in the ${backends[$i]} run's reply: $reply"
+  [ "$ns" != "$host_ns" ] || fail "the ${backends[$i]} run without allow_network shares PID 1's network namespace $host_ns"
+  [ "$(run_field "$(await "${ns_ids[$i]}" 1s run_id)" backend)" = "${backends[$i]}" ] || fail "the run did not use the ${backends[$i]} backend"
+done
+[ "$(inside "wc -l </var/tmp/replies/$restart_id.deliveries")" = 1 ] || fail "the interrupted run was replied to more than once"
 
 step "systemctl reload with a backlog loses nothing"
 ids=()

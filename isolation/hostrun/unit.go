@@ -111,7 +111,9 @@ func newUnitRun(spec isolation.Spec, req agentproto.Request, input []byte, cred 
 // runUnit runs the agent as a transient unit and waits for it.
 func (r Runner) runUnit(ctx context.Context, u unitRun) (isolation.Result, error) {
 	name := UnitName(u.runID)
-	conn, err := sdbus.NewSystemdConnectionContext(ctx)
+	// Not ctx itself: godbus closes a connection when its context is done,
+	// and a canceled run still needs this one to stop its unit.
+	conn, err := sdbus.NewSystemdConnectionContext(context.WithoutCancel(ctx))
 	if err != nil {
 		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot connect to systemd", Err: err}
 	}

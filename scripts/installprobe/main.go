@@ -53,7 +53,9 @@ func sign(secret []byte, ts string, body []byte) string {
 	return "sha256=" + hex.EncodeToString(m.Sum(nil))
 }
 
-// receive stores every reply whose signature verifies as DIR/<message id>.json.
+// receive stores every reply whose signature verifies as DIR/<message id>.json
+// and counts it with a line in DIR/<message id>.deliveries, so a test can
+// tell one delivery from two.
 func receive(args []string) error {
 	fs := flag.NewFlagSet("receive", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:9999", "listen address")
@@ -85,6 +87,10 @@ func receive(args []string) error {
 		tmp := filepath.Join(*dir, "."+reply.ID)
 		if err := os.WriteFile(tmp, body, 0o644); err != nil || os.Rename(tmp, filepath.Join(*dir, reply.ID+".json")) != nil {
 			http.Error(w, "cannot store", http.StatusInternalServerError)
+			return
+		}
+		if err := appendLine(filepath.Join(*dir, reply.ID+".deliveries"), string(body)); err != nil {
+			http.Error(w, "cannot count", http.StatusInternalServerError)
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
@@ -166,6 +172,19 @@ func wait(args []string) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// appendLine appends one line (newlines in line become spaces).
+func appendLine(path, line string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(strings.ReplaceAll(line, "\n", " ") + "\n"); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func readSecret(path string) ([]byte, error) {
