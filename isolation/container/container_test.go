@@ -83,9 +83,16 @@ func engine(t *testing.T) *client.Client {
 
 // newBackend is a backend of its own instance, so sweeps of parallel tests
 // never meet.
+// runToken tells this test binary's containers from those an earlier,
+// interrupted run may have left behind on the same engine.
+var runToken = fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano())
+
+// instance is the berth.instance of a test's backend: one per test and run.
+func instance(t *testing.T) string { return t.Name() + "@" + runToken }
+
 func newBackend(t *testing.T, cli *client.Client) *container.Backend {
 	t.Helper()
-	b, err := container.New(container.Options{Client: cli, Instance: t.Name()})
+	b, err := container.New(container.Options{Client: cli, Instance: instance(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +403,7 @@ func TestSweepRemovesOrphansOfItsOwnInstanceOnly(t *testing.T) {
 	go func() { _, err := run(t, first, s); done <- err }()
 	<-started
 
-	other, err := container.New(container.Options{Client: cli, Instance: t.Name() + "-other"})
+	other, err := container.New(container.Options{Client: cli, Instance: instance(t) + "-other"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,7 +478,7 @@ func TestMissingImageAndUnreachableEngineSayWhatToDo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nb, err := container.New(container.Options{Client: down, Instance: t.Name()})
+	nb, err := container.New(container.Options{Client: down, Instance: instance(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

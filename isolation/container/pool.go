@@ -246,13 +246,21 @@ func (b *Backend) startMember(ctx context.Context, agent string, p prepared) (*s
 	cfg.Labels[LabelPool] = agent
 	var r [3]byte
 	_, _ = rand.Read(r[:])
-	created, err := b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{Config: &cfg, HostConfig: p.host, Name: "berth-warm-" + agent + "-" + hex.EncodeToString(r[:])})
+	// Not ctx: a create canceled by a drain may still complete in the engine,
+	// and a container whose id we never learnt would be left behind.
+	createCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	created, err := b.cli.ContainerCreate(createCtx, client.ContainerCreateOptions{Config: &cfg, HostConfig: p.host, Name: "berth-warm-" + agent + "-" + hex.EncodeToString(r[:])})
+	cancel()
 	if err != nil {
 		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create warm container", Err: err}
 	}
 	b.poolMu.Lock()
 	b.owned[created.ID] = true
 	b.poolMu.Unlock()
+	if ctx.Err() != nil {
+		b.release(created.ID)
+		return nil, context.Cause(ctx)
+	}
 	s, err := b.begin(ctx, created.ID)
 	if err != nil {
 		b.release(created.ID)

@@ -21,7 +21,7 @@ func warmContainers(t *testing.T, cli *client.Client) []container.Summary {
 	t.Helper()
 	list, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true, Filters: make(client.Filters).
 		Add("label", boxes.LabelPool+"=tester").
-		Add("label", boxes.LabelInstance+"="+boxes.InstanceLabel(t.Name()))})
+		Add("label", boxes.LabelInstance+"="+boxes.InstanceLabel(instance(t)))})
 	if err != nil {
 		t.Fatal(err)
 	}
