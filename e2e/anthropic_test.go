@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/godbus/dbus/v5"
 
-	"github.com/berth-dev/berth/internal/devstack"
 	"github.com/berth-dev/berth/internal/testenv"
 )
 
@@ -318,30 +316,8 @@ default_timeout_seconds = 60
 run_as = "nobody"
 agent_binary = %q
 `, claude.srv.URL, gpt.srv.URL+"/v1", busyModel, secret, sink.srv.URL+"/replies", filepath.Join(binDir, "berth-agent"))
-	dir, err := os.MkdirTemp(baseDir, "suite-")
-	if err != nil {
-		t.Fatal(err)
-	}
 	env := []string{"E2E_ANTHROPIC_KEY=" + anthropicKey, "E2E_FAKE_KEY=" + fakeKey}
-	st, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: dir, Config: cfg, Env: env})
-	if err != nil {
-		t.Fatalf("cannot start the suite: %v", err)
-	}
-	t.Cleanup(func() {
-		st.Stop()
-		for _, p := range []string{st.IntakeLog, st.Bus.LogPath} {
-			b, _ := os.ReadFile(p)
-			for _, key := range []string{anthropicKey, fakeKey} {
-				if strings.Contains(string(b), key) {
-					t.Errorf("a provider key is in %s", p)
-				}
-			}
-			if t.Failed() {
-				t.Logf("%s:\n%s", p, tail(b, 6000))
-			}
-		}
-	})
-	return &suite{Stack: st, sink: sink}
+	return launch(t, sink, cfg, env, anthropicKey, fakeKey)
 }
 
 // ask posts text in channel and thread and waits for the reply.

@@ -168,21 +168,33 @@ func start(t *testing.T, agents []agentSpec, env ...string) *suite {
 	}
 	fmt.Fprintf(&cfg, "[scheduler]\nmax_concurrent_runs = 4\ndefault_timeout_seconds = 60\nrun_as = \"nobody\"\nagent_binary = %q\n", filepath.Join(binDir, "berth-agent"))
 
+	return launch(t, sink, cfg.String(), env, secret) // the webhook secret never reaches a log
+}
+
+// launch starts a suite with cfg; when the test ends it stops it, fails the
+// test if any of secrets reached intake's or the bus's log, and shows those
+// logs if the test failed.
+func launch(t *testing.T, sink *replySink, cfg string, env []string, secrets ...string) *suite {
+	t.Helper()
 	dir, err := os.MkdirTemp(baseDir, "suite-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: dir, Config: cfg.String(), Env: env})
+	st, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: dir, Config: cfg, Env: env})
 	if err != nil {
 		t.Fatalf("cannot start the suite: %v", err)
 	}
 	t.Cleanup(func() {
 		st.Stop()
-		if t.Failed() {
-			for _, p := range []string{st.IntakeLog, st.Bus.LogPath} {
-				if b, err := os.ReadFile(p); err == nil {
-					t.Logf("%s:\n%s", p, tail(b, 6000))
+		for _, p := range []string{st.IntakeLog, st.Bus.LogPath} {
+			b, _ := os.ReadFile(p)
+			for _, secret := range secrets {
+				if strings.Contains(string(b), secret) {
+					t.Errorf("a secret is in %s", p)
 				}
+			}
+			if t.Failed() {
+				t.Logf("%s:\n%s", p, tail(b, 6000))
 			}
 		}
 	})

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -14,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/devstack"
 	"github.com/berth-dev/berth/internal/testenv"
 	"github.com/godbus/dbus/v5"
 )
@@ -122,27 +120,7 @@ default_timeout_seconds = 60
 run_as = "nobody"
 agent_binary = %q
 `, model.srv.URL+"/v1", secret, sink.srv.URL+"/replies", filepath.Join(binDir, "berth-agent"))
-	dir, err := os.MkdirTemp(baseDir, "suite-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: dir, Config: cfg, Env: []string{"E2E_FAKE_KEY=" + fakeKey}})
-	if err != nil {
-		t.Fatalf("cannot start the suite: %v", err)
-	}
-	t.Cleanup(func() {
-		st.Stop()
-		for _, p := range []string{st.IntakeLog, st.Bus.LogPath} {
-			b, _ := os.ReadFile(p)
-			if strings.Contains(string(b), fakeKey) {
-				t.Errorf("the provider key is in %s", p)
-			}
-			if t.Failed() {
-				t.Logf("%s:\n%s", p, tail(b, 6000))
-			}
-		}
-	})
-	return &suite{Stack: st, sink: sink}
+	return launch(t, sink, cfg, []string{"E2E_FAKE_KEY=" + fakeKey}, fakeKey)
 }
 
 func TestAConfinedAgentTalksToAnOpenAIServerAndFollowsTheThread(t *testing.T) {
