@@ -33,7 +33,10 @@ import (
 	"github.com/berth-dev/berth/internal/devstack"
 )
 
-const demoMessage = "Hello berth! Who are you?"
+// demoMessage shows the sandbox at work: the offline local provider runs the
+// command with the shell tool, as the unprivileged run user, in the agent's
+// workspace, and Landlock keeps it from berth's own (world-readable) config.
+const demoMessage = `/sh echo "I am $(id -un), working in $(pwd)"; echo "reading berth's config:"; cat %s`
 
 func main() {
 	if err := run(); err != nil {
@@ -50,7 +53,7 @@ func run() error {
 	if *isolationFlag != "landlock" && *isolationFlag != "container" {
 		return fmt.Errorf(`--isolation %q: want "landlock" or "container"`, *isolationFlag)
 	}
-	message := demoMessage
+	message := ""
 	if flag.NArg() > 0 {
 		message = flag.Arg(0)
 	}
@@ -137,6 +140,12 @@ func run() error {
 		fmt.Fprintln(os.Stderr, "==> stopping the suite")
 		stack.Stop()
 	}()
+	if message == "" {
+		message = fmt.Sprintf(demoMessage, stack.ConfigPath)
+		if len(env) > 0 { // a real model: ask it something it can answer with its tools
+			message = "Hello! Who are you, and which user do you run as on this host? Use your shell tool to find out."
+		}
+	}
 
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
