@@ -142,7 +142,7 @@ func run() error {
 	}()
 	if message == "" {
 		message = fmt.Sprintf(demoMessage, stack.ConfigPath)
-		if len(env) > 0 { // a real model: ask it something it can answer with its tools
+		if agentExtra != "" { // a real model: ask it something it can answer with its tools
 			message = "Hello! Who are you, and which user do you run as on this host? Use your shell tool to find out."
 		}
 	}
