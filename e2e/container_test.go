@@ -12,24 +12,9 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testdocker"
 	boxes "github.com/berth-dev/berth/isolation/container"
 )
-
-// dockerEngine returns a client of the local engine; no engine fails the
-// test under CI=true.
-func dockerEngine(t *testing.T) *client.Client {
-	t.Helper()
-	cli, err := client.New(client.FromEnv)
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_, err = cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
-	}
-	testenv.Need(t, err == nil, "no Docker engine answers (scripts/test.sh starts one): %v", err)
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
 
 func containersLabelled(t *testing.T, cli *client.Client, label string) []container.Summary {
 	t.Helper()
@@ -53,7 +38,7 @@ timeout_seconds = 120`
 
 func TestContainerAgentAnswersFromAFreshContainerThatIsGoneAfterwards(t *testing.T) {
 	t.Parallel()
-	cli := dockerEngine(t)
+	cli := testdocker.Engine(t)
 	s := start(t, []agentSpec{{id: "boxed", extra: containerAgent}})
 	id := s.mustPost(t, "boxed", "/sh echo in-a-box as $(id -u) in $(pwd)")
 	reply := text(s.sink.wait(t, 3*time.Minute, id)[id])
@@ -71,7 +56,7 @@ func TestContainerAgentAnswersFromAFreshContainerThatIsGoneAfterwards(t *testing
 
 func TestSchedulerKilledDuringAContainerRunLeavesNoContainerBehind(t *testing.T) {
 	t.Parallel()
-	cli := dockerEngine(t)
+	cli := testdocker.Engine(t)
 	s := start(t, []agentSpec{{id: "boxed-crash", extra: containerAgent}})
 	id := s.mustPost(t, "boxed-crash", "/sh sleep 6; echo survived")
 
@@ -135,7 +120,7 @@ func TestSchedulerKilledDuringAContainerRunLeavesNoContainerBehind(t *testing.T)
 
 func TestWarmAgentAnswersFromAContainerStartedBeforeTheMessageAndStopDrainsThePool(t *testing.T) {
 	t.Parallel()
-	cli := dockerEngine(t)
+	cli := testdocker.Engine(t)
 	s := start(t, []agentSpec{{id: "boxed-warm", extra: containerAgent + "\nwarm = 1"}})
 	if err := s.conn(t).Object(bus.SchedulerName, bus.SchedulerPath).Call("org.freedesktop.DBus.Peer.Ping", 0).Err; err != nil {
 		t.Fatalf("cannot activate the scheduler: %v", err)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berth-dev/berth/internal/testdocker"
 	"github.com/berth-dev/berth/internal/testenv"
 )
 
@@ -39,7 +40,7 @@ func TestQuickstartPrintsTheAgentsReplyAndTheRun(t *testing.T) {
 func TestQuickstartWithContainerIsolationAnswersFromAContainer(t *testing.T) {
 	t.Parallel()
 	testenv.NeedRoot(t)
-	dockerEngine(t)
+	testdocker.Engine(t)
 	_, file, _, _ := runtime.Caller(0)
 	repo := filepath.Join(filepath.Dir(file), "..")
 	cmd := exec.Command(filepath.Join(repo, "scripts", "quickstart.sh"), "--isolation", "container", "/sh echo boxed-quickstart-ok as $(id -un) in $(pwd); head -1 /proc/1/cgroup")

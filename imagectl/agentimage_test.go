@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moby/moby/client"
+	"github.com/berth-dev/berth/internal/testdocker"
 
 	"github.com/berth-dev/berth/imagectl"
 	"github.com/berth-dev/berth/internal/testenv"
@@ -32,22 +32,9 @@ func buildAgent(t *testing.T) string {
 	return out
 }
 
-func engine(t *testing.T) *client.Client {
-	t.Helper()
-	cli, err := client.New(client.FromEnv)
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_, err = cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
-	}
-	testenv.Need(t, err == nil, "no Docker engine answers (scripts/test.sh starts one): %v", err)
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
-
 func TestAgentImageIsBuiltOfflineOnceAndTaggedByItsContent(t *testing.T) {
 	t.Parallel()
-	cli := engine(t)
+	cli := testdocker.Engine(t)
 	_, err := os.Stat(imagectl.DefaultBusybox)
 	testenv.Need(t, err == nil, "busybox-static is not installed")
 	img := imagectl.AgentImage{AgentBinary: buildAgent(t)}

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/testdocker"
+
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/internal/agentproto"
@@ -68,16 +70,9 @@ func engine(t *testing.T) *client.Client {
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
-	cli, err := client.New(client.FromEnv)
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_, err = cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
-	}
-	testenv.Need(t, err == nil, "no Docker engine answers (scripts/test.sh starts one): %v", err)
-	_, err = os.Stat("/bin/busybox")
+	cli := testdocker.Engine(t)
+	_, err := os.Stat("/bin/busybox")
 	testenv.Need(t, err == nil, "busybox-static is not installed")
-	t.Cleanup(func() { cli.Close() })
 	return cli
 }
 
