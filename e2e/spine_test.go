@@ -55,7 +55,7 @@ func TestSignedMessageIsAnsweredBySocketActivatedIntakeAndDBusActivatedScheduler
 		t.Fatalf("berthctl runs list: err %v\n%s", err, out)
 	}
 	out, err = s.berthctl(t, "runs", "show", reply["run_id"].(string))
-	if err != nil || !regexp.MustCompile(`state:\s+succeeded`).MatchString(out) || !strings.Contains(out, "hello from nobody") {
+	if err != nil || !regexp.MustCompile(`state:\s+succeeded`).MatchString(out) || !strings.Contains(out, "hello from nobody") || !strings.Contains(out, "tool calls:\n  shell {") {
 		t.Fatalf("berthctl runs show: err %v\n%s", err, out)
 	}
 	out, err = s.berthctl(t, "status")

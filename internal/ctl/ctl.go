@@ -425,7 +425,7 @@ func printRun(w io.Writer, run map[string]dbus.Variant) {
 	}
 	var rest []string
 	for k := range run {
-		if !seen[k] && k != "stderr_tail" {
+		if !seen[k] && k != "stderr_tail" && k != "tool_calls" {
 			rest = append(rest, k)
 		}
 	}
@@ -438,6 +438,21 @@ func printRun(w io.Writer, run map[string]dbus.Variant) {
 	tw.Flush()
 	if t := str(run, "text"); t != "" {
 		fmt.Fprintf(w, "\nmessage:\n%s\n", indent(t))
+	}
+	var calls []struct {
+		Name  string          `json:"name"`
+		Args  json.RawMessage `json:"args"`
+		Error string          `json:"error"`
+	}
+	if json.Unmarshal([]byte(str(run, "tool_calls")), &calls) == nil && len(calls) > 0 {
+		fmt.Fprintln(w, "\ntool calls:")
+		for _, c := range calls {
+			line := "  " + c.Name + " " + string(c.Args)
+			if c.Error != "" {
+				line += "  (error: " + c.Error + ")"
+			}
+			fmt.Fprintln(w, line)
+		}
 	}
 	if r := str(run, "reply"); r != "" {
 		fmt.Fprintf(w, "\nreply:\n%s\n", indent(r))
