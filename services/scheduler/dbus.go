@@ -163,6 +163,30 @@ func (o *schedulerObject) CancelRun(sender dbus.Sender, id string) *dbus.Error {
 	return nil
 }
 
+// ExplainAgent and TestProviders are answered by the run plan code
+// (explain.go): what the admin is shown is what the scheduler would run.
+func (o *schedulerObject) ExplainAgent(sender dbus.Sender, agent string) (string, *dbus.Error) {
+	if derr := readAuthorizer.Check(o.conn, sender); derr != nil {
+		return "", derr
+	}
+	out, err := o.s.ExplainAgentJSON(agent)
+	if err != nil {
+		return "", dbusError(err)
+	}
+	return out, nil
+}
+
+func (o *schedulerObject) TestProviders(sender dbus.Sender, name string) ([]map[string]dbus.Variant, *dbus.Error) {
+	if derr := readAuthorizer.Check(o.conn, sender); derr != nil {
+		return nil, derr
+	}
+	out, err := o.s.TestProviders(name)
+	if err != nil {
+		return nil, dbusError(err)
+	}
+	return out, nil
+}
+
 func dbusError(err error) *dbus.Error {
 	switch {
 	case errors.Is(err, ErrNotFound):
