@@ -4,8 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // WriteCheck loads the configuration at path and writes what `berthctl
@@ -30,6 +33,7 @@ func WriteCheck(w io.Writer, path, agentID string) error {
 		plural(len(c.Agents), "agent"), listed(c.AgentIDs()),
 		plural(len(c.Connectors), "connector"), listed(c.connectorIDs()))
 	if agentID == "" {
+		c.writeSummary(w)
 		return nil
 	}
 	a, err := c.Agent(agentID)
@@ -128,6 +132,18 @@ func (c *Config) writeAgent(w io.Writer, a Agent) {
 	t.val("allow_home_dotfiles", a.FileAccess.AllowHomeDotfiles)
 	t.val("allow_network", a.FileAccess.AllowNetwork)
 
+	t.table(table + ".image_config")
+	t.val("enabled", a.Image.Enabled)
+	t.str("image", a.Image.Image)
+	t.str("base_image", a.Image.BaseImage)
+	t.list("packages", a.Image.Packages)
+	if len(a.Image.EnvVars) > 0 {
+		t.table(table + ".image_config.env_vars")
+		for _, name := range slices.Sorted(maps.Keys(a.Image.EnvVars)) {
+			t.val(joinKey("", name), strconv.Quote(a.Image.EnvVars[name]))
+		}
+	}
+
 	for i, name := range c.chainNames(a) {
 		p := c.Providers.Entries[name]
 		t.table("providers." + joinKey("", name))
@@ -164,18 +180,59 @@ func (c *Config) writeAgent(w io.Writer, a Agent) {
 		}
 		t.table("connectors." + joinKey("", k.ID))
 		t.comment("routes here: %s", strings.Join(routes, "; "))
-		t.str("type", k.Type)
-		if k.Secret != "" {
-			t.str("secret", "(set)")
-		}
-		t.str("secret_file", k.SecretFile)
-		t.str("reply_url", k.ReplyURL)
+		t.connector(k)
 	}
 	if c.Intake.DefaultAgent == a.ID {
 		t.table("intake")
 		t.comment("messages no binding or connector routes come here")
 		t.str("default_agent", a.ID)
 	}
+}
+
+// writeSummary writes what holds for every agent: [retention] and the
+// connectors.
+func (c *Config) writeSummary(w io.Writer) {
+	t := tomlWriter{w}
+	r := c.Retention
+	t.table("retention")
+	t.val("finished_runs_days", int64(r.FinishedRuns/(24*time.Hour)))
+	t.val("runs_per_agent", r.RunsPerAgent)
+	t.val("delivered_hours", int64(r.Delivered/time.Hour))
+	t.val("idle_conversation_days", int64(r.IdleConversation/(24*time.Hour)))
+	for _, k := range c.Connectors {
+		t.table("connectors." + joinKey("", k.ID))
+		t.connector(k)
+	}
+}
+
+// connector writes a connector's settings. Credentials show as their
+// references ("$VAR", a credential name, a path), never their values; a
+// webhook's inline secret shows as "(set)".
+func (t tomlWriter) connector(k Connector) {
+	t.str("type", k.Type)
+	t.str("default_agent", k.DefaultAgent)
+	if k.Type == ConnectorWebhook {
+		if k.Secret != "" {
+			t.str("secret", "(set)")
+		}
+		t.str("secret_file", k.SecretFile)
+		t.str("reply_url", k.ReplyURL)
+		return
+	}
+	t.str("base_url", k.BaseURL)
+	t.str("gateway_url", k.GatewayURL)
+	t.val("tls_verify", k.TLSVerify)
+	t.str("ca_file", k.CAFile)
+	for _, key := range k.Credentials() {
+		ref, _ := k.CredentialRef(key)
+		t.str(key, ref)
+	}
+	t.str("public_key", k.PublicKey)
+	t.str("application_id", k.ApplicationID)
+	t.list("guild_ids", k.GuildIDs)
+	t.val("allow_bots", k.AllowBots)
+	t.str("trigger", k.Trigger)
+	t.str("mode", k.Mode)
 }
 
 func bindingText(b Binding) string {
@@ -185,6 +242,9 @@ func bindingText(b Binding) string {
 	}
 	if b.ChannelName != "" {
 		parts = append(parts, "channel_name "+strconv.Quote(b.ChannelName))
+	}
+	if b.ServerID != "" {
+		parts = append(parts, "server_id "+strconv.Quote(b.ServerID))
 	}
 	return "binding " + strings.Join(parts, ", ")
 }

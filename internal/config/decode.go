@@ -73,6 +73,13 @@ type tree struct {
 	defaultTimeoutSeconds int
 	runAs                 string
 	agentBinary           string
+
+	image ImageSettings // [image_config], keys in at like "image_config.packages"
+
+	finishedRunsDays     int
+	runsPerAgent         int
+	deliveredHours       int
+	idleConversationDays int
 }
 
 func newTree() *tree {
@@ -235,6 +242,18 @@ func (d *decoder) boolPtr(at fieldLocs, name string, dst **bool) field {
 	}
 }
 
+func (d *decoder) boolean(at fieldLocs, name string, dst *bool) field {
+	return func(p keyPath, v any) {
+		b, ok := v.(bool)
+		if !ok {
+			d.wrongType(p, "a boolean (true or false)", v)
+			return
+		}
+		*dst = b
+		at[name] = d.loc(p)
+	}
+}
+
 func (d *decoder) strs(at fieldLocs, name string, dst *[]string) field {
 	return func(p keyPath, v any) {
 		vs, ok := v.([]any)
@@ -279,14 +298,7 @@ func (d *decoder) document(raw map[string]any) *tree {
 		"connectors": func(p keyPath, v any) {
 			d.tables(p, v, func(p keyPath, v any) {
 				e := &connectorEntry{at: fieldLocs{}, self: d.loc(p)}
-				d.table(p, v, map[string]field{
-					"id":            d.str(e.at, "id", &e.c.ID),
-					"type":          d.str(e.at, "type", &e.c.Type),
-					"secret":        d.str(e.at, "secret", &e.c.Secret),
-					"secret_file":   d.str(e.at, "secret_file", &e.c.SecretFile),
-					"reply_url":     d.str(e.at, "reply_url", &e.c.ReplyURL),
-					"default_agent": d.str(e.at, "default_agent", &e.c.DefaultAgent),
-				}, nil)
+				d.table(p, v, d.connectorFields(e), nil)
 				t.connectors = append(t.connectors, e)
 			})
 		},
@@ -297,6 +309,7 @@ func (d *decoder) document(raw map[string]any) *tree {
 					"connector":    d.str(e.at, "connector", &e.b.Connector),
 					"channel_id":   d.str(e.at, "channel_id", &e.b.ChannelID),
 					"channel_name": d.str(e.at, "channel_name", &e.b.ChannelName),
+					"server_id":    d.str(e.at, "server_id", &e.b.ServerID),
 					"agent":        d.str(e.at, "agent", &e.b.Agent),
 				}, nil)
 				t.bindings = append(t.bindings, e)
@@ -310,8 +323,80 @@ func (d *decoder) document(raw map[string]any) *tree {
 				"agent_binary":            d.str(t.at, "scheduler.agent_binary", &t.agentBinary),
 			}, nil)
 		},
+		"image_config": func(p keyPath, v any) { d.imageConfig(t.at, p, v, &t.image) },
+		"retention": func(p keyPath, v any) {
+			d.table(p, v, map[string]field{
+				"finished_runs_days":     d.integer(t.at, "retention.finished_runs_days", &t.finishedRunsDays),
+				"runs_per_agent":         d.integer(t.at, "retention.runs_per_agent", &t.runsPerAgent),
+				"delivered_hours":        d.integer(t.at, "retention.delivered_hours", &t.deliveredHours),
+				"idle_conversation_days": d.integer(t.at, "retention.idle_conversation_days", &t.idleConversationDays),
+			}, nil)
+		},
 	}, nil)
 	return t
+}
+
+// imageConfig decodes [image_config] or [agents.image_config]. Each
+// env_vars entry gets its own location ("image_config.env_vars.NAME").
+func (d *decoder) imageConfig(at fieldLocs, p keyPath, v any, s *ImageSettings) {
+	d.table(p, v, map[string]field{
+		"enabled":    d.boolPtr(at, "image_config.enabled", &s.Enabled),
+		"image":      d.str(at, "image_config.image", &s.Image),
+		"base_image": d.str(at, "image_config.base_image", &s.BaseImage),
+		"packages":   d.strs(at, "image_config.packages", &s.Packages),
+		"env_vars": func(p keyPath, v any) {
+			m, ok := v.(map[string]any)
+			if !ok {
+				d.wrongType(p, "a table of strings", v)
+				return
+			}
+			vars := make(map[string]string, len(m))
+			for _, name := range slices.Sorted(maps.Keys(m)) {
+				kp := d.child(p, name)
+				value, ok := m[name].(string)
+				if !ok {
+					d.wrongType(kp, "a string", m[name])
+					continue
+				}
+				vars[name] = value
+				at[envVarKey(name)] = d.loc(kp)
+			}
+			s.EnvVars = vars
+			at["image_config.env_vars"] = d.loc(p)
+		},
+	}, nil)
+}
+
+// envVarKey is the fieldLocs name of one image_config.env_vars entry.
+func envVarKey(name string) string { return joinKey("image_config.env_vars", name) }
+
+// connectorFields are the keys of every connector type; which of them a
+// connector may set depends on its type (connectorKeys), checked once the
+// drop-ins are merged because the type may be set in another file.
+func (d *decoder) connectorFields(e *connectorEntry) map[string]field {
+	c := &e.c
+	return map[string]field{
+		"id":             d.str(e.at, "id", &c.ID),
+		"type":           d.str(e.at, "type", &c.Type),
+		"secret":         d.str(e.at, "secret", &c.Secret),
+		"secret_file":    d.str(e.at, "secret_file", &c.SecretFile),
+		"reply_url":      d.str(e.at, "reply_url", &c.ReplyURL),
+		"default_agent":  d.str(e.at, "default_agent", &c.DefaultAgent),
+		"base_url":       d.str(e.at, "base_url", &c.BaseURL),
+		"gateway_url":    d.str(e.at, "gateway_url", &c.GatewayURL),
+		"tls_verify":     d.boolean(e.at, "tls_verify", &c.TLSVerify),
+		"ca_file":        d.str(e.at, "ca_file", &c.CAFile),
+		"token":          d.str(e.at, "token", &c.Token),
+		"app_token":      d.str(e.at, "app_token", &c.AppToken),
+		"bot_token":      d.str(e.at, "bot_token", &c.BotToken),
+		"signing_secret": d.str(e.at, "signing_secret", &c.SigningSecret),
+		"public_key":     d.str(e.at, "public_key", &c.PublicKey),
+		"application_id": d.str(e.at, "application_id", &c.ApplicationID),
+		"guild_ids":      d.strs(e.at, "guild_ids", &c.GuildIDs),
+		"allow_bots":     d.boolean(e.at, "allow_bots", &c.AllowBots),
+		"trigger":        d.str(e.at, "trigger", &c.Trigger),
+		"mode":           d.str(e.at, "mode", &c.Mode),
+	}
 }
 
 func (d *decoder) providers(t *tree, p keyPath, v any) {
@@ -319,6 +404,10 @@ func (d *decoder) providers(t *tree, p keyPath, v any) {
 		"primary":  d.str(t.at, "providers.primary", &t.primary),
 		"fallback": d.strs(t.at, "providers.fallback", &t.fallback),
 	}, func(name string, p keyPath, v any) {
+		if _, ok := v.(map[string]any); !ok {
+			d.fail(p, "unknown key (known keys: fallback, primary; a provider is a table, [providers.%s])", joinKey("", name))
+			return
+		}
 		e := &providerEntry{at: fieldLocs{}, self: d.loc(p)}
 		d.table(p, v, map[string]field{
 			"kind":        d.str(e.at, "kind", &e.p.Kind),
@@ -377,6 +466,7 @@ func (d *decoder) agent(p keyPath, v any, withID bool) agentEntry {
 	}
 	if withID {
 		fields["id"] = d.str(e.at, "id", &s.ID)
+		fields["image_config"] = func(p keyPath, v any) { d.imageConfig(e.at, p, v, &s.ImageConfig) }
 	}
 	d.table(p, v, fields, nil)
 	return e

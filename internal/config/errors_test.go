@@ -27,7 +27,7 @@ func TestLoadReportsFileLineAndKeyOfEachError(t *testing.T) {
 		{
 			name:  "An unknown top-level table is reported at its header",
 			files: map[string]string{"berth.toml": base + "\n[image_cfg]\nx = 1\n"},
-			want:  []string{"berth.toml:9: image_cfg: unknown key (known keys: agent_defaults, agents, bindings, connectors, intake, providers, scheduler)"},
+			want:  []string{"berth.toml:9: image_cfg: unknown key (known keys: agent_defaults, agents, bindings, connectors, image_config, intake, providers, retention, scheduler)"},
 		},
 		{
 			name: "An unknown key under the second agent's sub-table names that agent's index",
@@ -47,7 +47,7 @@ netwrk = "none"
 				"berth.d/50-ops.toml":  "# ops\n[[agents]]\nid = \"coder\"\nmodle = \"x\"\n",
 				"berth.d/10-fine.toml": "[scheduler]\nmax_concurrent_runs = 2\n",
 			},
-			want: []string{"berth.d/50-ops.toml:4: agents[0].modle: unknown key (known keys: container_mode, file_access, id, max_iterations, model, name, provider, tools, workspace)"},
+			want: []string{"berth.d/50-ops.toml:4: agents[0].modle: unknown key (known keys: container_mode, file_access, id, image_config, max_iterations, model, name, provider, tools, workspace)"},
 		},
 		{
 			name:  "A string where an integer belongs is a wrong type",
@@ -93,6 +93,11 @@ netwrk = "none"
 			name:  "A provider whose name is not a kind needs a kind",
 			files: map[string]string{"berth.toml": "[providers.mine]\napi_key_env = \"K\"\n" + base},
 			want:  []string{`berth.toml:1: providers.mine.kind: is required: one of local, openai, anthropic`},
+		},
+		{
+			name:  "A provider key outside a provider table is one unknown key, not two errors",
+			files: map[string]string{"berth.toml": "[providers]\nmodel = \"gpt-4o\"\n" + base},
+			want:  []string{`berth.toml:2: providers.model: unknown key (known keys: fallback, primary; a provider is a table, [providers.model])`},
 		},
 		{
 			name:  "A primary provider that is not defined is rejected",
@@ -180,12 +185,12 @@ netwrk = "none"
 		{
 			name:  "A connector type other than webhook is rejected",
 			files: map[string]string{"berth.toml": base + "\n[[connectors]]\nid = \"irc\"\ntype = \"irc\"\n"},
-			want:  []string{`berth.toml:11: connectors[1].type: "irc" is not one of webhook`},
+			want:  []string{`berth.toml:11: connectors[1].type: "irc" is not one of webhook, meepachat, discord, slack`},
 		},
 		{
 			name:  "A connector without a type is rejected at its header",
 			files: map[string]string{"berth.toml": base + "\n[[connectors]]\nid = \"two\"\nsecret = \"s\"\n"},
-			want:  []string{`berth.toml:9: connectors[1].type: is required: webhook`},
+			want:  []string{`berth.toml:9: connectors[1].type: is required: one of webhook, meepachat, discord, slack`},
 		},
 		{
 			name:  "A webhook connector without a secret is rejected",
@@ -224,6 +229,16 @@ netwrk = "none"
 			name:  "A binding channel name that is not a valid glob is rejected",
 			files: map[string]string{"berth.toml": base + "\n[[bindings]]\nchannel_name = \"dev-[\"\nagent = \"coder\"\n"},
 			want:  []string{`berth.toml:10: bindings[0].channel_name: "dev-[" is not a valid glob pattern`},
+		},
+		{
+			name:  "A binding that names no channel and no server is rejected at its header",
+			files: map[string]string{"berth.toml": base + "\n[[bindings]]\nagent = \"coder\"\n"},
+			want:  []string{`berth.toml:9: bindings[0]: a binding needs channel_id, channel_name or server_id`},
+		},
+		{
+			name:  "An empty server id in a binding is rejected",
+			files: map[string]string{"berth.toml": base + "\n[[bindings]]\nserver_id = \"\"\nagent = \"coder\"\n"},
+			want:  []string{`berth.toml:10: bindings[0].server_id: must not be empty`},
 		},
 		{
 			name:  "An intake default agent that is not defined is rejected",

@@ -27,7 +27,25 @@ const (
 	defaultRunAs             = "berth-agent"
 	defaultAgentBinary       = "/usr/libexec/berth/berth-agent"
 	localProvider            = "local"
+	// DefaultBaseImage is image_config's base_image when none is set: the
+	// Debian 12 image scripts/base-image.sh builds offline.
+	DefaultBaseImage = "berth-base:bookworm"
+
+	defaultFinishedRunsDays     = 30
+	defaultRunsPerAgent         = 10000
+	defaultDeliveredHours       = 72
+	defaultIdleConversationDays = 30
+	// minDeliveredHours: a platform may redeliver an event for a day, and a
+	// forgotten message id would run it twice.
+	minDeliveredHours = 24
 )
+
+// defaultBaseURLs are the platforms' public APIs; MeepaChat is self-hosted
+// and has none.
+var defaultBaseURLs = map[string]string{
+	ConnectorDiscord: "https://discord.com/api/v10",
+	ConnectorSlack:   "https://slack.com/api/",
+}
 
 // Load reads path and then the drop-ins <dir of path>/berth.d/*.toml in
 // lexical order, later files overriding earlier ones, and validates the
@@ -138,6 +156,11 @@ func (t *tree) merge(src *tree) {
 	take(&t.defaultTimeoutSeconds, src.defaultTimeoutSeconds, "scheduler.default_timeout_seconds", t.at, src.at)
 	take(&t.runAs, src.runAs, "scheduler.run_as", t.at, src.at)
 	take(&t.agentBinary, src.agentBinary, "scheduler.agent_binary", t.at, src.at)
+	take(&t.finishedRunsDays, src.finishedRunsDays, "retention.finished_runs_days", t.at, src.at)
+	take(&t.runsPerAgent, src.runsPerAgent, "retention.runs_per_agent", t.at, src.at)
+	take(&t.deliveredHours, src.deliveredHours, "retention.delivered_hours", t.at, src.at)
+	take(&t.idleConversationDays, src.idleConversationDays, "retention.idle_conversation_days", t.at, src.at)
+	mergeImage(&t.image, &src.image, t.at, src.at)
 
 	for _, name := range src.providerNames {
 		s := src.providers[name]
@@ -180,6 +203,20 @@ func (t *tree) merge(src *tree) {
 		take(&d.c.SecretFile, s.c.SecretFile, "secret_file", d.at, s.at)
 		take(&d.c.ReplyURL, s.c.ReplyURL, "reply_url", d.at, s.at)
 		take(&d.c.DefaultAgent, s.c.DefaultAgent, "default_agent", d.at, s.at)
+		take(&d.c.BaseURL, s.c.BaseURL, "base_url", d.at, s.at)
+		take(&d.c.GatewayURL, s.c.GatewayURL, "gateway_url", d.at, s.at)
+		take(&d.c.TLSVerify, s.c.TLSVerify, "tls_verify", d.at, s.at)
+		take(&d.c.CAFile, s.c.CAFile, "ca_file", d.at, s.at)
+		take(&d.c.Token, s.c.Token, "token", d.at, s.at)
+		take(&d.c.AppToken, s.c.AppToken, "app_token", d.at, s.at)
+		take(&d.c.BotToken, s.c.BotToken, "bot_token", d.at, s.at)
+		take(&d.c.SigningSecret, s.c.SigningSecret, "signing_secret", d.at, s.at)
+		take(&d.c.PublicKey, s.c.PublicKey, "public_key", d.at, s.at)
+		take(&d.c.ApplicationID, s.c.ApplicationID, "application_id", d.at, s.at)
+		take(&d.c.GuildIDs, s.c.GuildIDs, "guild_ids", d.at, s.at)
+		take(&d.c.AllowBots, s.c.AllowBots, "allow_bots", d.at, s.at)
+		take(&d.c.Trigger, s.c.Trigger, "trigger", d.at, s.at)
+		take(&d.c.Mode, s.c.Mode, "mode", d.at, s.at)
 	}
 
 	t.bindings = append(t.bindings, src.bindings...)
@@ -211,6 +248,25 @@ func mergeAgent(d, s *agentEntry) {
 	take(&df.Deny, sf.Deny, "file_access.deny", d.at, s.at)
 	take(&df.AllowHomeDotfiles, sf.AllowHomeDotfiles, "file_access.allow_home_dotfiles", d.at, s.at)
 	take(&df.AllowNetwork, sf.AllowNetwork, "file_access.allow_network", d.at, s.at)
+	mergeImage(&d.s.ImageConfig, &s.s.ImageConfig, d.at, s.at)
+}
+
+// mergeImage applies a later file's image_config; env_vars is replaced as a
+// whole, with the locations of its entries.
+func mergeImage(d, s *ImageSettings, dAt, sAt fieldLocs) {
+	take(&d.Enabled, s.Enabled, "image_config.enabled", dAt, sAt)
+	take(&d.Image, s.Image, "image_config.image", dAt, sAt)
+	take(&d.BaseImage, s.BaseImage, "image_config.base_image", dAt, sAt)
+	take(&d.Packages, s.Packages, "image_config.packages", dAt, sAt)
+	if _, ok := sAt["image_config.env_vars"]; ok {
+		for name := range d.EnvVars {
+			delete(dAt, envVarKey(name))
+		}
+		for name := range s.EnvVars {
+			dAt[envVarKey(name)] = sAt[envVarKey(name)]
+		}
+		take(&d.EnvVars, s.EnvVars, "image_config.env_vars", dAt, sAt)
+	}
 }
 
 // config builds the Config of a merged, valid tree, filling the scheduler
@@ -224,6 +280,7 @@ func (t *tree) config() *Config {
 		},
 		AgentDefaults: t.defaults.s,
 		Intake:        t.intake,
+		ImageConfig:   t.image,
 		Scheduler: Scheduler{
 			MaxConcurrentRuns: t.maxConcurrentRuns,
 			DefaultTimeout:    time.Duration(t.defaultTimeoutSeconds) * time.Second,
@@ -242,7 +299,7 @@ func (t *tree) config() *Config {
 		c.Agents = append(c.Agents, a.s)
 	}
 	for _, e := range t.connectors {
-		c.Connectors = append(c.Connectors, e.c)
+		c.Connectors = append(c.Connectors, e.connector())
 	}
 	for _, b := range t.bindings {
 		c.Bindings = append(c.Bindings, b.b)
@@ -258,6 +315,46 @@ func (t *tree) config() *Config {
 	}
 	if c.Scheduler.AgentBinary == "" {
 		c.Scheduler.AgentBinary = defaultAgentBinary
+	}
+	c.Retention = t.retention()
+	return c
+}
+
+// retention returns [retention] with the default of every key not set.
+func (t *tree) retention() Retention {
+	setOr := func(name string, v, def int) int {
+		if _, ok := t.at[name]; ok {
+			return v
+		}
+		return def
+	}
+	const day = 24 * time.Hour
+	return Retention{
+		FinishedRuns:     time.Duration(setOr("retention.finished_runs_days", t.finishedRunsDays, defaultFinishedRunsDays)) * day,
+		RunsPerAgent:     setOr("retention.runs_per_agent", t.runsPerAgent, defaultRunsPerAgent),
+		Delivered:        time.Duration(setOr("retention.delivered_hours", t.deliveredHours, defaultDeliveredHours)) * time.Hour,
+		IdleConversation: time.Duration(setOr("retention.idle_conversation_days", t.idleConversationDays, defaultIdleConversationDays)) * day,
+	}
+}
+
+// connector returns a merged, valid connector with its type's defaults.
+func (e *connectorEntry) connector() Connector {
+	c := e.c
+	c.GuildIDs = slices.Clone(c.GuildIDs)
+	if c.Type == ConnectorWebhook {
+		return c
+	}
+	if _, ok := e.at["tls_verify"]; !ok {
+		c.TLSVerify = true
+	}
+	if c.BaseURL == "" {
+		c.BaseURL = defaultBaseURLs[c.Type]
+	}
+	if c.Trigger == "" {
+		c.Trigger = TriggerMention
+	}
+	if c.Type == ConnectorSlack && c.Mode == "" {
+		c.Mode = SlackSocket
 	}
 	return c
 }

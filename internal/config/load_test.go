@@ -111,6 +111,12 @@ max_concurrent_runs = 8
 default_timeout_seconds = 120
 run_as = "berth-runner"
 agent_binary = "/opt/berth/berth-agent"
+
+[retention]
+finished_runs_days = 7
+runs_per_agent = 500
+delivered_hours = 48
+idle_conversation_days = 14
 `
 
 func TestLoadReadsEveryKeyOfAValidConfig(t *testing.T) {
@@ -155,6 +161,7 @@ func TestLoadReadsEveryKeyOfAValidConfig(t *testing.T) {
 		Connectors: []config.Connector{{ID: "hook", Type: "webhook", Secret: "hook-secret", ReplyURL: "https://chat.example/reply", DefaultAgent: "coder"}},
 		Bindings:   []config.Binding{{Connector: "hook", ChannelID: "C1", Agent: "ops"}},
 		Scheduler:  config.Scheduler{MaxConcurrentRuns: 8, DefaultTimeout: 120 * time.Second, RunAs: "berth-runner", AgentBinary: "/opt/berth/berth-agent"},
+		Retention:  config.Retention{FinishedRuns: 7 * 24 * time.Hour, RunsPerAgent: 500, Delivered: 48 * time.Hour, IdleConversation: 14 * 24 * time.Hour},
 		Sources:    []string{path},
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -337,3 +344,15 @@ func replaceDir(s, mainPath string) string {
 }
 
 func join(lines []string) string { return strings.Join(lines, "\n") }
+
+func TestThePackagedDefaultConfigLoadsWithTheBuiltInRetention(t *testing.T) {
+	t.Parallel()
+	c, err := config.Load(filepath.Join("..", "..", "packaging", "etc", "berth.toml"))
+	if err != nil {
+		t.Fatalf("Load of the packaged berth.toml: %v", err)
+	}
+	want := config.Retention{FinishedRuns: 30 * 24 * time.Hour, RunsPerAgent: 10000, Delivered: 72 * time.Hour, IdleConversation: 30 * 24 * time.Hour}
+	if c.Retention != want {
+		t.Errorf("Retention = %+v, want the built-in defaults %+v", c.Retention, want)
+	}
+}

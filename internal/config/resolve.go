@@ -3,6 +3,7 @@ package config
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"path"
 	"slices"
@@ -75,6 +76,7 @@ func (c *Config) Agent(id string) (Agent, error) {
 			AllowNetwork:      firstSet(false, sf.AllowNetwork, df.AllowNetwork),
 		},
 		Timeout: time.Duration(firstSet(0, sc.TimeoutSeconds, dc.TimeoutSeconds)) * time.Second,
+		Image:   c.image(&s.ImageConfig),
 	}
 	if a.Timeout == 0 {
 		a.Timeout = schedulerTimeout
@@ -88,6 +90,23 @@ func (c *Config) Agent(id string) (Agent, error) {
 		a.Isolation = "landlock"
 	}
 	return a, nil
+}
+
+// image resolves an agent's image_config: the agent's key, else the global
+// [image_config] key, else the built-in default.
+func (c *Config) image(s *ImageSettings) ImageConfig {
+	g := &c.ImageConfig
+	vars := s.EnvVars
+	if vars == nil {
+		vars = g.EnvVars
+	}
+	return ImageConfig{
+		Enabled:   firstSet(false, s.Enabled, g.Enabled),
+		Image:     first(s.Image, g.Image),
+		BaseImage: first(s.BaseImage, g.BaseImage, DefaultBaseImage),
+		Packages:  firstList(s.Packages, g.Packages),
+		EnvVars:   maps.Clone(vars),
+	}
 }
 
 // first returns the first non-empty string.
@@ -155,22 +174,43 @@ func (c *Config) ConnectorSecret(id string) ([]byte, error) {
 	return data, nil
 }
 
-// Route returns the agent for a message on a connector's channel: the first
-// binding for that exact channel id, else the first binding whose
-// channel_name glob matches, else the connector's default agent, else
-// [intake] default_agent. Bindings without a connector match every connector.
+// Route is RouteMessage for a message without a server (webhooks).
 func (c *Config) Route(connector, channelID, channelName string) (string, error) {
-	forConnector := func(b Binding) bool { return b.Connector == "" || b.Connector == connector }
+	return c.RouteMessage(connector, channelID, channelName, "")
+}
+
+// RouteMessage returns the agent for a message on a connector's channel, in
+// this order: the first binding for that exact channel_id, else the first
+// binding whose channel_name glob matches, else the first binding for the
+// message's server_id (MeepaChat server, Discord guild, Slack team) that
+// names no channel, else the connector's default agent, else [intake]
+// default_agent. A binding without connector matches every connector; a
+// binding's server_id, when set, also narrows its channel_id and
+// channel_name to that server.
+func (c *Config) RouteMessage(connector, channelID, channelName, serverID string) (string, error) {
+	candidates := make([]Binding, 0, len(c.Bindings))
+	for _, b := range c.Bindings {
+		if (b.Connector == "" || b.Connector == connector) && (b.ServerID == "" || b.ServerID == serverID) {
+			candidates = append(candidates, b)
+		}
+	}
 	if channelID != "" {
-		for _, b := range c.Bindings {
-			if forConnector(b) && b.ChannelID == channelID {
+		for _, b := range candidates {
+			if b.ChannelID == channelID {
 				return b.Agent, nil
 			}
 		}
 	}
-	for _, b := range c.Bindings {
-		if forConnector(b) && b.ChannelName != "" {
+	for _, b := range candidates {
+		if b.ChannelName != "" {
 			if ok, _ := path.Match(b.ChannelName, channelName); ok {
+				return b.Agent, nil
+			}
+		}
+	}
+	if serverID != "" {
+		for _, b := range candidates {
+			if b.ServerID == serverID && b.ChannelID == "" && b.ChannelName == "" {
 				return b.Agent, nil
 			}
 		}
@@ -181,7 +221,11 @@ func (c *Config) Route(connector, channelID, channelName string) (string, error)
 	if c.Intake.DefaultAgent != "" {
 		return c.Intake.DefaultAgent, nil
 	}
-	return "", fmt.Errorf("no agent for channel %q (%s) of connector %q: no binding matches and no default_agent is set", channelID, channelName, connector)
+	where := fmt.Sprintf("channel %q (%s)", channelID, channelName)
+	if serverID != "" {
+		where += fmt.Sprintf(" of server %q", serverID)
+	}
+	return "", fmt.Errorf("no agent for %s of connector %q: no binding matches and no default_agent is set", where, connector)
 }
 
 // ProviderChain returns the providers an agent calls, in order: its own

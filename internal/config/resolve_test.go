@@ -84,6 +84,7 @@ default_timeout_seconds = 200
 				FileAccess: config.FileAccess{AllowRead: []string{"/usr/share/doc"}},
 				Isolation:  "landlock",
 				Timeout:    90 * time.Second,
+				Image:      config.ImageConfig{BaseImage: "berth-base:bookworm"},
 			},
 		},
 		{
@@ -96,6 +97,7 @@ default_timeout_seconds = 200
 				FileAccess: config.FileAccess{AllowRead: []string{"/srv"}, AllowNetwork: true},
 				Isolation:  "container",
 				Timeout:    15 * time.Second,
+				Image:      config.ImageConfig{BaseImage: "berth-base:bookworm"},
 			},
 		},
 		{
@@ -108,6 +110,7 @@ default_timeout_seconds = 200
 				FileAccess: config.FileAccess{Unrestricted: true, AllowRead: []string{"/usr/share/doc"}},
 				Isolation:  "unrestricted",
 				Timeout:    90 * time.Second,
+				Image:      config.ImageConfig{BaseImage: "berth-base:bookworm"},
 			},
 		},
 	}
@@ -137,6 +140,7 @@ func TestAgentWithoutAnySettingsUsesBuiltInDefaults(t *testing.T) {
 		ID: "a", Name: "a", Provider: "local", MaxIterations: 10,
 		Container: config.Container{MemoryLimit: "512m", Network: "bridge"},
 		Isolation: "landlock", Timeout: 300 * time.Second,
+		Image: config.ImageConfig{BaseImage: "berth-base:bookworm"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Agent = %+v, want %+v", got, want)
@@ -232,6 +236,91 @@ func TestRouteFailsWhenNothingMatchesAndNoDefaultIsSet(t *testing.T) {
 
 	if got, err := c.Route("hook", "C2", "general"); err == nil {
 		t.Errorf("Route = %q, want an error", got)
+	}
+}
+
+func TestRouteMessageOrdersChannelIDThenNameThenServerThenDefaults(t *testing.T) {
+	t.Parallel()
+	c := load(t, `
+[[agents]]
+id = "general"
+[[agents]]
+id = "by-id"
+[[agents]]
+id = "by-name"
+[[agents]]
+id = "by-server"
+[[agents]]
+id = "ops-in-g2"
+[[agents]]
+id = "dc-default"
+
+[intake]
+default_agent = "general"
+
+[[connectors]]
+id = "dc"
+type = "discord"
+token = "$DISCORD_TOKEN"
+default_agent = "dc-default"
+
+[[connectors]]
+id = "chat"
+type = "meepachat"
+base_url = "https://chat.example.org"
+token = "$MEEPA_TOKEN"
+
+[[bindings]]
+connector = "dc"
+server_id = "G1"
+agent = "by-server"
+
+[[bindings]]
+connector = "dc"
+channel_name = "dev-*"
+agent = "by-name"
+
+[[bindings]]
+server_id = "G2"
+channel_name = "ops-*"
+agent = "ops-in-g2"
+
+[[bindings]]
+channel_id = "C42"
+agent = "by-id"
+`)
+	tests := []struct {
+		name                                        string
+		connector, channelID, channelName, serverID string
+		want                                        string
+	}{
+		{"An exact channel id wins over a matching name and server", "dc", "C42", "dev-x", "G1", "by-id"},
+		{"A channel name glob wins over a server binding listed before it", "dc", "C1", "dev-x", "G1", "by-name"},
+		{"A server binding routes every other channel of that server", "dc", "C1", "random", "G1", "by-server"},
+		{"A server binding does not route another server's channels", "dc", "C1", "random", "G9", "dc-default"},
+		{"A server binding does not route direct messages, which have no server", "dc", "D1", "", "", "dc-default"},
+		{"A server binding for another connector does not match", "chat", "C1", "random", "G1", "general"},
+		{"A name binding narrowed to a server matches in that server", "chat", "C1", "ops-alerts", "G2", "ops-in-g2"},
+		{"A name binding narrowed to a server does not match in another", "chat", "C1", "ops-alerts", "G1", "general"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := c.RouteMessage(tc.connector, tc.channelID, tc.channelName, tc.serverID)
+			if err != nil || got != tc.want {
+				t.Errorf("RouteMessage(%q, %q, %q, %q) = %q, %v; want %q", tc.connector, tc.channelID, tc.channelName, tc.serverID, got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRouteMessageErrorNamesTheServer(t *testing.T) {
+	t.Parallel()
+	c := load(t, "[[agents]]\nid = \"a\"\n[[bindings]]\nserver_id = \"G1\"\nagent = \"a\"\n")
+
+	_, err := c.RouteMessage("dc", "C2", "general", "G2")
+	if err == nil || !strings.Contains(err.Error(), `of server "G2" of connector "dc"`) {
+		t.Errorf("RouteMessage = %v, want an error naming server G2 and connector dc", err)
 	}
 }
 
@@ -368,8 +457,8 @@ func TestWriteCheck(t *testing.T) {
 			name: "An invalid configuration prints every error",
 			path: invalid, wantErr: true,
 			want: []string{
-				`berth.toml:67: agents[2].id: "BAD" is not a valid id`,
-				"berth.toml:68: agents[2].bogus: unknown key",
+				`berth.toml:73: agents[2].id: "BAD" is not a valid id`,
+				"berth.toml:74: agents[2].bogus: unknown key",
 			},
 		},
 	}

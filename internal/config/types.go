@@ -11,6 +11,10 @@ type Config struct {
 	Connectors    []Connector
 	Bindings      []Binding
 	Scheduler     Scheduler
+	Retention     Retention
+	// ImageConfig is the global [image_config]; an agent's
+	// [agents.image_config] overrides it key by key (see Agent.Image).
+	ImageConfig ImageSettings
 	// Sources lists the files that were read, in the order they were applied.
 	Sources []string
 }
@@ -45,6 +49,17 @@ type AgentSettings struct {
 	Tools         ToolsSettings
 	ContainerMode ContainerSettings
 	FileAccess    FileAccessSettings
+	ImageConfig   ImageSettings // [agents.image_config]; never set in [agent_defaults]
+}
+
+// ImageSettings is [image_config] or [agents.image_config], before
+// resolution. Nil means "not set here".
+type ImageSettings struct {
+	Enabled   *bool
+	Image     string
+	BaseImage string
+	Packages  []string
+	EnvVars   map[string]string
 }
 
 type ToolsSettings struct {
@@ -90,6 +105,23 @@ type Agent struct {
 	Isolation string
 	// Timeout is container_mode.timeout_seconds, else [scheduler] default_timeout_seconds.
 	Timeout time.Duration
+	// Image is the container image the image service prepares for this
+	// agent: [agents.image_config] → [image_config] → built-in default.
+	Image ImageConfig
+}
+
+// ImageConfig is an agent's effective image_config.
+type ImageConfig struct {
+	// Enabled: build (or use) this image for the agent's container runs.
+	Enabled bool
+	// Image is used as it is when set: no build, BaseImage and Packages
+	// are not used.
+	Image string
+	// BaseImage is the Debian-family image packages are installed on;
+	// default DefaultBaseImage.
+	BaseImage string
+	Packages  []string          // Debian package names
+	EnvVars   map[string]string // baked into the image; never secrets
 }
 
 type Container struct {
@@ -121,14 +153,68 @@ type Intake struct {
 	DefaultAgent string
 }
 
+// Connector types.
+const (
+	ConnectorWebhook   = "webhook"
+	ConnectorMeepaChat = "meepachat"
+	ConnectorDiscord   = "discord"
+	ConnectorSlack     = "slack"
+)
+
+// Connector trigger values: when a channel message starts a run.
+const (
+	TriggerMention = "mention" // in channels only when the bot is mentioned; DMs always
+	TriggerAll     = "all"     // every message the bot can see
+)
+
+// Slack connection modes.
+const (
+	SlackSocket = "socket" // Socket Mode: app_token + bot_token
+	SlackEvents = "events" // Events API over HTTP: signing_secret + bot_token
+)
+
+// Credential keys of a connector, as written in the config and passed to
+// Connector.Credential.
+const (
+	CredToken         = "token"          // meepachat "<bot_id>.<secret>", discord bot token
+	CredAppToken      = "app_token"      // slack xapp- (socket mode)
+	CredBotToken      = "bot_token"      // slack xoxb-
+	CredSigningSecret = "signing_secret" // slack Events API
+)
+
 // Connector is one [[connectors]] entry.
 type Connector struct {
 	ID           string
-	Type         string // "webhook"
-	Secret       string // secret: never log
-	SecretFile   string // alternative to Secret: file holding the secret
-	ReplyURL     string
+	Type         string // "webhook", "meepachat", "discord" or "slack"
+	Secret       string // webhook only; secret: never log
+	SecretFile   string // webhook only; alternative to Secret: file holding the secret
+	ReplyURL     string // webhook only
 	DefaultAgent string
+
+	// BaseURL is the platform's API. Defaults: discord
+	// "https://discord.com/api/v10", slack "https://slack.com/api/";
+	// required for meepachat (self-hosted).
+	BaseURL string
+	// GatewayURL overrides the WebSocket gateway (discord, meepachat).
+	GatewayURL string
+	TLSVerify  bool   // default true
+	CAFile     string // PEM bundle trusted in addition to the system's; exists when set
+
+	// Credential references (never the secrets themselves): "$VAR" reads the
+	// service's environment, a bare name reads $CREDENTIALS_DIRECTORY/name
+	// (systemd LoadCredential=), an absolute path is read as is. Resolve
+	// them with Credential.
+	Token         string // meepachat, discord
+	AppToken      string // slack, socket mode
+	BotToken      string // slack
+	SigningSecret string // slack, events mode
+
+	PublicKey     string   // discord application public key, hex (not a secret)
+	ApplicationID string   // discord
+	GuildIDs      []string // discord: only these guilds; empty means all
+	AllowBots     bool     // handle messages of other bots; default false
+	Trigger       string   // TriggerMention (default) or TriggerAll; not webhook
+	Mode          string   // slack: SlackSocket (default) or SlackEvents
 }
 
 // Binding is one [[bindings]] entry: routes a connector's channel to an agent.
@@ -136,6 +222,7 @@ type Binding struct {
 	Connector   string // empty matches every connector
 	ChannelID   string // exact match
 	ChannelName string // glob (path.Match syntax)
+	ServerID    string // exact match: MeepaChat server, Discord guild, Slack team
 	Agent       string
 }
 
@@ -145,4 +232,22 @@ type Scheduler struct {
 	DefaultTimeout    time.Duration // default_timeout_seconds; default 300s
 	RunAs             string        // unprivileged user for host runs; default "berth-agent"
 	AgentBinary       string        // default /usr/libexec/berth/berth-agent
+}
+
+// Retention is the [retention] table: how long finished work is kept. Every
+// field has its default filled in when the table is absent.
+type Retention struct {
+	// FinishedRuns is finished_runs_days: a finished, delivered run older than
+	// this is deleted. Default 30 days.
+	FinishedRuns time.Duration
+	// RunsPerAgent is runs_per_agent: at most this many finished runs are kept
+	// per agent (the newest). Default 10000.
+	RunsPerAgent int
+	// Delivered is delivered_hours: intake keeps delivered or refused inbox and
+	// outbox entries and their message ids this long, so a platform's retry of
+	// an old event still runs nothing twice. Default 72 hours, at least 24.
+	Delivered time.Duration
+	// IdleConversation is idle_conversation_days: a conversation's history
+	// with no new turn for this long is deleted. Default 30 days.
+	IdleConversation time.Duration
 }

@@ -135,9 +135,11 @@ func (t *tree) validateValues() Errors {
 	}
 
 	c.agentValues(&t.defaults)
+	c.imageValues(t.at, &t.image)
 	seen := map[string]loc{}
 	for _, a := range t.agents {
 		c.agentValues(a)
+		c.imageValues(a.at, &a.s.ImageConfig)
 		if _, ok := a.at["id"]; !ok {
 			c.fail(where(a.at, a.self, "id"), "is required")
 			continue
@@ -167,13 +169,12 @@ func (t *tree) validateValues() Errors {
 			}
 			seen[e.c.ID] = e.at["id"]
 		}
-		c.str(e.at, "type", e.c.Type, oneOf("webhook"))
-		c.str(e.at, "secret", e.c.Secret, nonEmpty)
-		c.str(e.at, "secret_file", e.c.SecretFile, absolutePath)
-		c.str(e.at, "reply_url", e.c.ReplyURL, httpURL)
+		c.connectorValues(e)
 	}
 
 	for _, b := range t.bindings {
+		c.str(b.at, "server_id", b.b.ServerID, nonEmpty)
+		c.str(b.at, "channel_id", b.b.ChannelID, nonEmpty)
 		c.str(b.at, "channel_name", b.b.ChannelName, func(s string) string {
 			if _, err := path.Match(s, ""); err != nil {
 				return fmt.Sprintf("%q is not a valid glob pattern", s)
@@ -198,7 +199,32 @@ func (t *tree) validateValues() Errors {
 		return ""
 	})
 	c.str(t.at, "scheduler.agent_binary", t.agentBinary, absolutePath)
+
+	c.within(t.at, "retention.finished_runs_days", t.finishedRunsDays, 1, maxRetentionDays, "")
+	c.within(t.at, "retention.runs_per_agent", t.runsPerAgent, 1, maxRunsPerAgent, "")
+	c.within(t.at, "retention.delivered_hours", t.deliveredHours, minDeliveredHours, maxRetentionDays*24,
+		": a platform may redeliver an event for a day, and a message id forgotten sooner would run it twice")
+	c.within(t.at, "retention.idle_conversation_days", t.idleConversationDays, 1, maxRetentionDays, "")
 	return c.errs
+}
+
+// Upper bounds of [retention], far from overflowing time.Duration.
+const (
+	maxRetentionDays = 100 * 365
+	maxRunsPerAgent  = 1 << 30
+)
+
+// within checks that an integer key, when set, is between lo and hi; why
+// explains the lower bound.
+func (c *checks) within(at fieldLocs, name string, v, lo, hi int, why string) {
+	l, ok := at[name]
+	switch {
+	case !ok:
+	case v < lo:
+		c.fail(l, "must be at least %d, not %d%s", lo, v, why)
+	case v > hi:
+		c.fail(l, "must be at most %d, not %d", hi, v)
+	}
 }
 
 // maxTimeoutSeconds keeps timeouts far from overflowing time.Duration.
@@ -288,8 +314,10 @@ func (t *tree) validateMerged() Errors {
 		}
 	}
 	checkProvider(t.defaults.at, t.defaults.self, "provider", t.defaults.s.Provider)
+	t.imageMerged(&c, t.at, &t.image)
 	for _, a := range t.agents {
 		checkProvider(a.at, a.self, "provider", a.s.Provider)
+		t.imageMerged(&c, a.at, &a.s.ImageConfig)
 	}
 
 	connectorExists := func(id string) bool {
@@ -301,18 +329,7 @@ func (t *tree) validateMerged() Errors {
 		return false
 	}
 	for _, e := range t.connectors {
-		if _, ok := e.at["type"]; !ok {
-			c.fail(where(e.at, e.self, "type"), "is required: webhook")
-		}
-		_, hasSecret := e.at["secret"]
-		_, hasFile := e.at["secret_file"]
-		switch {
-		case hasSecret && hasFile:
-			s := e.at["secret"]
-			c.fail(e.at["secret_file"], "set either secret or secret_file, not both (secret is set at %s:%d)", s.file, s.line)
-		case !hasSecret && !hasFile && e.c.Type == "webhook":
-			c.fail(where(e.at, e.self, "secret"), "a webhook connector needs secret or secret_file")
-		}
+		c.connectorMerged(e)
 		checkAgent(e.at, e.self, "default_agent", e.c.DefaultAgent)
 	}
 
@@ -325,8 +342,11 @@ func (t *tree) validateMerged() Errors {
 		if l, ok := b.at["connector"]; ok && !connectorExists(b.b.Connector) {
 			c.fail(l, "connector %q is not defined", b.b.Connector)
 		}
-		if b.b.ChannelID == "" && b.b.ChannelName == "" {
-			c.fail(b.self, "a binding needs channel_id or channel_name")
+		_, hasID := b.at["channel_id"]
+		_, hasName := b.at["channel_name"]
+		_, hasServer := b.at["server_id"]
+		if !hasID && !hasName && !hasServer {
+			c.fail(b.self, "a binding needs channel_id, channel_name or server_id")
 		}
 	}
 	checkAgent(t.at, loc{}, "intake.default_agent", t.intake.DefaultAgent)
