@@ -1,0 +1,225 @@
+package meepachat
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berth-dev/berth/services/intake/connector"
+	"github.com/berth-dev/berth/services/intake/meepachat/meepachattest"
+)
+
+const (
+	testBotID  = "bot-7f3a"
+	testSecret = "s3cr3t-Zq9xWv"
+	testToken  = testBotID + "." + testSecret
+	serverID   = "srv-1"
+	channelID  = "ch-general"
+	dmID       = "dm-alice"
+)
+
+func strp(s string) *string { return &s }
+
+// testOptions is a fake with one server (two channels) and one DM.
+func testOptions() meepachattest.Options {
+	return meepachattest.Options{
+		Token: testToken,
+		Bot:   meepachattest.User{ID: testBotID, Username: "berth", DisplayName: "Berth", Bot: true},
+		Servers: []meepachattest.Server{{ID: serverID, Name: "Home", Channels: []meepachattest.Channel{
+			{ID: channelID, ServerID: strp(serverID), Name: "general"},
+			{ID: "ch-random", ServerID: strp(serverID), Name: "random"},
+		}}},
+		DMChannels: []meepachattest.Channel{{ID: dmID, IsDM: true}},
+	}
+}
+
+func newFake(t *testing.T, o meepachattest.Options) *meepachattest.Fake {
+	t.Helper()
+	f := meepachattest.New(o)
+	t.Cleanup(f.Close)
+	return f
+}
+
+// syncBuffer is a log sink safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// newTestConnector connects to f with fast back-off and a captured debug log.
+func newTestConnector(t *testing.T, f *meepachattest.Fake, edit func(*Options)) (*Connector, *syncBuffer) {
+	t.Helper()
+	logs := &syncBuffer{}
+	o := Options{
+		BaseURL: f.URL, Token: testToken,
+		Logger:     slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
+	}
+	if edit != nil {
+		edit(&o)
+	}
+	c, err := New("chat", o)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return c, logs
+}
+
+// start runs c until the test ends.
+func start(t *testing.T, c *Connector, sink connector.Sink) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, sink) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run returned %v, want nil when its context ends", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("Run did not return after its context ended")
+		}
+		if st := c.Status().State; st != connector.StateStopped {
+			t.Errorf("state after Run returned = %q, want %q", st, connector.StateStopped)
+		}
+	})
+}
+
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitStatus waits until cond holds for c's status.
+func waitStatus(ctx context.Context, t *testing.T, c *Connector, what string, cond func(connector.Status) bool) connector.Status {
+	t.Helper()
+	for {
+		c.mu.Lock()
+		st, ch := c.status, c.changed
+		c.mu.Unlock()
+		if cond(st) {
+			return st
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Fatalf("gave up waiting for %s; status %+v", what, st)
+		}
+	}
+}
+
+// recordingSink records what it accepts; fail decides per call whether to
+// refuse.
+type recordingSink struct {
+	mu       sync.Mutex
+	got      []connector.Message
+	calls    int
+	inFlight int
+	overlap  bool
+	fail     func(call int, m connector.Message) error
+	changed  chan struct{}
+}
+
+func newSink() *recordingSink { return &recordingSink{changed: make(chan struct{})} }
+
+func (s *recordingSink) Accept(ctx context.Context, m connector.Message) error {
+	s.mu.Lock()
+	s.calls++
+	call := s.calls
+	s.inFlight++
+	if s.inFlight > 1 {
+		s.overlap = true
+	}
+	fail := s.fail
+	s.mu.Unlock()
+	var err error
+	if fail != nil {
+		err = fail(call, m)
+	}
+	s.mu.Lock()
+	s.inFlight--
+	if err == nil {
+		s.got = append(s.got, m)
+	}
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+	return err
+}
+
+// wait returns the accepted messages once there are n.
+func (s *recordingSink) wait(ctx context.Context, t *testing.T, n int) []connector.Message {
+	t.Helper()
+	for {
+		s.mu.Lock()
+		got, ch := append([]connector.Message(nil), s.got...), s.changed
+		s.mu.Unlock()
+		if len(got) >= n {
+			return got
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Fatalf("gave up waiting for %d accepted messages; have %d: %+v", n, len(got), got)
+		}
+	}
+}
+
+func ids(ms []connector.Message) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.ID)
+	}
+	return out
+}
+
+var errDiskFull = errors.New("intake.db: no space left on device")
+
+// human is a message from a person in the general channel.
+func human(id, text string) meepachattest.Message {
+	return meepachattest.Message{
+		ID: id, ChannelID: channelID, UserID: "u-alice", Content: text,
+		User: &meepachattest.User{ID: "u-alice", Username: "alice"},
+	}
+}
+
+// connected starts c on f and waits until the gateway subscribed it.
+func connected(ctx context.Context, t *testing.T, f *meepachattest.Fake, c *Connector, sink connector.Sink) {
+	t.Helper()
+	start(t, c, sink)
+	if err := f.WaitConnections(ctx, 1, channelID, "ch-random", dmID); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(ctx, t, c, "connected", func(s connector.Status) bool { return s.State == connector.StateConnected })
+}
+
+func deliver(ctx context.Context, t *testing.T, f *meepachattest.Fake, m meepachattest.Message) {
+	t.Helper()
+	n, err := f.Deliver(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Fatalf("message %s reached no subscribed connection", m.ID)
+	}
+}
