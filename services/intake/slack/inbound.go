@@ -1,0 +1,144 @@
+package slack
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/berth-dev/berth/services/intake/connector"
+)
+
+// callback is the outer Events API payload: the body of an HTTP request in
+// events mode, the "payload" of an events_api envelope in socket mode.
+type callback struct {
+	Type      string          `json:"type"` // event_callback, url_verification, app_rate_limited
+	TeamID    string          `json:"team_id"`
+	EventID   string          `json:"event_id"`
+	Event     json.RawMessage `json:"event"`
+	Challenge string          `json:"challenge"`
+}
+
+// event is the inner event: the fields of "message" and "app_mention" we use.
+type event struct {
+	Type        string `json:"type"`
+	Subtype     string `json:"subtype"`
+	User        string `json:"user"`
+	BotID       string `json:"bot_id"`
+	Text        string `json:"text"`
+	TS          string `json:"ts"`
+	ThreadTS    string `json:"thread_ts"`
+	Channel     string `json:"channel"`
+	ChannelType string `json:"channel_type"`
+	Team        string `json:"team"`
+}
+
+// newMessageSubtypes are the message subtypes that are a user's new message;
+// every other subtype (message_changed, message_deleted, channel_join, ...)
+// is ignored.
+var newMessageSubtypes = map[string]bool{
+	"":                 true,
+	"thread_broadcast": true,
+	"file_share":       true,
+	"me_message":       true,
+	"bot_message":      true, // handed on only with AllowBots
+}
+
+// errBadPayload marks a payload that is not an Events API callback: it is
+// logged and acknowledged (its redelivery would be as bad), never stored.
+var errBadPayload = errors.New("malformed Events API payload")
+
+// deliver turns one Events API callback into at most one Message and hands
+// it to sink. It returns nil when the payload was stored or ignored (the
+// platform may be acknowledged), an error wrapping errBadPayload for bad
+// input, and any other error when Accept failed (do not acknowledge).
+func (c *Connector) deliver(ctx context.Context, sink connector.Sink, cb callback, via string) error {
+	c.sawEvent()
+	if cb.Type != "event_callback" {
+		c.log.Info("ignored Slack payload", "type", cb.Type, "via", via)
+		return nil
+	}
+	var ev event
+	if err := json.Unmarshal(cb.Event, &ev); err != nil || ev.Type == "" {
+		return fmt.Errorf("%w: event is not a JSON object with a type", errBadPayload)
+	}
+	self, err := c.identity(ctx)
+	if err != nil {
+		return err
+	}
+	m, why := c.message(cb, ev, self)
+	if why != "" {
+		c.log.Debug("ignored Slack event", "type", ev.Type, "subtype", ev.Subtype, "reason", why, "via", via)
+		return nil
+	}
+	if m.Meta["channel_type"] != "im" && !strings.HasPrefix(m.Channel, "D") {
+		m.ChannelName = c.channelName(ctx, m.Channel)
+	}
+	if err := sink.Accept(ctx, m); err != nil {
+		c.log.Warn("intake did not accept the Slack message; Slack will deliver it again",
+			"message_id", m.ID, "error", c.errText(err))
+		return fmt.Errorf("cannot hand the message to intake: %w", err)
+	}
+	c.log.Debug("accepted Slack message", "message_id", m.ID, "via", via)
+	return nil
+}
+
+// message maps ev to a Message, or says why it is ignored.
+func (c *Connector) message(cb callback, ev event, self identity) (connector.Message, string) {
+	switch ev.Type {
+	case "message", "app_mention":
+	default:
+		return connector.Message{}, "not a message event"
+	}
+	if ev.Type == "message" && !newMessageSubtypes[ev.Subtype] {
+		return connector.Message{}, "not a new message"
+	}
+	if ev.Channel == "" || ev.TS == "" {
+		return connector.Message{}, "no channel or ts"
+	}
+	if (self.UserID != "" && ev.User == self.UserID) || (self.BotID != "" && ev.BotID == self.BotID) {
+		return connector.Message{}, "the bot's own message"
+	}
+	isBot := ev.BotID != "" || ev.Subtype == "bot_message"
+	if isBot && !c.o.AllowBots {
+		return connector.Message{}, "a bot's message"
+	}
+	if !isBot && ev.User == "" {
+		return connector.Message{}, "no author"
+	}
+	mention := "<@" + self.UserID + ">"
+	if c.o.Trigger == TriggerMention && ev.Type == "message" &&
+		ev.ChannelType != "im" && (self.UserID == "" || !strings.Contains(ev.Text, mention)) {
+		return connector.Message{}, "no mention of the bot"
+	}
+	thread := ev.ThreadTS
+	if thread == "" {
+		thread = ev.TS
+	}
+	server := cb.TeamID
+	if server == "" {
+		server = ev.Team
+	}
+	author := ev.User
+	if author == "" {
+		author = ev.BotID
+	}
+	text := ev.Text
+	if self.UserID != "" {
+		text = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(text), mention))
+	}
+	m := connector.Message{
+		Connector: c.id,
+		ID:        ev.Channel + ":" + ev.TS,
+		Channel:   ev.Channel,
+		Server:    server,
+		Thread:    thread,
+		Author:    author,
+		Text:      text,
+	}
+	if ev.ChannelType != "" {
+		m.Meta = map[string]string{"channel_type": ev.ChannelType}
+	}
+	return m, ""
+}

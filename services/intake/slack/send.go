@@ -1,0 +1,167 @@
+package slack
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	slackapi "github.com/slack-go/slack"
+
+	"github.com/berth-dev/berth/services/intake/connector"
+)
+
+// defaultRetryAfter is the wait assumed for a 429 without Retry-After.
+const defaultRetryAfter = 30 * time.Second
+
+// maxInlineRetries bounds the 429 waits one chunk sleeps inside Send.
+const maxInlineRetries = 3
+
+// maxProgress bounds the replies whose partial progress is remembered.
+const maxProgress = 1024
+
+// permanentRefusals are chat.postMessage errors that will not change by
+// retrying: the channel is gone, the bot was removed, the token revoked,
+// the message itself is refused.
+var permanentRefusals = map[string]bool{
+	"channel_not_found":                        true,
+	"not_in_channel":                           true,
+	"is_archived":                              true,
+	"account_inactive":                         true,
+	"invalid_auth":                             true,
+	"not_authed":                               true,
+	"token_revoked":                            true,
+	"token_expired":                            true,
+	"no_permission":                            true,
+	"missing_scope":                            true,
+	"not_allowed_token_type":                   true,
+	"access_denied":                            true,
+	"ekm_access_denied":                        true,
+	"restricted_action":                        true,
+	"restricted_action_read_only_channel":      true,
+	"restricted_action_thread_only_channel":    true,
+	"restricted_action_non_threadable_channel": true,
+	"team_access_not_granted":                  true,
+	"cannot_reply_to_message":                  true,
+	"msg_too_long":                             true,
+	"no_text":                                  true,
+	"invalid_blocks":                           true,
+	"as_user_not_supported":                    true,
+	"team_not_found":                           true,
+	"user_is_bot":                              true,
+}
+
+// sendProgress remembers how many chunks of a reply were posted, so that a
+// reply sent again after a RetryAfterError or a transient failure does not
+// post its first chunks twice (kept in memory: after a restart a reply may
+// repeat its first chunks, never lose one).
+type sendProgress struct {
+	digest [32]byte
+	sent   int
+}
+
+// Send posts r in its thread, in chunks of at most MessageLimit characters.
+func (c *Connector) Send(ctx context.Context, r connector.Reply) error {
+	if r.Channel == "" {
+		return &connector.PermanentError{Reason: "the reply has no Slack channel"}
+	}
+	chunks := connector.Split(r.Text, MessageLimit)
+	if len(chunks) == 0 {
+		chunks = []string{"(empty reply)"}
+	}
+	key := r.RunID + "\x00" + r.MessageID
+	digest := sha256.Sum256([]byte(r.Channel + "\x00" + r.Thread + "\x00" + r.Text))
+	c.mu.Lock()
+	start := 0
+	if p, ok := c.progress[key]; ok && p.digest == digest {
+		start = p.sent
+	}
+	c.mu.Unlock()
+	for i := start; i < len(chunks); i++ {
+		if err := c.post(ctx, r.Channel, r.Thread, chunks[i]); err != nil {
+			c.mu.Lock()
+			if connector.IsPermanent(err) {
+				delete(c.progress, key)
+			} else {
+				if len(c.progress) >= maxProgress {
+					clear(c.progress) // replies intake gave up on; worst case a chunk repeats
+				}
+				c.progress[key] = sendProgress{digest: digest, sent: i}
+			}
+			c.mu.Unlock()
+			c.log.Warn("cannot post a reply to Slack", "run_id", r.RunID, "message_id", r.MessageID,
+				"chunk", i+1, "chunks", len(chunks), "error", err)
+			return err
+		}
+	}
+	c.mu.Lock()
+	delete(c.progress, key)
+	c.mu.Unlock()
+	return nil
+}
+
+// post sends one chunk, sleeping through short 429 waits.
+func (c *Connector) post(ctx context.Context, channel, thread, text string) error {
+	for tries := 0; ; tries++ {
+		err := c.postOnce(ctx, channel, thread, text)
+		var rl *slackapi.RateLimitedError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &rl):
+			wait := rl.RetryAfter
+			if wait <= 0 {
+				wait = time.Second
+			}
+			if wait > c.o.MaxInlineWait || tries >= maxInlineRetries {
+				return &connector.RetryAfterError{After: wait, Err: errors.New("Slack rate-limited chat.postMessage")}
+			}
+			c.log.Info("Slack rate-limited chat.postMessage; waiting", "retry_after", wait)
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("cannot post to Slack: %w", ctx.Err())
+			case <-c.clock.After(wait):
+			}
+		default:
+			return c.classify(err)
+		}
+	}
+}
+
+func (c *Connector) postOnce(ctx context.Context, channel, thread, text string) error {
+	ctx, cancel := context.WithTimeout(ctx, c.o.RequestTimeout)
+	defer cancel()
+	opts := []slackapi.MsgOption{slackapi.MsgOptionText(text, false)}
+	if thread != "" {
+		opts = append(opts, slackapi.MsgOptionTS(thread))
+	}
+	_, _, err := c.api.PostMessageContext(ctx, channel, opts...)
+	return err
+}
+
+// classify turns a chat.postMessage failure into intake's outcomes.
+func (c *Connector) classify(err error) error {
+	var se slackapi.SlackErrorResponse
+	if errors.As(err, &se) {
+		if permanentRefusals[se.Err] {
+			return &connector.PermanentError{Reason: "Slack refused the reply: " + se.Err}
+		}
+		if se.Err == "ratelimited" || se.Err == "rate_limited" {
+			return &connector.RetryAfterError{After: defaultRetryAfter, Err: errors.New("Slack rate-limited chat.postMessage: " + se.Err)}
+		}
+		return fmt.Errorf("Slack failed chat.postMessage: %s", se.Err)
+	}
+	var sc slackapi.StatusCodeError
+	if errors.As(err, &sc) {
+		switch {
+		case sc.Code == http.StatusTooManyRequests:
+			return &connector.RetryAfterError{After: defaultRetryAfter, Err: errors.New("Slack answered 429 without Retry-After")}
+		case sc.Code >= 400 && sc.Code < 500 && sc.Code != http.StatusRequestTimeout:
+			return &connector.PermanentError{Reason: fmt.Sprintf("Slack refused the reply: HTTP %d", sc.Code)}
+		}
+		return fmt.Errorf("Slack failed chat.postMessage: HTTP %d", sc.Code)
+	}
+	return fmt.Errorf("cannot post to Slack: %s", c.errText(err))
+}

@@ -1,0 +1,739 @@
+// Package slacktest is an in-process fake of Slack for tests: the Web API
+// methods berth calls (apps.connections.open, auth.test, chat.postMessage)
+// and a Socket Mode WebSocket, speaking Slack's documented wire protocol
+// (hello, events_api envelopes with envelope_id / retry_attempt /
+// retry_reason, disconnect, WebSocket pings, acknowledgements), plus
+// helpers that sign Events API requests as Slack does (v0 HMAC-SHA256).
+//
+// A test drives it: Deliver sends an event in an envelope on the open
+// socket, Redeliver sends an unacknowledged one again as Slack's retry does,
+// Drop cuts the socket without a close frame, Disconnect sends Slack's
+// disconnect frame, RateLimit and Refuse shape chat.postMessage answers.
+package slacktest
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// Options describe the fake workspace. Zero fields get test defaults.
+type Options struct {
+	AppToken  string // default "xapp-1-test"
+	BotToken  string // default "xoxb-test"
+	TeamID    string // default "T0TEST"
+	BotUserID string // default "U0BOT"
+	BotID     string // default "B0BOT"
+	AppID     string // default "A0APP"
+	// TLS serves HTTPS and WSS with a test certificate (CertPEM).
+	TLS bool
+	// PingEvery is how often the socket sends a WebSocket ping (default 1 s).
+	PingEvery time.Duration
+}
+
+// Post is one chat.postMessage call the fake answered ok.
+type Post struct {
+	Channel  string
+	Text     string
+	ThreadTS string
+	TS       string // the ts the fake gave the posted message
+}
+
+// Event is an inner Events API event ("message" or "app_mention").
+type Event struct {
+	Type        string `json:"type"`
+	Subtype     string `json:"subtype,omitempty"`
+	Channel     string `json:"channel,omitempty"`
+	ChannelType string `json:"channel_type,omitempty"`
+	User        string `json:"user,omitempty"`
+	BotID       string `json:"bot_id,omitempty"`
+	Text        string `json:"text,omitempty"`
+	TS          string `json:"ts,omitempty"`
+	ThreadTS    string `json:"thread_ts,omitempty"`
+	EventTS     string `json:"event_ts,omitempty"`
+	Team        string `json:"team,omitempty"`
+}
+
+// Server is the fake Slack.
+type Server struct {
+	o   Options
+	srv *httptest.Server
+
+	mu         sync.Mutex
+	changed    chan struct{} // closed and replaced on every change
+	tickets    map[string]bool
+	conns      []*wsConn
+	connects   int
+	opens      int
+	breakNext  int
+	failOpen   []string
+	envelopes  map[string]*envelope
+	acks       []string
+	posts      []Post
+	rateLimits []time.Duration
+	rlSkip     int // posts that succeed before rateLimits apply
+	refusals   map[string]string
+	names      map[string]string
+	seq        int
+}
+
+type envelope struct {
+	payload  json.RawMessage
+	attempts int
+	acked    bool
+	retried  bool // a later envelope carries the same event
+}
+
+type wsConn struct {
+	ws      *websocket.Conn
+	writeMu sync.Mutex
+	done    chan struct{}
+}
+
+// New starts a fake Slack; it stops when the test ends.
+func New(t testing.TB, o Options) *Server {
+	t.Helper()
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&o.AppToken, "xapp-1-test")
+	def(&o.BotToken, "xoxb-test")
+	def(&o.TeamID, "T0TEST")
+	def(&o.BotUserID, "U0BOT")
+	def(&o.BotID, "B0BOT")
+	def(&o.AppID, "A0APP")
+	if o.PingEvery <= 0 {
+		o.PingEvery = time.Second
+	}
+	s := &Server{
+		o:         o,
+		changed:   make(chan struct{}),
+		tickets:   make(map[string]bool),
+		envelopes: make(map[string]*envelope),
+		refusals:  make(map[string]string),
+		names:     map[string]string{"C0CHAN": "general"},
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/apps.connections.open", s.connectionsOpen)
+	mux.HandleFunc("POST /api/auth.test", s.authTest)
+	mux.HandleFunc("POST /api/chat.postMessage", s.postMessage)
+	mux.HandleFunc("POST /api/conversations.info", s.conversationsInfo)
+	mux.HandleFunc("GET /link/", s.link)
+	if o.TLS {
+		s.srv = httptest.NewTLSServer(mux)
+	} else {
+		s.srv = httptest.NewServer(mux)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Close stops the server and its sockets.
+func (s *Server) Close() {
+	s.Drop()
+	s.srv.Close()
+}
+
+// APIURL is the Web API base to configure (base_url), ending in "/".
+func (s *Server) APIURL() string { return s.srv.URL + "/api/" }
+
+// Options returns the workspace's options with defaults filled in.
+func (s *Server) Options() Options { return s.o }
+
+// CertPEM is the PEM certificate of a TLS fake (for ca_file).
+func (s *Server) CertPEM() []byte {
+	if s.srv.Certificate() == nil {
+		return nil
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.srv.Certificate().Raw})
+}
+
+func (s *Server) notify() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// wait blocks until cond (called with s.mu held) is true or ctx ends.
+func (s *Server) wait(ctx context.Context, cond func() bool) error {
+	for {
+		s.mu.Lock()
+		ok, ch := cond(), s.changed
+		s.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+// WaitConnections waits until n WebSocket connections have been made in
+// all (a reconnect makes the count grow) and the newest is open.
+func (s *Server) WaitConnections(ctx context.Context, n int) error {
+	err := s.wait(ctx, func() bool { return s.connects >= n && len(s.conns) > 0 })
+	if err != nil {
+		return fmt.Errorf("waiting for Socket Mode connection %d: %w", n, err)
+	}
+	return nil
+}
+
+// Connections is how many WebSocket connections were made in all.
+func (s *Server) Connections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.connects
+}
+
+// Opens is how many times apps.connections.open was called.
+func (s *Server) Opens() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.opens
+}
+
+// BreakHandshakes makes the next n WebSocket handshakes fail: the fake
+// closes the TCP connection in the middle of the upgrade.
+func (s *Server) BreakHandshakes(n int) {
+	s.mu.Lock()
+	s.breakNext += n
+	s.mu.Unlock()
+}
+
+// FailOpen makes the next apps.connections.open calls answer ok:false with
+// these errors, one per call.
+func (s *Server) FailOpen(codes ...string) {
+	s.mu.Lock()
+	s.failOpen = append(s.failOpen, codes...)
+	s.mu.Unlock()
+}
+
+// RateLimit makes the next chat.postMessage calls answer 429 with these
+// Retry-After waits (whole seconds), one per call.
+func (s *Server) RateLimit(waits ...time.Duration) {
+	s.mu.Lock()
+	s.rateLimits = append(s.rateLimits, waits...)
+	s.mu.Unlock()
+}
+
+// RateLimitAfter lets the next n chat.postMessage calls succeed, then
+// answers 429 with these Retry-After waits, one per call.
+func (s *Server) RateLimitAfter(n int, waits ...time.Duration) {
+	s.mu.Lock()
+	s.rlSkip = n
+	s.rateLimits = append(s.rateLimits, waits...)
+	s.mu.Unlock()
+}
+
+// SetChannelName names a channel for conversations.info ("" makes it
+// unknown: channel_not_found). C0CHAN is "general" from the start.
+func (s *Server) SetChannelName(channel, name string) {
+	s.mu.Lock()
+	if name == "" {
+		delete(s.names, channel)
+	} else {
+		s.names[channel] = name
+	}
+	s.mu.Unlock()
+}
+
+// Refuse makes chat.postMessage to channel answer ok:false with code
+// (channel_not_found, not_in_channel, is_archived, ...).
+func (s *Server) Refuse(channel, code string) {
+	s.mu.Lock()
+	s.refusals[channel] = code
+	s.mu.Unlock()
+}
+
+// Posts returns the messages posted so far, in order.
+func (s *Server) Posts() []Post {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Post(nil), s.posts...)
+}
+
+// WaitPosts waits until at least n messages were posted and returns them.
+func (s *Server) WaitPosts(ctx context.Context, n int) ([]Post, error) {
+	if err := s.wait(ctx, func() bool { return len(s.posts) >= n }); err != nil {
+		return s.Posts(), fmt.Errorf("waiting for %d posts: %w", n, err)
+	}
+	return s.Posts(), nil
+}
+
+// Acked reports whether the envelope was acknowledged.
+func (s *Server) Acked(envelopeID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.envelopes[envelopeID]
+	return e != nil && e.acked
+}
+
+// Acks returns the acknowledged envelope ids in the order they came.
+func (s *Server) Acks() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.acks...)
+}
+
+// WaitAck waits until the envelope is acknowledged.
+func (s *Server) WaitAck(ctx context.Context, envelopeID string) error {
+	err := s.wait(ctx, func() bool {
+		e := s.envelopes[envelopeID]
+		return e != nil && e.acked
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the ack of %s: %w", envelopeID, err)
+	}
+	return nil
+}
+
+// Callback wraps ev in an event_callback payload as the Events API sends it
+// (the HTTP body in events mode, the envelope payload in Socket Mode).
+func (s *Server) Callback(ev Event) []byte {
+	s.mu.Lock()
+	s.seq++
+	n := s.seq
+	s.mu.Unlock()
+	if ev.EventTS == "" {
+		ev.EventTS = ev.TS
+	}
+	body, _ := json.Marshal(map[string]any{
+		"token":      "verification-token",
+		"team_id":    s.o.TeamID,
+		"api_app_id": s.o.AppID,
+		"event":      ev,
+		"type":       "event_callback",
+		"event_id":   fmt.Sprintf("Ev%08d", n),
+		"event_time": time.Now().Unix(),
+		"authorizations": []map[string]any{
+			{"team_id": s.o.TeamID, "user_id": s.o.BotUserID, "is_bot": true, "is_enterprise_install": false},
+		},
+		"is_ext_shared_channel": false,
+		"event_context":         fmt.Sprintf("4-ctx-%d", n),
+	})
+	return body
+}
+
+// Deliver sends ev in an events_api envelope on the newest socket and
+// returns the envelope id.
+func (s *Server) Deliver(ctx context.Context, ev Event) (string, error) {
+	return s.DeliverPayload(ctx, s.Callback(ev))
+}
+
+// DeliverPayload sends payload in an events_api envelope.
+func (s *Server) DeliverPayload(ctx context.Context, payload []byte) (string, error) {
+	s.mu.Lock()
+	s.seq++
+	id := fmt.Sprintf("env-%04d", s.seq)
+	s.envelopes[id] = &envelope{payload: payload}
+	s.mu.Unlock()
+	return id, s.sendEnvelope(ctx, id, 0, "")
+}
+
+// Redeliver sends an envelope's payload again as Slack's retry of an
+// unacknowledged event does: a new envelope id, retry_attempt counted up,
+// retry_reason "timeout". It returns the new envelope id.
+func (s *Server) Redeliver(ctx context.Context, envelopeID string) (string, error) {
+	s.mu.Lock()
+	old := s.envelopes[envelopeID]
+	if old == nil {
+		s.mu.Unlock()
+		return "", fmt.Errorf("no envelope %s", envelopeID)
+	}
+	s.seq++
+	id := fmt.Sprintf("env-%04d", s.seq)
+	e := &envelope{payload: old.payload, attempts: old.attempts + 1}
+	s.envelopes[id] = e
+	old.retried = true
+	s.mu.Unlock()
+	return id, s.sendEnvelope(ctx, id, e.attempts, "timeout")
+}
+
+// RedeliverUnacked redelivers every envelope that was neither acknowledged
+// nor redelivered yet, as Slack does after its acknowledgement timeout, and
+// returns the new envelope ids.
+func (s *Server) RedeliverUnacked(ctx context.Context) ([]string, error) {
+	s.mu.Lock()
+	var pending []string
+	for id, e := range s.envelopes {
+		if !e.acked && !e.retried {
+			pending = append(pending, id)
+		}
+	}
+	s.mu.Unlock()
+	slices.Sort(pending)
+	var ids []string
+	for _, id := range pending {
+		nid, err := s.Redeliver(ctx, id)
+		if err != nil {
+			return ids, err
+		}
+		ids = append(ids, nid)
+	}
+	return ids, nil
+}
+
+// PostEvent sends ev to an Events API endpoint as Slack does: signed with
+// secret at the current time. It returns the HTTP status.
+func (s *Server) PostEvent(ctx context.Context, url, secret string, ev Event) (int, error) {
+	req, err := SignedRequest(ctx, url, secret, time.Now(), s.Callback(ev))
+	if err != nil {
+		return 0, err
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("cannot post the event: %w", err)
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+func (s *Server) sendEnvelope(ctx context.Context, id string, attempt int, reason string) error {
+	s.mu.Lock()
+	payload := s.envelopes[id].payload
+	s.mu.Unlock()
+	frame, _ := json.Marshal(map[string]any{
+		"envelope_id":              id,
+		"payload":                  json.RawMessage(payload),
+		"type":                     "events_api",
+		"accepts_response_payload": false,
+		"retry_attempt":            attempt,
+		"retry_reason":             reason,
+	})
+	return s.SendRaw(ctx, frame)
+}
+
+// SendRaw writes one text frame as it is on the newest socket, waiting for
+// a socket to be open.
+func (s *Server) SendRaw(ctx context.Context, frame []byte) error {
+	var c *wsConn
+	err := s.wait(ctx, func() bool {
+		if len(s.conns) > 0 {
+			c = s.conns[len(s.conns)-1]
+		}
+		return c != nil
+	})
+	if err != nil {
+		return fmt.Errorf("no Socket Mode connection to send on: %w", err)
+	}
+	return c.write(websocket.TextMessage, frame)
+}
+
+// Disconnect sends Slack's disconnect frame (reason refresh_requested,
+// warning, link_disabled) on every open socket.
+func (s *Server) Disconnect(reason string) error {
+	frame, _ := json.Marshal(map[string]any{
+		"type":       "disconnect",
+		"reason":     reason,
+		"debug_info": map[string]any{"host": "applink-fake"},
+	})
+	var errs []error
+	for _, c := range s.openConns() {
+		errs = append(errs, c.write(websocket.TextMessage, frame))
+	}
+	return errors.Join(errs...)
+}
+
+// Drop cuts every open socket without a close frame, as a network failure
+// does.
+func (s *Server) Drop() {
+	for _, c := range s.openConns() {
+		_ = c.ws.NetConn().Close()
+	}
+}
+
+func (s *Server) openConns() []*wsConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*wsConn(nil), s.conns...)
+}
+
+func (c *wsConn) write(kind int, data []byte) error {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	_ = c.ws.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if err := c.ws.WriteMessage(kind, data); err != nil {
+		return fmt.Errorf("cannot write to the Socket Mode connection: %w", err)
+	}
+	return nil
+}
+
+// token is the request's credential: the Authorization bearer or the
+// "token" form field, both accepted by Slack's Web API.
+func token(r *http.Request) string {
+	if t, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return t
+	}
+	_ = r.ParseForm()
+	return r.PostForm.Get("token")
+}
+
+func reply(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func refuse(w http.ResponseWriter, code string) {
+	reply(w, map[string]any{"ok": false, "error": code})
+}
+
+func (s *Server) connectionsOpen(w http.ResponseWriter, r *http.Request) {
+	tok := token(r)
+	s.mu.Lock()
+	s.opens++
+	var fail string
+	if len(s.failOpen) > 0 {
+		fail, s.failOpen = s.failOpen[0], s.failOpen[1:]
+	}
+	s.seq++
+	ticket := fmt.Sprintf("ticket-%d", s.seq)
+	if fail == "" && tok == s.o.AppToken {
+		s.tickets[ticket] = true
+	}
+	s.notify()
+	s.mu.Unlock()
+	switch {
+	case tok == "":
+		refuse(w, "not_authed")
+	case fail != "":
+		refuse(w, fail)
+	case strings.HasPrefix(tok, "xoxb-"):
+		refuse(w, "not_allowed_token_type")
+	case tok != s.o.AppToken:
+		refuse(w, "invalid_auth")
+	default:
+		scheme := "ws"
+		if s.o.TLS {
+			scheme = "wss"
+		}
+		host := strings.TrimPrefix(strings.TrimPrefix(s.srv.URL, "http://"), "https://")
+		reply(w, map[string]any{"ok": true, "url": fmt.Sprintf("%s://%s/link/?ticket=%s&app_id=%s", scheme, host, ticket, s.o.AppID)})
+	}
+}
+
+func (s *Server) authTest(w http.ResponseWriter, r *http.Request) {
+	if tok := token(r); tok != s.o.BotToken {
+		if tok == "" {
+			refuse(w, "not_authed")
+		} else {
+			refuse(w, "invalid_auth")
+		}
+		return
+	}
+	reply(w, map[string]any{
+		"ok": true, "url": "https://berth-test.slack.com/", "team": "Berth Test", "user": "berth",
+		"team_id": s.o.TeamID, "user_id": s.o.BotUserID, "bot_id": s.o.BotID, "is_enterprise_install": false,
+	})
+}
+
+func (s *Server) conversationsInfo(w http.ResponseWriter, r *http.Request) {
+	_ = r.ParseForm()
+	if tok := token(r); tok != s.o.BotToken {
+		refuse(w, "invalid_auth")
+		return
+	}
+	channel := r.PostForm.Get("channel")
+	s.mu.Lock()
+	name, ok := s.names[channel]
+	s.mu.Unlock()
+	if !ok {
+		refuse(w, "channel_not_found")
+		return
+	}
+	reply(w, map[string]any{"ok": true, "channel": map[string]any{
+		"id": channel, "name": name, "is_channel": true, "is_member": true, "created": 1449252889,
+	}})
+}
+
+func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
+	_ = r.ParseForm()
+	if tok := token(r); tok != s.o.BotToken {
+		refuse(w, "invalid_auth")
+		return
+	}
+	channel, text, thread := r.PostForm.Get("channel"), r.PostForm.Get("text"), r.PostForm.Get("thread_ts")
+	s.mu.Lock()
+	if len(s.rateLimits) > 0 && s.rlSkip > 0 {
+		s.rlSkip--
+	} else if len(s.rateLimits) > 0 {
+		wait := s.rateLimits[0]
+		s.rateLimits = s.rateLimits[1:]
+		s.notify()
+		s.mu.Unlock()
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)))
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = w.Write([]byte(`{"ok":false,"error":"ratelimited"}`))
+		return
+	}
+	code := s.refusals[channel]
+	switch {
+	case code != "":
+	case channel == "":
+		code = "channel_not_found"
+	case text == "":
+		code = "no_text"
+	case len([]rune(text)) > 40000:
+		code = "msg_too_long"
+	}
+	if code != "" {
+		s.mu.Unlock()
+		refuse(w, code)
+		return
+	}
+	s.seq++
+	ts := fmt.Sprintf("%d.%06d", time.Now().Unix(), s.seq)
+	s.posts = append(s.posts, Post{Channel: channel, Text: text, ThreadTS: thread, TS: ts})
+	s.notify()
+	s.mu.Unlock()
+	msg := map[string]any{"type": "message", "text": text, "user": s.o.BotUserID, "bot_id": s.o.BotID, "ts": ts}
+	if thread != "" {
+		msg["thread_ts"] = thread
+	}
+	reply(w, map[string]any{"ok": true, "channel": channel, "ts": ts, "message": msg})
+}
+
+var upgrader = websocket.Upgrader{CheckOrigin: func(*http.Request) bool { return true }}
+
+func (s *Server) link(w http.ResponseWriter, r *http.Request) {
+	ticket := r.URL.Query().Get("ticket")
+	s.mu.Lock()
+	valid := s.tickets[ticket]
+	delete(s.tickets, ticket) // one-time URL
+	broken := s.breakNext > 0
+	if broken {
+		s.breakNext--
+	}
+	s.mu.Unlock()
+	if !valid {
+		http.Error(w, "invalid or used ticket", http.StatusUnauthorized)
+		return
+	}
+	if broken {
+		if hj, ok := w.(http.Hijacker); ok {
+			if conn, _, err := hj.Hijack(); err == nil {
+				_, _ = conn.Write([]byte("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"))
+				_ = conn.Close()
+				return
+			}
+		}
+		http.Error(w, "broken", http.StatusBadGateway)
+		return
+	}
+	ws, err := upgrader.Upgrade(w, r, nil)
+	if err != nil {
+		return
+	}
+	c := &wsConn{ws: ws, done: make(chan struct{})}
+	hello, _ := json.Marshal(map[string]any{
+		"type":            "hello",
+		"num_connections": 1,
+		"debug_info":      map[string]any{"host": "applink-fake", "build_number": 1, "approximate_connection_time": 18060},
+		"connection_info": map[string]any{"app_id": s.o.AppID},
+	})
+	_ = ws.WriteControl(websocket.PingMessage, []byte("hello"), time.Now().Add(time.Second))
+	if err := c.write(websocket.TextMessage, hello); err != nil {
+		_ = ws.Close()
+		return
+	}
+	s.mu.Lock()
+	s.conns = append(s.conns, c)
+	s.connects++
+	s.notify()
+	s.mu.Unlock()
+	go s.ping(c)
+	s.read(c)
+}
+
+func (s *Server) ping(c *wsConn) {
+	t := time.NewTicker(s.o.PingEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+			if err := c.ws.WriteControl(websocket.PingMessage, []byte("ping"), time.Now().Add(time.Second)); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// read records acknowledgements until the socket closes.
+func (s *Server) read(c *wsConn) {
+	defer func() {
+		close(c.done)
+		_ = c.ws.Close()
+		s.mu.Lock()
+		for i, x := range s.conns {
+			if x == c {
+				s.conns = append(s.conns[:i], s.conns[i+1:]...)
+				break
+			}
+		}
+		s.notify()
+		s.mu.Unlock()
+	}()
+	for {
+		_, data, err := c.ws.ReadMessage()
+		if err != nil {
+			return
+		}
+		var ack struct {
+			EnvelopeID string `json:"envelope_id"`
+		}
+		if json.Unmarshal(data, &ack) != nil || ack.EnvelopeID == "" {
+			continue
+		}
+		s.mu.Lock()
+		if e := s.envelopes[ack.EnvelopeID]; e != nil && !e.acked {
+			e.acked = true
+			s.acks = append(s.acks, ack.EnvelopeID)
+		}
+		s.notify()
+		s.mu.Unlock()
+	}
+}
+
+// Sign returns the X-Slack-Request-Timestamp and X-Slack-Signature headers
+// Slack sends with body at ts, signed with secret.
+func Sign(secret string, ts time.Time, body []byte) (timestamp, signature string) {
+	timestamp = strconv.FormatInt(ts.Unix(), 10)
+	mac := hmac.New(sha256.New, []byte(secret))
+	fmt.Fprintf(mac, "v0:%s:", timestamp)
+	mac.Write(body)
+	return timestamp, "v0=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+// SignedRequest builds an Events API request to url as Slack sends it.
+func SignedRequest(ctx context.Context, url, secret string, ts time.Time, body []byte) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(string(body)))
+	if err != nil {
+		return nil, fmt.Errorf("cannot build the Events API request: %w", err)
+	}
+	timestamp, sig := Sign(secret, ts, body)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Slack-Request-Timestamp", timestamp)
+	req.Header.Set("X-Slack-Signature", sig)
+	return req, nil
+}
