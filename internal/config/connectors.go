@@ -136,7 +136,13 @@ func (c *checks) connectorMerged(e *connectorEntry) {
 		need("base_url", ": MeepaChat is self-hosted, give its address (https://chat.example.org)")
 		need("token", `: the bot's "<bot_id>.<secret>", as a reference ("$VAR" or a credential name)`)
 	case ConnectorDiscord:
-		need("token", ": the bot token, as a reference (\"$VAR\" or a credential name)")
+		// A bot token holds the Gateway; a public key alone serves slash
+		// commands over HTTP. One of them is needed.
+		_, hasToken := e.at["token"]
+		_, hasKey := e.at["public_key"]
+		if !hasToken && !hasKey {
+			need("token", ": the bot token, as a reference (\"$VAR\" or a credential name); or public_key alone for slash commands over HTTP only")
+		}
 	case ConnectorSlack:
 		need("bot_token", ": the xoxb- bot token, as a reference (\"$VAR\" or a credential name)")
 		if k.Mode == SlackEvents {
@@ -154,8 +160,10 @@ func (c *checks) connectorMerged(e *connectorEntry) {
 // berth-intake running instead of exiting when idle.
 func (c Connector) HoldsConnection() bool {
 	switch c.Type {
-	case ConnectorMeepaChat, ConnectorDiscord:
+	case ConnectorMeepaChat:
 		return true
+	case ConnectorDiscord:
+		return c.Token != "" // interactions only: HTTP, no Gateway
 	case ConnectorSlack:
 		return c.Mode != SlackEvents
 	}

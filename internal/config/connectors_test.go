@@ -196,9 +196,9 @@ func TestLoadRefusesBadConnectorSettingsNamingFileLineAndKey(t *testing.T) {
 			want:  []string{`berth.toml:4: connectors[0].base_url: is required: MeepaChat is self-hosted, give its address (https://chat.example.org)`},
 		},
 		{
-			name:  "A discord connector without token is refused",
+			name:  "A discord connector with neither token nor public_key is refused",
 			files: map[string]string{"berth.toml": connBase + "id = \"dc\"\ntype = \"discord\"\n"},
-			want:  []string{`berth.toml:4: connectors[0].token: is required: the bot token, as a reference ("$VAR" or a credential name)`},
+			want:  []string{`berth.toml:4: connectors[0].token: is required: the bot token, as a reference ("$VAR" or a credential name); or public_key alone for slash commands over HTTP only`},
 		},
 		{
 			name:  "A slack connector in socket mode needs the app token",
@@ -403,7 +403,8 @@ func TestConnectorHoldsConnectionForGatewaysAndSocketMode(t *testing.T) {
 	}{
 		{"A webhook connector holds no connection", config.Connector{Type: "webhook"}, false},
 		{"A MeepaChat connector holds its bot gateway", config.Connector{Type: "meepachat"}, true},
-		{"A Discord connector holds its gateway", config.Connector{Type: "discord"}, true},
+		{"A Discord connector with a bot token holds its gateway", config.Connector{Type: "discord", Token: "$T"}, true},
+		{"A Discord connector for slash commands only holds no connection", config.Connector{Type: "discord", PublicKey: "ab"}, false},
 		{"A Slack connector in socket mode holds its socket", config.Connector{Type: "slack", Mode: "socket"}, true},
 		{"A Slack connector in events mode holds no connection", config.Connector{Type: "slack", Mode: "events"}, false},
 	}
@@ -430,5 +431,17 @@ func TestALoggedConnectorShowsReferencesButNotTheWebhookSecret(t *testing.T) {
 		if !strings.Contains(out.String(), w) {
 			t.Errorf("log does not contain %s:\n%s", w, out.String())
 		}
+	}
+}
+
+func TestLoadAcceptsADiscordConnectorForSlashCommandsOnly(t *testing.T) {
+	t.Parallel()
+	path := writeConfig(t, map[string]string{"berth.toml": connBase + "id = \"dc\"\ntype = \"discord\"\npublic_key = \"" + publicKey + "\"\napplication_id = \"1234567890123\"\n"})
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("Load of an interactions-only discord connector: %v", err)
+	}
+	if k := cfg.Connectors[0]; k.HoldsConnection() {
+		t.Errorf("an interactions-only discord connector holds a connection; intake could never idle out")
 	}
 }
