@@ -4,6 +4,12 @@ import (
 	"encoding/xml"
 	"errors"
 	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/godbus/dbus/v5"
 	"github.com/godbus/dbus/v5/introspect"
@@ -38,27 +44,100 @@ func (o *intakeObject) Deliver(sender dbus.Sender, reply map[string]string) *dbu
 	}
 }
 
-// propertySetter publishes the pending counters.
+// propertySetter publishes the properties of dev.berth.Intake1.
 type propertySetter interface {
 	setCounts(inbox, outbox uint32)
+	setConnectors([]ConnectorStatus)
 }
 
-// counterProps publishes the counters through godbus's prop package; a
-// change emits PropertiesChanged with the new value (the XML's default).
-type counterProps struct {
-	props       *prop.Properties
-	inbox, outb uint32
+// properties is org.freedesktop.DBus.Properties of /dev/berth/Intake1: every
+// property is read-only, and a change emits PropertiesChanged with the new
+// value (the XML's default). Values are replaced, never changed in place, so
+// a reply being encoded never sees a value being written. (godbus's prop
+// package stores new values into the old ones' maps, which races with the
+// encoding of a Get reply for aa{sv}.) Only publish calls set, so changes
+// are emitted in order and never under a lock.
+type properties struct {
+	conn   *dbus.Conn
+	mu     sync.Mutex
+	values map[string]dbus.Variant
 }
 
-func (c *counterProps) setCounts(inbox, outbox uint32) {
-	if inbox != c.inbox {
-		c.inbox = inbox
-		c.props.SetMust(bus.IntakeInterface, "InboxPending", inbox)
+const propertiesInterface = "org.freedesktop.DBus.Properties"
+
+func (p *properties) Get(iface, name string) (dbus.Variant, *dbus.Error) {
+	if iface != bus.IntakeInterface {
+		return dbus.Variant{}, prop.ErrIfaceNotFound
 	}
-	if outbox != c.outb {
-		c.outb = outbox
-		c.props.SetMust(bus.IntakeInterface, "OutboxPending", outbox)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	v, ok := p.values[name]
+	if !ok {
+		return dbus.Variant{}, prop.ErrPropNotFound
 	}
+	return v, nil
+}
+
+func (p *properties) GetAll(iface string) (map[string]dbus.Variant, *dbus.Error) {
+	if iface != bus.IntakeInterface {
+		return nil, prop.ErrIfaceNotFound
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.values), nil
+}
+
+func (p *properties) Set(iface, name string, _ dbus.Variant) *dbus.Error {
+	if _, err := p.Get(iface, name); err != nil {
+		return err
+	}
+	return prop.ErrReadOnly
+}
+
+// set replaces a property's value and, when it changed, emits
+// PropertiesChanged.
+func (p *properties) set(name string, v dbus.Variant) {
+	p.mu.Lock()
+	old, ok := p.values[name]
+	p.values[name] = v
+	p.mu.Unlock()
+	if ok && reflect.DeepEqual(old.Value(), v.Value()) {
+		return
+	}
+	_ = p.conn.Emit(bus.IntakePath, propertiesInterface+".PropertiesChanged", bus.IntakeInterface, map[string]dbus.Variant{name: v}, []string{})
+}
+
+func (p *properties) setCounts(inbox, outbox uint32) {
+	p.set("InboxPending", dbus.MakeVariant(inbox))
+	p.set("OutboxPending", dbus.MakeVariant(outbox))
+}
+
+func (p *properties) setConnectors(st []ConnectorStatus) {
+	p.set("Connectors", dbus.MakeVariant(connectorsValue(st)))
+}
+
+// connectorsValue is the Connectors property (aa{sv}; the XML lists the keys).
+func connectorsValue(st []ConnectorStatus) []map[string]dbus.Variant {
+	stamp := func(t time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		return t.UTC().Format(time.RFC3339)
+	}
+	out := make([]map[string]dbus.Variant, 0, len(st))
+	for _, c := range st {
+		out = append(out, map[string]dbus.Variant{
+			"id":              dbus.MakeVariant(validText(c.ID)),
+			"type":            dbus.MakeVariant(validText(c.Type)),
+			"state":           dbus.MakeVariant(validText(c.State)),
+			"connected_since": dbus.MakeVariant(stamp(c.ConnectedSince)),
+			"last_event":      dbus.MakeVariant(stamp(c.LastEvent)),
+			"last_error":      dbus.MakeVariant(validText(c.LastError)),
+			"reconnects":      dbus.MakeVariant(uint32(max(c.Reconnects, 0))),
+			"warning":         dbus.MakeVariant(validText(c.Warning)),
+		})
+	}
+	return out
 }
 
 // WithAuthorizer sets who may call Deliver (default: root and the service's
@@ -77,25 +156,22 @@ func (s *Service) Export(conn *dbus.Conn) error {
 	if err := conn.Export(obj, bus.IntakePath, bus.IntakeInterface); err != nil {
 		return fmt.Errorf("cannot export %s: %w", bus.IntakeInterface, err)
 	}
-	inbox, outbox, err := s.store.pendingCounts()
-	if err != nil {
-		return fmt.Errorf("cannot export %s: %w", bus.IntakeInterface, err)
-	}
-	props, err := prop.Export(conn, bus.IntakePath, prop.Map{
-		bus.IntakeInterface: {
-			"InboxPending":  {Value: inbox, Emit: prop.EmitTrue},
-			"OutboxPending": {Value: outbox, Emit: prop.EmitTrue},
-		},
-	})
-	if err != nil {
+	inbox, outbox := s.store.pendingCounts()
+	props := &properties{conn: conn, values: map[string]dbus.Variant{
+		"InboxPending":  dbus.MakeVariant(inbox),
+		"OutboxPending": dbus.MakeVariant(outbox),
+		"Connectors":    dbus.MakeVariant(connectorsValue(s.ConnectorStatuses())),
+	}}
+	if err := conn.Export(props, bus.IntakePath, propertiesInterface); err != nil {
 		return fmt.Errorf("cannot export properties of %s: %w", bus.IntakeInterface, err)
 	}
-	if err := conn.Export(introspect.NewIntrospectable(node), bus.IntakePath, "org.freedesktop.DBus.Introspectable"); err != nil {
+	if err := conn.Export(node, bus.IntakePath, "org.freedesktop.DBus.Introspectable"); err != nil {
 		return fmt.Errorf("cannot export introspection of %s: %w", bus.IntakeInterface, err)
 	}
 	s.propsMu.Lock()
-	s.props = &counterProps{props: props, inbox: inbox, outb: outbox}
+	s.props = props
 	s.propsMu.Unlock()
+	go s.publish(conn.Context().Done())
 	s.refreshCounters() // in case a commit landed in between
 
 	reply, err := conn.RequestName(bus.IntakeName, dbus.NameFlagDoNotQueue)
@@ -112,13 +188,23 @@ func (s *Service) Export(conn *dbus.Conn) error {
 }
 
 // introspectionNode is units.IntakeXML plus the standard interfaces the
-// object also answers, so that `busctl introspect` shows all of them.
-func introspectionNode() (*introspect.Node, error) {
+// object also answers, each once, so that `busctl introspect` shows all of
+// them. (introspect.NewIntrospectable is not used: it adds Peer a second time
+// when Introspectable is already listed.)
+func introspectionNode() (introspect.Introspectable, error) {
 	var node introspect.Node
 	if err := xml.Unmarshal([]byte(units.IntakeXML), &node); err != nil {
-		return nil, fmt.Errorf("cannot parse interface XML: %w", err)
+		return "", fmt.Errorf("cannot parse interface XML: %w", err)
 	}
 	node.Name = string(bus.IntakePath)
-	node.Interfaces = append(node.Interfaces, prop.IntrospectData, introspect.IntrospectData, introspect.PeerData)
-	return &node, nil
+	for _, std := range []introspect.Interface{prop.IntrospectData, introspect.IntrospectData, introspect.PeerData} {
+		if !slices.ContainsFunc(node.Interfaces, func(i introspect.Interface) bool { return i.Name == std.Name }) {
+			node.Interfaces = append(node.Interfaces, std)
+		}
+	}
+	b, err := xml.Marshal(&node)
+	if err != nil {
+		return "", fmt.Errorf("cannot encode interface XML: %w", err)
+	}
+	return introspect.Introspectable(strings.TrimSpace(introspect.IntrospectDeclarationString) + string(b)), nil
 }

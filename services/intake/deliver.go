@@ -8,10 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/berth-dev/berth/services/intake/connector"
 )
 
 // ErrInvalidReply wraps every reason Deliver refuses a reply.
@@ -49,8 +52,32 @@ func (s *Service) Deliver(reply map[string]string) error {
 	}
 	log.Info("reply stored", "run_state", r.RunState)
 	s.refreshCounters()
-	wake(s.wakeDeliver)
+	s.stopTyping(messageKey(r.Connector, r.MessageID))
+	s.pokeDeliver(r.Connector)
 	return nil
+}
+
+// pokeDeliver wakes the reply worker of a connector (once Run runs).
+func (s *Service) pokeDeliver(connectorID string) {
+	if l := s.deliverOn.Load(); l != nil {
+		l.poke(connectorID)
+	}
+}
+
+// replyMeta is what a reply to m carries back to its connector: the
+// message's Meta, plus its server under connector.MetaServer.
+func replyMeta(m inboxEntry) map[string]string {
+	if len(m.Meta) == 0 && m.Server == "" {
+		return nil
+	}
+	meta := maps.Clone(m.Meta)
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	if _, ok := meta[connector.MetaServer]; !ok && m.Server != "" {
+		meta[connector.MetaServer] = m.Server
+	}
+	return meta
 }
 
 func (s *Service) replyFrom(in map[string]string) (outboxEntry, error) {
@@ -78,26 +105,46 @@ func (s *Service) replyFrom(in map[string]string) (outboxEntry, error) {
 	}
 	// The scheduler knows messages by "<connector>/<id>"; the platform by id.
 	r.MessageID = strings.TrimPrefix(r.MessageID, r.Connector+"/")
-	if r.Channel == "" || r.Agent == "" {
-		if m, found, err := s.store.message(r.Connector, r.MessageID); err == nil && found {
-			r.Channel = cmp.Or(r.Channel, m.Channel)
-			r.Thread = cmp.Or(r.Thread, m.Thread)
-			r.Agent = cmp.Or(r.Agent, m.Agent)
-		}
+	m, found, err := s.store.message(r.Connector, r.MessageID)
+	if err != nil {
+		return outboxEntry{}, err
+	}
+	if found {
+		r.Channel = cmp.Or(r.Channel, m.Channel)
+		r.Thread = cmp.Or(r.Thread, m.Thread)
+		r.Agent = cmp.Or(r.Agent, m.Agent)
+		r.Meta = replyMeta(m)
 	}
 	return r, nil
 }
 
-func (s *Service) deliverLoop(ctx context.Context) {
-	runLoop(ctx, s.wakeDeliver, s.deliverPass)
-}
-
-// deliverPass posts every pending reply that is due and returns when the
-// next one is due.
-func (s *Service) deliverPass(ctx context.Context) (time.Duration, bool) {
-	pending, err := s.store.pendingReplies()
+// deliverPass is the deliver loop's pass: it makes sure every connector
+// with pending replies has its worker, and wakes them. It also publishes the
+// connectors' status. It does no I/O but reading the pending index, so it
+// passes even while a platform hangs.
+func (s *Service) deliverPass(context.Context) (time.Duration, bool) {
+	s.refreshConnectors()
+	l := s.deliverOn.Load()
+	if l == nil {
+		return 0, false
+	}
+	connectors, err := s.store.connectorsWithPending(outboxQueue)
 	if err != nil {
 		s.log.Error("cannot deliver replies", "err", err)
+		return s.backoff.max, true
+	}
+	for _, c := range connectors {
+		l.poke(c)
+	}
+	return 0, false
+}
+
+// deliverConnector sends every pending reply of one connector that is due,
+// oldest first, and returns when the next one is due.
+func (s *Service) deliverConnector(ctx context.Context, connectorID string) (time.Duration, bool) {
+	pending, err := s.store.pendingRepliesOf(connectorID)
+	if err != nil {
+		s.log.Error("cannot deliver replies", "connector", connectorID, "err", err)
 		return s.backoff.max, true
 	}
 	var next time.Time
@@ -105,7 +152,7 @@ func (s *Service) deliverPass(ctx context.Context) (time.Duration, bool) {
 		if ctx.Err() != nil {
 			return 0, false
 		}
-		if s.now().Before(r.NextAttempt) {
+		if s.clock.Now().Before(r.NextAttempt) {
 			next = earliest(next, r.NextAttempt)
 			continue
 		}
@@ -116,36 +163,93 @@ func (s *Service) deliverPass(ctx context.Context) (time.Duration, bool) {
 	if next.IsZero() {
 		return 0, false
 	}
-	return max(time.Until(next), 0), true
+	return max(next.Sub(s.clock.Now()), 0), true
 }
 
-// deliver posts one reply and reports when to retry it if that failed.
+// deliver sends one reply through its connector and records the outcome: a
+// *connector.PermanentError marks it failed with the platform's reason, a
+// *connector.RetryAfterError retries after the wait the platform asked for,
+// any other error after a capped back-off. It reports when to retry.
 func (s *Service) deliver(ctx context.Context, r outboxEntry) (time.Time, bool) {
 	log := s.log.With("connector", r.Connector, "message_id", r.MessageID, "run_id", r.RunID, "agent", r.Agent)
-	err := s.post(ctx, r)
+	err := s.send(ctx, r)
 	if errors.Is(err, errNoReplyURL) {
 		log.Warn("connector has no reply_url; its replies are dropped")
 		err = nil
 	}
+	now := s.clock.Now()
+	if err != nil && connector.IsPermanent(err) {
+		if serr := s.store.markFailed(r.RunID, err.Error(), now); serr != nil {
+			log.Error("cannot record failed reply", "err", serr)
+			return now.Add(s.backoff.max), true
+		}
+		log.Error("platform refused the reply for good; it is marked failed", "attempts", r.Attempts+1, "err", err)
+		s.refreshCounters()
+		return time.Time{}, false
+	}
 	if err != nil {
-		var due time.Time
-		if serr := s.store.recordDeliveryFailure(r.RunID, err, func(attempts int) time.Time {
-			due = s.now().Add(s.backoff.delay(attempts))
-			return due
-		}); serr != nil {
+		delay := s.backoff.delay(r.Attempts + 1)
+		if after, ok := connector.RetryAfter(err); ok {
+			delay = max(after, 0)
+		}
+		due := now.Add(delay)
+		if serr := s.store.recordDeliveryFailure(r.RunID, err, now, due); serr != nil {
 			log.Error("cannot record failed delivery", "err", serr)
-			due = s.now().Add(s.backoff.max)
+			due = now.Add(s.backoff.max)
 		}
 		log.Warn("reply not delivered; will retry", "attempts", r.Attempts+1, "retry_at", due, "err", err)
 		return due, true
 	}
-	if err := s.store.markDelivered(r.RunID, s.now().UTC()); err != nil {
+	if err := s.store.markDelivered(r.RunID, now); err != nil {
 		log.Error("cannot record delivered reply", "err", err)
-		return s.now().Add(s.backoff.max), true
+		return now.Add(s.backoff.max), true
 	}
 	log.Info("reply delivered", "attempts", r.Attempts+1)
 	s.refreshCounters()
 	return time.Time{}, false
+}
+
+// send hands r to its connector: the webhook type posts it to reply_url,
+// the others get a connector.Reply. Every call has a deadline.
+func (s *Service) send(ctx context.Context, r outboxEntry) error {
+	rc, ok := s.connectorByID(r.Connector)
+	if !ok {
+		return fmt.Errorf("connector %q is no longer configured", r.Connector)
+	}
+	if rc.conn == nil {
+		return fmt.Errorf("connector %q is not running: %s", r.Connector, rc.buildErr)
+	}
+	if wc, ok := rc.conn.(*webhookConnector); ok {
+		err := s.post(ctx, r)
+		wc.noteError(err)
+		return err
+	}
+	// Like Submit, a send in flight finishes even when the service stops.
+	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callTimeout)
+	defer cancel()
+	return rc.conn.Send(callCtx, connectorReply(r))
+}
+
+// connectorReply is the Reply a connector posts for r. A failed run's reply
+// says so, with the error the scheduler gave.
+func connectorReply(r outboxEntry) connector.Reply {
+	failed := r.RunState != "" && r.RunState != "succeeded"
+	text := r.Text
+	if failed && r.Error != "" {
+		if text == "" {
+			text = "Sorry, the agent could not answer"
+		}
+		text = strings.TrimRight(text, ". ") + ": " + r.Error
+	}
+	return connector.Reply{
+		RunID:     r.RunID,
+		MessageID: r.MessageID,
+		Channel:   r.Channel,
+		Thread:    r.Thread,
+		Text:      text,
+		Failed:    failed,
+		Meta:      maps.Clone(r.Meta),
+	}
 }
 
 var errNoReplyURL = errors.New("connector has no reply_url")
@@ -180,7 +284,7 @@ func (s *Service) post(ctx context.Context, r outboxEntry) error {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "berth-intake")
-	SetSignature(req.Header, secret, s.now(), body)
+	SetSignature(req.Header, secret, s.clock.Now(), body)
 	resp, err := s.httpClient.Do(req)
 	if err != nil {
 		// The URL may carry a token of the platform's; keep it out of logs.

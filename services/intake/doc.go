@@ -1,17 +1,34 @@
-// Package intake is berth's front door: it accepts chat messages from
-// connectors, keeps them in intake.db until the scheduler has them, and posts
-// the agents' replies back to the platforms.
+// Package intake is berth's front door: it runs the chat connectors, keeps
+// the messages they accept in intake.db until the scheduler has them, and
+// sends the agents' replies back through the connector each message came from.
 //
 // A message travels like this:
 //
-//	POST /hooks/{connector} ─▶ inbox (fsynced) ─▶ 202 {"id"}
-//	inbox pending ─▶ forwarder ─▶ dev.berth.Scheduler1.Submit ─▶ inbox submitted (run_id)
+//	platform event ─▶ connector ─▶ Sink.Accept ─▶ route, dedup ─▶ inbox (fsynced) ─▶ event acknowledged
+//	POST /hooks/{connector} (webhook) ─▶ inbox (fsynced) ─▶ 202 {"id"}
+//	inbox pending ─▶ forwarder (one worker per connector) ─▶ dev.berth.Scheduler1.Submit ─▶ inbox submitted (run_id)
 //	dev.berth.Intake1.Deliver ─▶ outbox (fsynced) ─▶ return
-//	outbox pending ─▶ deliverer ─▶ POST reply_url (signed) ─▶ 2xx ─▶ outbox delivered
+//	outbox pending ─▶ deliverer (one worker per connector) ─▶ Connector.Send / POST reply_url ─▶ outbox delivered | failed
 //
 // Every hand-off is persist-then-acknowledge and every retry is keyed (the
 // scheduler's idempotency key is "<connector>/<message id>", the outbox's is
 // the run id), so a crash anywhere loses nothing and runs nothing twice.
+// Each connector has its own forward and reply worker, so a platform (or a
+// Submit) that never answers holds up only its own connector. A Submit that
+// can never succeed (the scheduler's InvalidArgument, the bus refusing the
+// arguments, a string D-Bus cannot carry) refuses the message and queues an
+// error reply; a reply the platform refuses for good is marked failed.
+//
+// # Connectors
+//
+// Each [[connectors]] entry is built by the factory registered for its type
+// (WithConnectorFactory; webhook is built in). Intake runs each connector's
+// Run in its own goroutine with the Service as its Sink, serves its
+// HTTPReceiver handler at /hooks/{id}, and rebuilds it on Reload when its
+// entry changed. While a run is in progress, connectors that are Typers are
+// asked to show "typing" when the message is handed on and every 8 s until
+// the reply arrives (at most 10 min). Their Status is the Connectors property
+// of dev.berth.Intake1, with every connector's credentials scrubbed.
 //
 // # Signing
 //
@@ -32,26 +49,37 @@
 // intake.db (bbolt) holds:
 //
 //	meta
-//	╰── schema_version : uint64, big-endian
+//	╰── version : uint64, big-endian (the schema version; written by boltstore)
 //	inbox
 //	├── messages
 //	│   ╰── <connector>/<message id> : JSON inboxEntry
-//	│         connector, id, channel, channel_name, thread, author, text,
-//	│         agent, received_at, state (pending|submitted), run_id,
-//	│         attempts, last_error, seq
-//	╰── pending
-//	    ╰── <seq: uint64, big-endian> : <connector>/<message id>
+//	│         connector, id, channel, channel_name, server, thread, author,
+//	│         text, meta, agent, received_at, state (pending|submitted|refused),
+//	│         run_id, attempts, last_error, done_at, seq
+//	├── pending
+//	│   ╰── <connector> NUL <seq: uint64, big-endian> : <connector>/<message id>
+//	╰── done
+//	    ╰── <done_at: unix ns, uint64 big-endian><seq: uint64 big-endian> : <connector>/<message id>
 //	outbox
 //	├── replies
 //	│   ╰── <run id> : JSON outboxEntry
-//	│         run_id, message_id, connector, agent, channel, thread,
-//	│         run_state, text, error, state (pending|delivered), attempts,
-//	│         last_error, next_attempt, delivered_at, seq
-//	╰── pending
-//	    ╰── <seq: uint64, big-endian> : <run id>
+//	│         run_id, message_id, connector, agent, channel, thread, meta,
+//	│         run_state, text, error, state (pending|delivered|failed),
+//	│         attempts, last_error, next_attempt, delivered_at, done_at, seq
+//	├── pending
+//	│   ╰── <connector> NUL <seq: uint64, big-endian> : <run id>
+//	╰── done
+//	    ╰── <done_at: unix ns, uint64 big-endian><seq: uint64 big-endian> : <run id>
 //
-// The pending buckets are indexes in arrival order: the loops read them
-// instead of scanning every message ever received. An entry leaves its pending
-// index in the same transaction that marks it submitted or delivered. Accepted
-// messages and stored replies are kept so that repeated ids stay idempotent.
+// The pending buckets are indexes in arrival order, one key range per
+// connector: each connector's worker reads only its own range, never every
+// message ever received; their sizes are counted once at open and then kept
+// in memory. Schema version 2 added the done indexes and the connector
+// prefix. An entry leaves its pending index
+// and enters its done index in the same transaction that marks it
+// submitted, refused, delivered or failed. A message's inbox entry is also
+// its de-duplication record: finished entries are kept for [retention]
+// delivered_hours (default 72, at least 24) so that a platform's retry still
+// runs nothing twice, then pruned from the done index's oldest end, at most
+// 256 per transaction, every hour.
 package intake

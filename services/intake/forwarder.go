@@ -51,56 +51,80 @@ func submission(m inboxEntry) map[string]string {
 	}
 }
 
-func (s *Service) forwardLoop(ctx context.Context) {
-	// Retry times live in memory: after a restart every pending message is
-	// tried at once, which is what a restart is for.
-	notBefore := map[string]time.Time{}
-	runLoop(ctx, s.wakeForward, func(ctx context.Context) (time.Duration, bool) {
-		return s.forwardPass(ctx, notBefore)
-	})
-}
-
-// forwardPass submits every pending message that is due and returns when the
-// next one is due.
-func (s *Service) forwardPass(ctx context.Context, notBefore map[string]time.Time) (time.Duration, bool) {
-	box := s.submitter.Load()
-	if box == nil {
+// forwardPass is the forward loop's pass: it makes sure every connector
+// with pending messages has its worker, and wakes them. It does no I/O but
+// reading the pending index, so it passes even while a Submit hangs.
+func (s *Service) forwardPass(context.Context) (time.Duration, bool) {
+	l := s.forwardOn.Load()
+	if l == nil || s.submitter.Load() == nil {
 		return 0, false // Export or WithSubmitter wakes us.
 	}
-	pending, err := s.store.pendingMessages()
+	connectors, err := s.store.connectorsWithPending(inboxQueue)
 	if err != nil {
 		s.log.Error("cannot forward messages", "err", err)
 		return s.backoff.max, true
 	}
+	for _, c := range connectors {
+		l.poke(c)
+	}
+	return 0, false
+}
+
+// forwardConnector submits every pending message of one connector that is
+// due and returns when the next one is due. Retry times live in memory:
+// after a restart every pending message is tried at once, which is what a
+// restart is for.
+func (s *Service) forwardConnector(ctx context.Context, connectorID string) (time.Duration, bool) {
+	box := s.submitter.Load()
+	if box == nil {
+		return 0, false
+	}
+	pending, err := s.store.pendingMessagesOf(connectorID)
+	if err != nil {
+		s.log.Error("cannot forward messages", "connector", connectorID, "err", err)
+		return s.backoff.max, true
+	}
 	var next time.Time
-	stillPending := make(map[string]bool, len(pending))
 	for _, m := range pending {
 		if ctx.Err() != nil {
 			return 0, false
 		}
 		key := m.Key()
-		stillPending[key] = true
-		if due := notBefore[key]; s.now().Before(due) {
-			next = earliest(next, due)
+		if due, ok := s.notBefore.Load(key); ok && s.clock.Now().Before(due.(time.Time)) {
+			next = earliest(next, due.(time.Time))
 			continue
 		}
 		due, retry := s.forward(ctx, box.Submitter, m)
 		if retry {
-			notBefore[key] = due
+			s.notBefore.Store(key, due)
 			next = earliest(next, due)
 		} else {
-			delete(notBefore, key)
-		}
-	}
-	for key := range notBefore {
-		if !stillPending[key] {
-			delete(notBefore, key)
+			s.notBefore.Delete(key)
 		}
 	}
 	if next.IsZero() {
 		return 0, false
 	}
-	return max(time.Until(next), 0), true
+	return max(next.Sub(s.clock.Now()), 0), true
+}
+
+// submitCanNeverSucceed reports whether a Submit error is the same on every
+// retry: the scheduler refused the message (InvalidArgument), the bus refused
+// its arguments, or it cannot be encoded at all (a NUL or invalid UTF-8 in a
+// string, a message too long for the bus).
+func submitCanNeverSucceed(err error) bool {
+	switch bus.ErrorName(err) {
+	case bus.ErrInvalidArgument, "org.freedesktop.DBus.Error.InvalidArgs",
+		"org.freedesktop.DBus.Error.InconsistentMessage", "org.freedesktop.DBus.Error.LimitsExceeded":
+		return true
+	}
+	if _, ok := errors.AsType[dbus.FormatError](err); ok {
+		return true
+	}
+	if _, ok := errors.AsType[dbus.InvalidMessageError](err); ok {
+		return true
+	}
+	return false
 }
 
 // forward submits one message and reports when to retry it if that failed.
@@ -111,10 +135,11 @@ func (s *Service) forward(ctx context.Context, sub Submitter, m inboxEntry) (tim
 	defer cancel()
 	log := s.log.With("connector", m.Connector, "message_id", m.ID, "agent", m.Agent)
 	runID, err := sub.Submit(callCtx, submission(m))
-	if bus.ErrorName(err) == bus.ErrInvalidArgument {
-		// Retrying cannot help (say, its agent was removed from the config):
-		// tell the sender instead of retrying forever.
-		log.Error("scheduler refused message for good; sending an error reply", "err", err)
+	now := s.clock.Now()
+	if err != nil && submitCanNeverSucceed(err) {
+		// Retrying cannot help (its agent was removed from the config, a
+		// field the bus cannot carry): tell the sender instead.
+		log.Error("scheduler cannot take this message, ever; sending an error reply", "err", err)
 		reply := outboxEntry{
 			RunID:     "refused-" + m.Key(),
 			MessageID: m.ID,
@@ -122,34 +147,36 @@ func (s *Service) forward(ctx context.Context, sub Submitter, m inboxEntry) (tim
 			Agent:     m.Agent,
 			Channel:   m.Channel,
 			Thread:    m.Thread,
+			Meta:      replyMeta(m),
 			RunState:  "failed",
 			Text:      "Sorry, berth could not run this message.",
-			Error:     dbusErrorText(err),
+			Error:     validText(dbusErrorText(err)),
 		}
-		if err := s.store.refuseMessage(m.Key(), err, reply); err != nil {
+		if err := s.store.refuseMessage(m.Key(), err, reply, now); err != nil {
 			log.Error("cannot record refused message", "err", err)
-			return s.now().Add(s.backoff.delay(m.Attempts + 1)), true
+			return now.Add(s.backoff.delay(m.Attempts + 1)), true
 		}
 		s.refreshCounters()
-		wake(s.wakeDeliver)
+		s.pokeDeliver(m.Connector)
 		return time.Time{}, false
 	}
 	if err != nil {
 		attempts := m.Attempts + 1
 		delay := s.backoff.delay(attempts)
 		log.Warn("scheduler did not take message; will retry", "attempts", attempts, "retry_in", delay, "err", err)
-		if err := s.store.recordSubmitFailure(m.Key(), err); err != nil {
+		if err := s.store.recordSubmitFailure(m.Key(), err, now); err != nil {
 			log.Error("cannot record failed submit", "err", err)
 		}
-		return s.now().Add(delay), true
+		return now.Add(delay), true
 	}
-	if err := s.store.markSubmitted(m.Key(), runID); err != nil {
+	if err := s.store.markSubmitted(m.Key(), runID, now); err != nil {
 		// The scheduler has the run; a retry returns the same run id.
 		log.Error("cannot record submitted message", "run_id", runID, "err", err)
-		return s.now().Add(s.backoff.delay(1)), true
+		return now.Add(s.backoff.delay(1)), true
 	}
 	log.Info("message submitted", "run_id", runID)
 	s.refreshCounters()
+	s.startTyping(m)
 	return time.Time{}, false
 }
 

@@ -128,6 +128,15 @@ func countEntries(t *testing.T, path string) map[string]int {
 	return counts
 }
 
+func countKeys(b *bolt.Bucket) int {
+	n := 0
+	c := b.Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		n++
+	}
+	return n
+}
+
 // eventually polls cond until it holds or 10s have passed.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -181,4 +190,46 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// passes is told of every loop pass of a service (Service.passed).
+type passes struct{ ch chan string }
+
+// passHook installs a pass recorder on s; call it before Run.
+func passHook(s *Service) *passes {
+	p := &passes{ch: make(chan string, 4096)}
+	s.passed = func(loop string) {
+		select {
+		case p.ch <- loop:
+		default:
+		}
+	}
+	return p
+}
+
+// drain forgets the passes seen so far.
+func (p *passes) drain() {
+	for {
+		select {
+		case <-p.ch:
+		default:
+			return
+		}
+	}
+}
+
+// waitFor returns after the next pass of loop, failing the test after 10s.
+func (p *passes) waitFor(t *testing.T, loop string) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case got := <-p.ch:
+			if got == loop {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("timed out waiting for a pass of the %s loop", loop)
+		}
+	}
 }

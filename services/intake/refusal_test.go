@@ -2,10 +2,15 @@ package intake
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/godbus/dbus/v5"
+	"github.com/jonboulle/clockwork"
 
 	"github.com/berth-dev/berth/internal/bus"
 )
@@ -38,8 +43,10 @@ func TestReplayOfASignedRequestWithoutIDRunsNothingAgain(t *testing.T) {
 	}
 }
 
-// refusingSubmitter answers like a scheduler that no longer knows the agent.
+// refusingSubmitter fails every Submit with err, as a scheduler (or a bus)
+// that can never take the message.
 type refusingSubmitter struct {
+	err   error
 	mu    sync.Mutex
 	calls int
 }
@@ -48,36 +55,93 @@ func (r *refusingSubmitter) Submit(context.Context, map[string]string) (string, 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls++
-	return "", bus.NewError(bus.ErrInvalidArgument, "unknown agent %q", "ops-agent")
+	return "", r.err
 }
 
-func TestMessageRefusedForGoodGetsAnErrorReplyInsteadOfEndlessRetries(t *testing.T) {
+func TestSubmitThatCanNeverSucceedEndsAsARefusalWithAnErrorReply(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		err       error
+		wantError string
+	}{
+		{"Scheduler_refuses_an_unknown_agent", bus.NewError(bus.ErrInvalidArgument, "unknown agent %q", "ops-agent"), `unknown agent "ops-agent"`},
+		{"Bus_refuses_the_arguments", dbus.NewError("org.freedesktop.DBus.Error.InvalidArgs", []any{"Invalid arguments"}), "Invalid arguments"},
+		{"A_string_with_a_NUL_cannot_be_encoded", fmt.Errorf("cannot submit to %s: %w", bus.SchedulerName, dbus.FormatError("input has a null char('\\000') in string")), "null char"},
+		{"A_string_with_invalid_UTF8_cannot_be_encoded", fmt.Errorf("cannot submit: %w", dbus.FormatError("input has a not-utf8 char in string")), "not-utf8"},
+		{"A_message_too_long_for_the_bus", fmt.Errorf("cannot submit: %w", dbus.InvalidMessageError("message is too long")), "too long"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rs := newReplyServer(t, 0)
+			clock := clockwork.NewFakeClockAt(time.Now())
+			s, _ := newTestService(t, testConfig(rs.URL), WithClock(clock))
+			sub := &refusingSubmitter{err: tc.err}
+			s.submitter.Store(&submitterBox{sub})
+			passes := passHook(s)
+			runService(t, s)
+
+			body := mustJSON(t, map[string]string{"id": "m1", "channel": "ops", "author": "a", "text": "hi"})
+			if code, _ := post(t, s, signedRequest("hooks", body, testSecret, clock.Now())); code != http.StatusAccepted {
+				t.Fatalf("post: %d", code)
+			}
+			eventually(t, "the sender gets an error reply", func() bool { _, ok := rs.counts(); return ok > 0 })
+			rs.mu.Lock()
+			got := rs.accepted[0]
+			rs.mu.Unlock()
+			if got.ID != "m1" || got.State != "failed" || !strings.Contains(got.Error, tc.wantError) {
+				t.Fatalf("error reply %+v, want a failed reply for m1 whose error mentions %q", got, tc.wantError)
+			}
+			m, _, err := s.store.message("hooks", "m1")
+			if err != nil || m.State != stateRefused || m.Attempts != 1 {
+				t.Fatalf("message = %+v (%v), want refused after 1 attempt", m, err)
+			}
+			if inbox, _ := s.store.pendingCounts(); inbox != 0 {
+				t.Fatalf("%d messages still pending", inbox)
+			}
+			// Far past every retry delay, the forward loop passes and finds
+			// nothing to submit.
+			passes.drain()
+			clock.Advance(time.Hour)
+			passes.waitFor(t, "forward")
+			sub.mu.Lock()
+			calls := sub.calls
+			sub.mu.Unlock()
+			if calls != 1 {
+				t.Fatalf("a message refused for good was submitted %d times, want 1", calls)
+			}
+		})
+	}
+}
+
+// A message stored by an older intake that let a NUL through fails on the
+// real bus before it leaves the process; it must end as a refusal.
+func TestStoredMessageWithANULIsRefusedOverTheRealBus(t *testing.T) {
 	t.Parallel()
 	rs := newReplyServer(t, 0)
 	s, _ := newTestService(t, testConfig(rs.URL))
-	sub := &refusingSubmitter{}
-	s.submitter.Store(&submitterBox{sub})
+	b := exportOnPrivateBus(t, s)
+	sched := &fakeScheduler{calls: map[string]int{}, runs: map[string]string{}}
+	schedConn := b.Conn(t)
+	if err := schedConn.Export(sched, bus.SchedulerPath, bus.SchedulerInterface); err != nil {
+		t.Fatal(err)
+	}
+	if reply, err := schedConn.RequestName(bus.SchedulerName, dbus.NameFlagDoNotQueue); err != nil || reply != dbus.RequestNameReplyPrimaryOwner {
+		t.Fatalf("cannot own %s: %v %v", bus.SchedulerName, reply, err)
+	}
+	if _, _, err := s.store.accept(inboxEntry{Connector: "hooks", ID: "nul-1", Channel: "ops", Author: "ada", Text: "hi\x00there", Agent: "ops-agent", ReceivedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
 	runService(t, s)
-
-	body := mustJSON(t, map[string]string{"id": "m1", "channel": "ops", "author": "a", "text": "hi"})
-	if code, _ := post(t, s, signedRequest("hooks", body, testSecret, time.Now())); code != http.StatusAccepted {
-		t.Fatalf("post: %d", code)
-	}
 	eventually(t, "the sender gets an error reply", func() bool { _, ok := rs.counts(); return ok > 0 })
-	rs.mu.Lock()
-	got := rs.accepted[0]
-	rs.mu.Unlock()
-	if got.ID != "m1" || got.State != "failed" || got.Error != `unknown agent "ops-agent"` {
-		t.Fatalf("error reply %+v", got)
+	m, _, err := s.store.message("hooks", "nul-1")
+	if err != nil || m.State != stateRefused || !strings.Contains(m.LastError, "null char") {
+		t.Fatalf("message = %+v (%v), want refused for its NUL", m, err)
 	}
-	time.Sleep(300 * time.Millisecond) // several retry periods at the test's 10-100ms back-off
-	sub.mu.Lock()
-	calls := sub.calls
-	sub.mu.Unlock()
-	if calls != 1 {
-		t.Fatalf("a message refused for good was submitted %d times, want 1", calls)
-	}
-	if inbox, _, err := s.store.pendingCounts(); err != nil || inbox != 0 {
-		t.Fatalf("%d messages still pending (err %v)", inbox, err)
+	sched.mu.Lock()
+	defer sched.mu.Unlock()
+	if len(sched.calls) != 0 {
+		t.Fatalf("the scheduler got %v, want nothing", sched.calls)
 	}
 }

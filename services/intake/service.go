@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/jonboulle/clockwork"
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/config"
@@ -21,15 +24,17 @@ const DBName = "intake.db"
 
 // settings is what intake asks of the configuration; *config.Config answers.
 type settings interface {
-	Route(connector, channelID, channelName string) (string, error)
+	RouteMessage(connector, channelID, channelName, serverID string) (string, error)
 	Connector(id string) (config.Connector, bool)
 	ConnectorSecret(id string) ([]byte, error)
 }
 
-// Service accepts messages over HTTP, forwards them to the scheduler, and
-// delivers replies handed to it over D-Bus.
+// Service accepts messages from its connectors (and webhooks over HTTP),
+// forwards them to the scheduler, and delivers replies handed to it over
+// D-Bus through the connector each message came from.
 type Service struct {
 	cfg         atomic.Pointer[settingsBox]
+	retention   atomic.Int64 // time.Duration of [retention] delivered
 	store       *store
 	log         *slog.Logger
 	submitter   atomic.Pointer[submitterBox]
@@ -37,10 +42,22 @@ type Service struct {
 	backoff     backoff
 	auth        bus.Authorizer
 	callTimeout time.Duration
-	now         func() time.Time
+	clock       clockwork.Clock
+	factories   map[string]ConnectorFactory
+	conns       connectors
 
 	wakeForward chan struct{}
 	wakeDeliver chan struct{}
+	wakePublish chan struct{}
+	forwardOn   atomic.Pointer[lanes] // per-connector Submit workers, while Run runs
+	deliverOn   atomic.Pointer[lanes] // per-connector reply workers, while Run runs
+	notBefore   sync.Map              // message key → time.Time of its next Submit
+	typing      typingSet
+
+	// Unix nanoseconds of the last pass of the forward and deliver loops.
+	forwardPassed, deliverPassed atomic.Int64
+	// passed, when set (tests), is told of each loop's pass.
+	passed func(loop string)
 
 	propsMu sync.Mutex
 	props   propertySetter
@@ -64,6 +81,10 @@ func WithSubmitter(sub Submitter) Option {
 	return func(s *Service) { s.submitter.Store(&submitterBox{sub}) }
 }
 
+// WithClock sets the clock of every timer and timestamp (default: the real
+// one); tests drive retries and retention with a fake clock.
+func WithClock(c clockwork.Clock) Option { return func(s *Service) { s.clock = c } }
+
 // WithHTTPClient sets the client that posts replies (default: 30s timeout).
 func WithHTTPClient(c *http.Client) Option { return func(s *Service) { s.httpClient = c } }
 
@@ -83,14 +104,20 @@ func New(cfg *config.Config, stateDir string, opts ...Option) (*Service, error) 
 		httpClient:  &http.Client{Timeout: 30 * time.Second},
 		backoff:     defaultBackoff,
 		callTimeout: 30 * time.Second,
-		now:         time.Now,
+		clock:       clockwork.NewRealClock(),
+		factories:   maps.Clone(platformFactories),
 		wakeForward: make(chan struct{}, 1),
 		wakeDeliver: make(chan struct{}, 1),
+		wakePublish: make(chan struct{}, 1),
 	}
 	for _, o := range opts {
 		o(s)
 	}
 	s.cfg.Store(&settingsBox{cfg})
+	s.retention.Store(int64(retentionOf(cfg)))
+	now := s.clock.Now().UnixNano()
+	s.forwardPassed.Store(now)
+	s.deliverPassed.Store(now)
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("cannot create state directory: %w", err)
 	}
@@ -99,17 +126,22 @@ func New(cfg *config.Config, stateDir string, opts ...Option) (*Service, error) 
 		return nil, fmt.Errorf("cannot create intake service: %w", err)
 	}
 	s.store = st
+	s.syncConnectors(cfg)
 	return s, nil
 }
 
-// Reload swaps the configuration: new connectors, secrets and routes apply to
-// the next request and retry. Queued messages and replies are kept.
+// Reload swaps the configuration: new routes and secrets apply to the next
+// message and retry; connectors whose entry changed are rebuilt, removed ones
+// stopped, new ones started. Queued messages and replies are kept.
 func (s *Service) Reload(cfg *config.Config) {
 	if cfg == nil {
 		return
 	}
 	s.cfg.Store(&settingsBox{cfg})
+	s.retention.Store(int64(retentionOf(cfg)))
+	s.syncConnectors(cfg)
 	s.log.Info("configuration reloaded")
+	s.refreshConnectors()
 	// A new reply_url or secret may unblock waiting work.
 	wake(s.wakeForward)
 	wake(s.wakeDeliver)
@@ -117,14 +149,52 @@ func (s *Service) Reload(cfg *config.Config) {
 
 func (s *Service) config() settings { return s.cfg.Load().settings }
 
-// Run forwards pending messages and delivers pending replies until ctx is
-// done, then returns once the calls in flight have finished.
+// idlePass is the longest the forward and deliver loops wait between
+// passes, so that LastProgress moves while nothing happens.
+const idlePass = 5 * time.Second
+
+// Run runs the connectors, forwards pending messages (one worker per
+// connector), delivers pending replies (one worker per connector) and prunes
+// finished entries, until ctx is done; then it returns once the calls in
+// flight have finished.
 func (s *Service) Run(ctx context.Context) error {
+	fwd := newLanes(ctx, s.clock, s.forwardConnector, func(c string) { s.notePass("forward/"+c, nil) })
+	dlv := newLanes(ctx, s.clock, s.deliverConnector, func(c string) { s.notePass("deliver/"+c, nil) })
+	s.forwardOn.Store(fwd)
+	s.deliverOn.Store(dlv)
+	s.startConnectors(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { s.forwardLoop(ctx) })
-	wg.Go(func() { s.deliverLoop(ctx) })
+	wg.Go(func() {
+		runLoop(ctx, s.clock, s.wakeForward, idlePass, s.forwardPass, func() { s.notePass("forward", &s.forwardPassed) })
+	})
+	wg.Go(func() {
+		runLoop(ctx, s.clock, s.wakeDeliver, idlePass, s.deliverPass, func() { s.notePass("deliver", &s.deliverPassed) })
+	})
+	wg.Go(func() { s.typingLoop(ctx) })
+	wg.Go(func() { s.retentionLoop(ctx) })
 	wg.Wait()
+	fwd.wait()
+	dlv.wait()
+	s.stopConnectors()
 	return nil
+}
+
+// LastProgress is when the forward and deliver loops both last made a pass
+// (the older of the two). Each passes at least every 5 s, so a watchdog can
+// tell a stuck service from an idle one.
+func (s *Service) LastProgress() time.Time {
+	return time.Unix(0, min(s.forwardPassed.Load(), s.deliverPassed.Load()))
+}
+
+// notePass records a loop's pass (at, when the loop counts for LastProgress)
+// and tells a test's hook.
+func (s *Service) notePass(loop string, at *atomic.Int64) {
+	if at != nil {
+		at.Store(s.clock.Now().UnixNano())
+	}
+	if s.passed != nil {
+		s.passed(loop)
+	}
 }
 
 // Close closes the database. Call it after Run has returned.
@@ -142,37 +212,27 @@ func wake(ch chan struct{}) {
 	}
 }
 
-// refreshCounters publishes the pending counts after a commit changed them.
-func (s *Service) refreshCounters() {
-	s.propsMu.Lock()
-	defer s.propsMu.Unlock()
-	if s.props == nil {
-		return
-	}
-	in, out, err := s.store.pendingCounts()
-	if err != nil {
-		s.log.Warn("cannot refresh pending counters", "err", err)
-		return
-	}
-	s.props.setCounts(in, out)
-}
+// refreshCounters and refreshConnectors ask publish to send the properties
+// again after a commit or a connector changed them.
+func (s *Service) refreshCounters()   { wake(s.wakePublish) }
+func (s *Service) refreshConnectors() { wake(s.wakePublish) }
 
-// runLoop calls pass whenever woken, when the delay pass asks for has passed,
-// and at start, until ctx is done.
-func runLoop(ctx context.Context, wakeUp <-chan struct{}, pass func(context.Context) (time.Duration, bool)) {
-	timer := time.NewTimer(0)
-	defer timer.Stop()
+// publish sends changed properties, one change at a time and never under a
+// lock, until done (the bus connection ends).
+func (s *Service) publish(done <-chan struct{}) {
 	for {
 		select {
-		case <-ctx.Done():
+		case <-done:
 			return
-		case <-wakeUp:
-		case <-timer.C:
+		case <-s.wakePublish:
 		}
-		next, ok := pass(ctx)
-		timer.Stop()
-		if ok {
-			timer.Reset(next)
+		s.propsMu.Lock()
+		p := s.props
+		s.propsMu.Unlock()
+		if p == nil {
+			continue
 		}
+		p.setCounts(s.store.pendingCounts())
+		p.setConnectors(s.ConnectorStatuses())
 	}
 }

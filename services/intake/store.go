@@ -1,8 +1,11 @@
 package intake
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/berth-dev/berth/internal/boltstore"
@@ -19,6 +22,7 @@ var (
 	bucketMessages = []byte("messages")
 	bucketReplies  = []byte("replies")
 	bucketPending  = []byte("pending")
+	bucketDone     = []byte("done")
 )
 
 // Entry states (the state field).
@@ -27,24 +31,30 @@ const (
 	stateSubmitted = "submitted"
 	stateRefused   = "refused" // the scheduler refused it for good; an error reply was queued
 	stateDelivered = "delivered"
+	stateFailed    = "failed" // the platform refused the reply for good
 )
 
-// inboxEntry is an accepted chat message (inbox/messages).
+// inboxEntry is an accepted chat message (inbox/messages). It is also the
+// message id's de-duplication record: while it is kept, the same
+// (connector, id) is acknowledged and runs nothing again.
 type inboxEntry struct {
-	Connector   string    `json:"connector"`
-	ID          string    `json:"id"`
-	Channel     string    `json:"channel"`
-	ChannelName string    `json:"channel_name,omitempty"`
-	Thread      string    `json:"thread,omitempty"`
-	Author      string    `json:"author"`
-	Text        string    `json:"text"`
-	Agent       string    `json:"agent"`
-	ReceivedAt  time.Time `json:"received_at"`
-	State       string    `json:"state"`
-	RunID       string    `json:"run_id,omitempty"`
-	Attempts    int       `json:"attempts,omitempty"`
-	LastError   string    `json:"last_error,omitempty"`
-	Seq         uint64    `json:"seq"`
+	Connector   string            `json:"connector"`
+	ID          string            `json:"id"`
+	Channel     string            `json:"channel"`
+	ChannelName string            `json:"channel_name,omitempty"`
+	Server      string            `json:"server,omitempty"`
+	Thread      string            `json:"thread,omitempty"`
+	Author      string            `json:"author"`
+	Text        string            `json:"text"`
+	Meta        map[string]string `json:"meta,omitempty"`
+	Agent       string            `json:"agent"`
+	ReceivedAt  time.Time         `json:"received_at"`
+	State       string            `json:"state"`
+	RunID       string            `json:"run_id,omitempty"`
+	Attempts    int               `json:"attempts,omitempty"`
+	LastError   string            `json:"last_error,omitempty"`
+	DoneAt      time.Time         `json:"done_at,omitzero"`
+	Seq         uint64            `json:"seq"`
 }
 
 // Key is the message's inbox key and the scheduler's idempotency key.
@@ -52,30 +62,33 @@ func (m inboxEntry) Key() string { return messageKey(m.Connector, m.ID) }
 
 func messageKey(connector, id string) string { return connector + "/" + id }
 
-// outboxEntry is an agent's reply (outbox/replies), waiting to be posted to the
-// connector's reply_url.
+// outboxEntry is an agent's reply (outbox/replies), waiting to be sent by its
+// connector.
 type outboxEntry struct {
-	RunID       string    `json:"run_id"`
-	MessageID   string    `json:"message_id"`
-	Connector   string    `json:"connector"`
-	Agent       string    `json:"agent,omitempty"`
-	Channel     string    `json:"channel,omitempty"`
-	Thread      string    `json:"thread,omitempty"`
-	RunState    string    `json:"run_state,omitempty"`
-	Text        string    `json:"text,omitempty"`
-	Error       string    `json:"error,omitempty"`
-	State       string    `json:"state"`
-	Attempts    int       `json:"attempts,omitempty"`
-	LastError   string    `json:"last_error,omitempty"`
-	NextAttempt time.Time `json:"next_attempt,omitzero"`
-	DeliveredAt time.Time `json:"delivered_at,omitzero"`
-	Seq         uint64    `json:"seq"`
+	RunID       string            `json:"run_id"`
+	MessageID   string            `json:"message_id"`
+	Connector   string            `json:"connector"`
+	Agent       string            `json:"agent,omitempty"`
+	Channel     string            `json:"channel,omitempty"`
+	Thread      string            `json:"thread,omitempty"`
+	Meta        map[string]string `json:"meta,omitempty"`
+	RunState    string            `json:"run_state,omitempty"`
+	Text        string            `json:"text,omitempty"`
+	Error       string            `json:"error,omitempty"`
+	State       string            `json:"state"`
+	Attempts    int               `json:"attempts,omitempty"`
+	LastError   string            `json:"last_error,omitempty"`
+	NextAttempt time.Time         `json:"next_attempt,omitzero"`
+	DeliveredAt time.Time         `json:"delivered_at,omitzero"`
+	DoneAt      time.Time         `json:"done_at,omitzero"`
+	Seq         uint64            `json:"seq"`
 }
 
 // migrations are applied in order to databases older than their version.
 // Append only; never edit a released entry.
 var migrations = []boltstore.Migration{
 	{Version: 1, Apply: createV1Buckets},
+	{Version: 2, Apply: addDoneIndexes},
 }
 
 func schemaVersion() int { return migrations[len(migrations)-1].Version }
@@ -98,9 +111,108 @@ func createV1Buckets(tx *bolt.Tx) error {
 	return nil
 }
 
+// addDoneIndexes (version 2) adds inbox/done and outbox/done, the finished
+// entries in the order they finished, which retention prunes from the oldest;
+// entries finished under version 1 are indexed at the time they arrived
+// (inbox) or were delivered (outbox). It also keys the pending indexes by
+// connector and then sequence number (pendingKey), so that each connector's
+// worker reads only its own range.
+func addDoneIndexes(tx *bolt.Tx) error {
+	for _, top := range [][]byte{bucketInbox, bucketOutbox} {
+		if _, err := tx.Bucket(top).CreateBucketIfNotExists(bucketDone); err != nil {
+			return err
+		}
+	}
+	if err := rekeyPending[inboxEntry](inboxQueue(tx)); err != nil {
+		return err
+	}
+	if err := rekeyPending[outboxEntry](outboxQueue(tx)); err != nil {
+		return err
+	}
+	messages, _, inDone := inboxBuckets(tx)
+	err := messages.ForEach(func(k, v []byte) error {
+		var m inboxEntry
+		if err := json.Unmarshal(v, &m); err != nil {
+			return fmt.Errorf("inbox entry %q: %w", k, err)
+		}
+		if m.State == statePending {
+			return nil
+		}
+		return inDone.Put(doneKey(m.ReceivedAt, m.Seq), bytes.Clone(k))
+	})
+	if err != nil {
+		return err
+	}
+	replies, _, outDone := outboxBuckets(tx)
+	return replies.ForEach(func(k, v []byte) error {
+		var r outboxEntry
+		if err := json.Unmarshal(v, &r); err != nil {
+			return fmt.Errorf("outbox entry %q: %w", k, err)
+		}
+		if r.State == statePending {
+			return nil
+		}
+		return outDone.Put(doneKey(r.DeliveredAt, r.Seq), bytes.Clone(k))
+	})
+}
+
+// rekeyPending rewrites a version 1 pending index (<seq> : key) as
+// <connector> NUL <seq> : key.
+func rekeyPending[E queued](q queue) error {
+	type move struct{ old, new, key []byte }
+	var moves []move
+	err := q.pending.ForEach(func(k, key []byte) error {
+		v := q.items.Get(key)
+		if v == nil {
+			return fmt.Errorf("pending index names missing entry %q", key)
+		}
+		var e E
+		if err := json.Unmarshal(v, &e); err != nil {
+			return fmt.Errorf("entry %q: %w", key, err)
+		}
+		_, connector, seq, _, _ := entryFields(&e)
+		moves = append(moves, move{bytes.Clone(k), pendingKey(connector, *seq), bytes.Clone(key)})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, m := range moves {
+		if err := q.pending.Delete(m.old); err != nil {
+			return err
+		}
+		if err := q.pending.Put(m.new, m.key); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// doneKey sorts finished entries by the time they finished, then by seq.
+func doneKey(at time.Time, seq uint64) []byte {
+	k := make([]byte, 16)
+	ns := at.UnixNano()
+	if at.IsZero() || ns < 0 {
+		ns = 0
+	}
+	binary.BigEndian.PutUint64(k, uint64(ns))
+	binary.BigEndian.PutUint64(k[8:], seq)
+	return k
+}
+
+func doneKeyTime(k []byte) time.Time {
+	if len(k) < 8 {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(binary.BigEndian.Uint64(k)))
+}
+
 // store is intake.db. It is safe for concurrent use; bbolt serialises writers.
 type store struct {
 	db *bolt.DB
+	// The pending counts, kept up to date after each commit so that the
+	// D-Bus counters and the idle check never walk the pending indexes.
+	inboxPending, outboxPending atomic.Int64
 }
 
 // openStore opens (creating and migrating when needed) the database at path.
@@ -110,21 +222,33 @@ func openStore(path string) (*store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &store{db: db}, nil
+	s := &store{db: db}
+	err = db.View(func(tx *bolt.Tx) error {
+		_, in, _ := inboxBuckets(tx)
+		_, out, _ := outboxBuckets(tx)
+		s.inboxPending.Store(int64(in.Stats().KeyN))
+		s.outboxPending.Store(int64(out.Stats().KeyN))
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("cannot count pending entries: %w", err)
+	}
+	return s, nil
 }
 
 func (s *store) Close() error { return s.db.Close() }
 
 func u64(v uint64) []byte { return boltstore.U64(v) }
 
-func inboxBuckets(tx *bolt.Tx) (messages, pending *bolt.Bucket) {
+func inboxBuckets(tx *bolt.Tx) (messages, pending, done *bolt.Bucket) {
 	inbox := tx.Bucket(bucketInbox)
-	return inbox.Bucket(bucketMessages), inbox.Bucket(bucketPending)
+	return inbox.Bucket(bucketMessages), inbox.Bucket(bucketPending), inbox.Bucket(bucketDone)
 }
 
-func outboxBuckets(tx *bolt.Tx) (replies, pending *bolt.Bucket) {
+func outboxBuckets(tx *bolt.Tx) (replies, pending, done *bolt.Bucket) {
 	outbox := tx.Bucket(bucketOutbox)
-	return outbox.Bucket(bucketReplies), outbox.Bucket(bucketPending)
+	return outbox.Bucket(bucketReplies), outbox.Bucket(bucketPending), outbox.Bucket(bucketDone)
 }
 
 // message returns the inbox entry of connector/id.
@@ -132,7 +256,7 @@ func (s *store) message(connector, id string) (inboxEntry, bool, error) {
 	var m inboxEntry
 	var found bool
 	err := s.db.View(func(tx *bolt.Tx) error {
-		messages, _ := inboxBuckets(tx)
+		messages, _, _ := inboxBuckets(tx)
 		v := messages.Get([]byte(messageKey(connector, id)))
 		if v == nil {
 			return nil
@@ -147,31 +271,50 @@ func (s *store) message(connector, id string) (inboxEntry, bool, error) {
 }
 
 // queued is an inbox or outbox entry: stored under its key, listed in the
-// pending index under its sequence number while its state is pending.
+// pending index under its sequence number while its state is pending, and in
+// the done index once it is not.
 type queued interface {
 	inboxEntry | outboxEntry
 }
 
-// entryKey returns the bucket key of an entry, and its place in the pending
-// index.
-func entryKey[E queued](e *E) (key []byte, seq *uint64, state *string) {
+// entryFields returns the bucket key of an entry and the fields the indexes
+// need.
+func entryFields[E queued](e *E) (key []byte, connector string, seq *uint64, state *string, doneAt *time.Time) {
 	switch e := any(e).(type) {
 	case *inboxEntry:
-		return []byte(e.Key()), &e.Seq, &e.State
+		return []byte(e.Key()), e.Connector, &e.Seq, &e.State, &e.DoneAt
 	case *outboxEntry:
-		return []byte(e.RunID), &e.Seq, &e.State
+		return []byte(e.RunID), e.Connector, &e.Seq, &e.State, &e.DoneAt
 	}
 	panic("unreachable")
 }
 
+// pendingKey is an entry's key in its pending index: its connector, a NUL
+// (connector ids never hold one), and its sequence number, so that each
+// connector's pending entries are one range in arrival order.
+func pendingKey(connector string, seq uint64) []byte {
+	k := make([]byte, 0, len(connector)+9)
+	k = append(k, connector...)
+	k = append(k, 0)
+	return append(k, u64(seq)...)
+}
+
+// pendingPrefix is the start of a connector's range in a pending index.
+func pendingPrefix(connector string) []byte { return append([]byte(connector), 0) }
+
+// queue is one side of the store (inbox or outbox) inside a transaction.
+type queue struct {
+	items, pending, done *bolt.Bucket
+}
+
 // enqueue stores e as pending unless its key is already there, in which
 // case it loads the stored entry into e. It reports whether e was new.
-func enqueue[E queued](items, pending *bolt.Bucket, e *E) (bool, error) {
-	key, seq, state := entryKey(e)
-	if v := items.Get(key); v != nil {
+func enqueue[E queued](q queue, e *E) (bool, error) {
+	key, connector, seq, state, _ := entryFields(e)
+	if v := q.items.Get(key); v != nil {
 		return false, json.Unmarshal(v, e)
 	}
-	n, err := pending.NextSequence()
+	n, err := q.pending.NextSequence()
 	if err != nil {
 		return false, err
 	}
@@ -180,53 +323,91 @@ func enqueue[E queued](items, pending *bolt.Bucket, e *E) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if err := items.Put(key, v); err != nil {
+	if err := q.items.Put(key, v); err != nil {
 		return false, err
 	}
-	return true, pending.Put(u64(n), key)
+	return true, q.pending.Put(pendingKey(connector, n), key)
 }
 
-// update applies change to the entry stored under key and drops it from the
-// pending index once it is no longer pending.
-func update[E queued](items, pending *bolt.Bucket, key string, change func(*E)) error {
-	v := items.Get([]byte(key))
+// update applies change to the entry stored under key. An entry that stops
+// being pending moves from the pending index to the done index at now; it
+// reports whether that happened.
+func update[E queued](q queue, key string, now time.Time, change func(*E)) (left bool, err error) {
+	v := q.items.Get([]byte(key))
 	if v == nil {
-		return fmt.Errorf("%q is not stored", key)
+		return false, fmt.Errorf("%q is not stored", key)
 	}
 	var e E
 	if err := json.Unmarshal(v, &e); err != nil {
-		return err
+		return false, err
 	}
+	_, connector, _, before, _ := entryFields(&e)
+	wasPending := *before == statePending
 	change(&e)
-	_, seq, state := entryKey(&e)
-	if *state != statePending {
-		if err := pending.Delete(u64(*seq)); err != nil {
-			return err
+	_, _, seq, state, doneAt := entryFields(&e)
+	if wasPending && *state != statePending {
+		left = true
+		*doneAt = now.UTC()
+		if err := q.pending.Delete(pendingKey(connector, *seq)); err != nil {
+			return false, err
+		}
+		if err := q.done.Put(doneKey(now, *seq), []byte(key)); err != nil {
+			return false, err
 		}
 	}
 	nv, err := json.Marshal(&e)
 	if err != nil {
-		return err
+		return false, err
 	}
-	return items.Put([]byte(key), nv)
+	return left, q.items.Put([]byte(key), nv)
 }
 
-// listPending returns the pending entries, oldest first.
-func listPending[E queued](items, pending *bolt.Bucket) ([]E, error) {
+// listPending returns a connector's pending entries, oldest first. It reads
+// only that connector's range of the index.
+func listPending[E queued](q queue, connector string) ([]E, error) {
 	var out []E
-	err := pending.ForEach(func(_, key []byte) error {
-		v := items.Get(key)
+	prefix := pendingPrefix(connector)
+	c := q.pending.Cursor()
+	for k, key := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, key = c.Next() {
+		v := q.items.Get(key)
 		if v == nil {
-			return fmt.Errorf("pending index names missing entry %q", key)
+			return nil, fmt.Errorf("pending index names missing entry %q", key)
 		}
 		var e E
 		if err := json.Unmarshal(v, &e); err != nil {
-			return fmt.Errorf("entry %q: %w", key, err)
+			return nil, fmt.Errorf("entry %q: %w", key, err)
 		}
 		out = append(out, e)
-		return nil
-	})
-	return out, err
+	}
+	return out, nil
+}
+
+// pendingConnectors returns the connectors that have pending entries,
+// skipping over each one's range instead of walking it.
+func pendingConnectors(q queue) []string {
+	var out []string
+	c := q.pending.Cursor()
+	for k, _ := c.First(); k != nil; {
+		i := bytes.IndexByte(k, 0)
+		if i < 0 {
+			k, _ = c.Next() // not written by this version; ignored
+			continue
+		}
+		connector := string(k[:i])
+		out = append(out, connector)
+		k, _ = c.Seek(append([]byte(connector), 1))
+	}
+	return out
+}
+
+func inboxQueue(tx *bolt.Tx) queue {
+	items, pending, done := inboxBuckets(tx)
+	return queue{items, pending, done}
+}
+
+func outboxQueue(tx *bolt.Tx) queue {
+	items, pending, done := outboxBuckets(tx)
+	return queue{items, pending, done}
 }
 
 // accept stores m as pending unless its key is already in the inbox, and
@@ -235,21 +416,54 @@ func listPending[E queued](items, pending *bolt.Bucket) ([]E, error) {
 func (s *store) accept(m inboxEntry) (inboxEntry, bool, error) {
 	var created bool
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		messages, pending := inboxBuckets(tx)
 		var err error
-		created, err = enqueue(messages, pending, &m)
+		created, err = enqueue(inboxQueue(tx), &m)
 		return err
 	})
 	if err != nil {
 		return inboxEntry{}, false, fmt.Errorf("cannot store message in inbox: %w", err)
 	}
+	if created {
+		s.inboxPending.Add(1)
+	}
 	return m, created, nil
 }
 
-// pendingMessages returns the messages not yet submitted, oldest first.
+// pendingMessages returns the messages not yet submitted, oldest first per
+// connector.
 func (s *store) pendingMessages() (out []inboxEntry, err error) {
+	connectors, err := s.connectorsWithPending(inboxQueue)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range connectors {
+		msgs, err := s.pendingMessagesOf(c)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, msgs...)
+	}
+	return out, nil
+}
+
+// connectorsWithPending returns the connectors with pending entries in the
+// inbox or the outbox (side).
+func (s *store) connectorsWithPending(side func(*bolt.Tx) queue) (out []string, err error) {
 	err = s.db.View(func(tx *bolt.Tx) error {
-		out, err = listPending[inboxEntry](inboxBuckets(tx))
+		out = pendingConnectors(side(tx))
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot read pending index: %w", err)
+	}
+	return out, nil
+}
+
+// pendingMessagesOf returns the pending messages of one connector, oldest
+// first.
+func (s *store) pendingMessagesOf(connector string) (out []inboxEntry, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		out, err = listPending[inboxEntry](inboxQueue(tx), connector)
 		return err
 	})
 	if err != nil {
@@ -258,15 +472,21 @@ func (s *store) pendingMessages() (out []inboxEntry, err error) {
 	return out, nil
 }
 
-func (s *store) updateMessage(key string, change func(*inboxEntry)) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		messages, pending := inboxBuckets(tx)
-		return update(messages, pending, key, change)
+func (s *store) updateMessage(key string, now time.Time, change func(*inboxEntry)) error {
+	var left bool
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		var err error
+		left, err = update(inboxQueue(tx), key, now, change)
+		return err
 	})
+	if err == nil && left {
+		s.inboxPending.Add(-1)
+	}
+	return err
 }
 
-func (s *store) markSubmitted(key, runID string) error {
-	err := s.updateMessage(key, func(m *inboxEntry) {
+func (s *store) markSubmitted(key, runID string, now time.Time) error {
+	err := s.updateMessage(key, now, func(m *inboxEntry) {
 		m.State, m.RunID, m.LastError = stateSubmitted, runID, ""
 		m.Attempts++
 	})
@@ -279,28 +499,34 @@ func (s *store) markSubmitted(key, runID string) error {
 // refuseMessage ends a message the scheduler will never take (unknown agent,
 // bad input) and, in the same transaction, queues an error reply for its
 // sender, so the user hears why instead of waiting forever.
-func (s *store) refuseMessage(key string, cause error, reply outboxEntry) error {
+func (s *store) refuseMessage(key string, cause error, reply outboxEntry, now time.Time) error {
+	var left, created bool
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		messages, pending := inboxBuckets(tx)
-		err := update(messages, pending, key, func(m *inboxEntry) {
+		var err error
+		left, err = update(inboxQueue(tx), key, now, func(m *inboxEntry) {
 			m.State, m.LastError = stateRefused, cause.Error()
 			m.Attempts++
 		})
 		if err != nil {
 			return err
 		}
-		replies, outPending := outboxBuckets(tx)
-		_, err = enqueue(replies, outPending, &reply)
+		created, err = enqueue(outboxQueue(tx), &reply)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("cannot record refused message: %w", err)
 	}
+	if left {
+		s.inboxPending.Add(-1)
+	}
+	if created {
+		s.outboxPending.Add(1)
+	}
 	return nil
 }
 
-func (s *store) recordSubmitFailure(key string, cause error) error {
-	err := s.updateMessage(key, func(m *inboxEntry) {
+func (s *store) recordSubmitFailure(key string, cause error, now time.Time) error {
+	err := s.updateMessage(key, now, func(m *inboxEntry) {
 		m.Attempts++
 		m.LastError = cause.Error()
 	})
@@ -315,21 +541,41 @@ func (s *store) recordSubmitFailure(key string, cause error) error {
 func (s *store) addReply(r outboxEntry) (bool, error) {
 	var created bool
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		replies, pending := outboxBuckets(tx)
 		var err error
-		created, err = enqueue(replies, pending, &r)
+		created, err = enqueue(outboxQueue(tx), &r)
 		return err
 	})
 	if err != nil {
 		return false, fmt.Errorf("cannot store reply in outbox: %w", err)
 	}
+	if created {
+		s.outboxPending.Add(1)
+	}
 	return created, nil
 }
 
-// pendingReplies returns the replies not yet delivered, oldest first.
+// pendingReplies returns the replies not yet delivered, oldest first per
+// connector.
 func (s *store) pendingReplies() (out []outboxEntry, err error) {
+	connectors, err := s.connectorsWithPending(outboxQueue)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range connectors {
+		replies, err := s.pendingRepliesOf(c)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, replies...)
+	}
+	return out, nil
+}
+
+// pendingRepliesOf returns the pending replies of one connector, oldest
+// first.
+func (s *store) pendingRepliesOf(connector string) (out []outboxEntry, err error) {
 	err = s.db.View(func(tx *bolt.Tx) error {
-		out, err = listPending[outboxEntry](outboxBuckets(tx))
+		out, err = listPending[outboxEntry](outboxQueue(tx), connector)
 		return err
 	})
 	if err != nil {
@@ -338,16 +584,22 @@ func (s *store) pendingReplies() (out []outboxEntry, err error) {
 	return out, nil
 }
 
-func (s *store) updateReply(runID string, change func(*outboxEntry)) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
-		replies, pending := outboxBuckets(tx)
-		return update(replies, pending, runID, change)
+func (s *store) updateReply(runID string, now time.Time, change func(*outboxEntry)) error {
+	var left bool
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		var err error
+		left, err = update(outboxQueue(tx), runID, now, change)
+		return err
 	})
+	if err == nil && left {
+		s.outboxPending.Add(-1)
+	}
+	return err
 }
 
 func (s *store) markDelivered(runID string, at time.Time) error {
-	err := s.updateReply(runID, func(r *outboxEntry) {
-		r.State, r.DeliveredAt, r.NextAttempt, r.LastError = stateDelivered, at, time.Time{}, ""
+	err := s.updateReply(runID, at, func(r *outboxEntry) {
+		r.State, r.DeliveredAt, r.NextAttempt, r.LastError = stateDelivered, at.UTC(), time.Time{}, ""
 		r.Attempts++
 	})
 	if err != nil {
@@ -356,11 +608,23 @@ func (s *store) markDelivered(runID string, at time.Time) error {
 	return nil
 }
 
-func (s *store) recordDeliveryFailure(runID string, cause error, next func(attempts int) time.Time) error {
-	err := s.updateReply(runID, func(r *outboxEntry) {
+// markFailed ends a reply the platform refused for good, with its reason.
+func (s *store) markFailed(runID string, reason string, at time.Time) error {
+	err := s.updateReply(runID, at, func(r *outboxEntry) {
+		r.State, r.NextAttempt, r.LastError = stateFailed, time.Time{}, reason
+		r.Attempts++
+	})
+	if err != nil {
+		return fmt.Errorf("cannot mark reply failed: %w", err)
+	}
+	return nil
+}
+
+func (s *store) recordDeliveryFailure(runID string, cause error, now, next time.Time) error {
+	err := s.updateReply(runID, now, func(r *outboxEntry) {
 		r.Attempts++
 		r.LastError = cause.Error()
-		r.NextAttempt = next(r.Attempts)
+		r.NextAttempt = next
 	})
 	if err != nil {
 		return fmt.Errorf("cannot record delivery failure: %w", err)
@@ -369,25 +633,44 @@ func (s *store) recordDeliveryFailure(runID string, cause error, next func(attem
 }
 
 // pendingCounts returns how many messages wait for the scheduler and how many
-// replies wait for their platform.
-func (s *store) pendingCounts() (inbox, outbox uint32, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
-		_, in := inboxBuckets(tx)
-		_, out := outboxBuckets(tx)
-		inbox, outbox = uint32(countKeys(in)), uint32(countKeys(out))
+// replies wait for their platform. It reads counters, not the indexes.
+func (s *store) pendingCounts() (inbox, outbox uint32) {
+	return uint32(max(s.inboxPending.Load(), 0)), uint32(max(s.outboxPending.Load(), 0))
+}
+
+// pruneBatch is how many finished entries one retention transaction
+// deletes at most, so that a large backlog never holds the writer long.
+const pruneBatch = 256
+
+// pruneFinished deletes up to pruneBatch inbox and outbox entries that
+// finished before cutoff, oldest first, in one transaction. It reports how
+// many it deleted and whether older ones remain.
+func (s *store) pruneFinished(cutoff time.Time) (deleted int, more bool, err error) {
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		deleted, more = 0, false
+		for _, q := range []queue{inboxQueue(tx), outboxQueue(tx)} {
+			c := q.done.Cursor()
+			for k, key := c.First(); k != nil; k, key = c.First() {
+				if !doneKeyTime(k).Before(cutoff) {
+					break
+				}
+				if deleted == pruneBatch {
+					more = true
+					return nil
+				}
+				if err := q.items.Delete(key); err != nil {
+					return err
+				}
+				if err := c.Delete(); err != nil {
+					return err
+				}
+				deleted++
+			}
+		}
 		return nil
 	})
 	if err != nil {
-		return 0, 0, fmt.Errorf("cannot count pending entries: %w", err)
+		return 0, false, fmt.Errorf("cannot prune finished entries: %w", err)
 	}
-	return inbox, outbox, nil
-}
-
-func countKeys(b *bolt.Bucket) int {
-	n := 0
-	c := b.Cursor()
-	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		n++
-	}
-	return n
+	return deleted, more, nil
 }

@@ -53,9 +53,9 @@ func TestOpenStore(t *testing.T) {
 				if v := tx.Bucket(bucketMeta).Get(keySchema); len(v) != 8 || int(v[7]) != schemaVersion() {
 					t.Errorf("schema_version = %v, want %d", v, schemaVersion())
 				}
-				messages, inPending := inboxBuckets(tx)
-				replies, outPending := outboxBuckets(tx)
-				if messages == nil || inPending == nil || replies == nil || outPending == nil {
+				messages, inPending, inDone := inboxBuckets(tx)
+				replies, outPending, outDone := outboxBuckets(tx)
+				if messages == nil || inPending == nil || inDone == nil || replies == nil || outPending == nil || outDone == nil {
 					t.Error("inbox and outbox buckets are missing")
 				}
 				return nil

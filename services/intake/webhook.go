@@ -8,7 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
+	"unicode/utf8"
 )
 
 const (
@@ -30,14 +33,38 @@ type webhookMessage struct {
 	Text        string `json:"text"`
 }
 
-// Handler serves POST /hooks/{connector} and GET /healthz.
+// Handler serves /hooks/{connector} and GET /healthz. A webhook connector
+// takes signed POSTs (serveHook); a connector that receives over HTTP
+// (connector.HTTPReceiver: Discord interactions, Slack's Events API) gets
+// every request under its path.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /hooks/{connector}", s.serveHook)
+	mux.HandleFunc("/hooks/{connector}", s.serveConnector)
+	mux.HandleFunc("/hooks/{connector}/{rest...}", s.serveConnector)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	return mux
+}
+
+func (s *Service) serveConnector(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("connector")
+	rc, ok := s.connectorByID(id)
+	if ok && rc.handler != nil {
+		rc.handler.ServeHTTP(w, r)
+		return
+	}
+	if !ok || rc.cfg.Type != connectorTypeWebhook || r.PathValue("rest") != "" {
+		s.log.Info("request for unknown connector refused", "connector", id)
+		writeError(w, http.StatusNotFound, "no webhook connector named "+id)
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, http.StatusMethodNotAllowed, "webhooks are POSTed")
+		return
+	}
+	s.serveHook(w, r)
 }
 
 func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
@@ -68,7 +95,7 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "connector is misconfigured")
 		return
 	}
-	if err := verifySignature(r.Header, secret, s.now(), body); err != nil {
+	if err := verifySignature(r.Header, secret, s.clock.Now(), body); err != nil {
 		log.Info("webhook refused", "reason", err)
 		writeError(w, http.StatusUnauthorized, err.Error())
 		return
@@ -98,7 +125,7 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	agent, err := cfg.Route(connectorID, in.Channel, in.ChannelName)
+	agent, err := cfg.RouteMessage(connectorID, in.Channel, in.ChannelName, "")
 	if err == nil && agent == "" {
 		err = fmt.Errorf("no agent for channel %q", in.Channel)
 	}
@@ -118,25 +145,26 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 		Author:      in.Author,
 		Text:        in.Text,
 		Agent:       agent,
-		ReceivedAt:  s.now().UTC(),
+		ReceivedAt:  s.clock.Now().UTC(),
 	}
-	if _, created, err := s.store.accept(m); err != nil {
+	if rc, ok := s.connectorByID(connectorID); ok {
+		if wc, ok := rc.conn.(*webhookConnector); ok {
+			wc.noteEvent(s.clock.Now())
+		}
+	}
+	if err := s.keep(log, m); err != nil {
 		log.Error("cannot accept message", "err", err)
 		writeError(w, http.StatusInternalServerError, "cannot store message")
 		return
-	} else if created {
-		log.Info("message accepted")
-		log.Debug("message text", "author", in.Author, "text", in.Text)
-		s.refreshCounters()
-		wake(s.wakeForward)
-	} else {
-		log.Info("duplicate message acknowledged")
 	}
 	writeJSON(w, http.StatusAccepted, map[string]string{"id": in.ID})
 }
 
 func decodeWebhookMessage(body []byte) (webhookMessage, error) {
 	var in webhookMessage
+	if !utf8.Valid(body) {
+		return in, invalidUTF8Field(body)
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&in); err != nil {
@@ -144,6 +172,16 @@ func decodeWebhookMessage(body []byte) (webhookMessage, error) {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return in, errors.New("malformed JSON: data after the object")
+	}
+	for _, f := range []struct{ name, value string }{
+		{"id", in.ID}, {"channel", in.Channel}, {"channel_name", in.ChannelName},
+		{"thread", in.Thread}, {"author", in.Author}, {"text", in.Text},
+	} {
+		// D-Bus strings cannot carry NUL: such a message could never be
+		// handed to the scheduler.
+		if err := checkText(f.name, f.value); err != nil {
+			return in, err
+		}
 	}
 	for _, f := range []struct{ name, value string }{
 		{"channel", in.Channel}, {"author", in.Author}, {"text", in.Text},
@@ -158,6 +196,21 @@ func decodeWebhookMessage(body []byte) (webhookMessage, error) {
 		}
 	}
 	return in, nil
+}
+
+// invalidUTF8Field names the field of a JSON object body whose raw bytes are
+// not valid UTF-8 (encoding/json would silently replace them).
+func invalidUTF8Field(body []byte) error {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(body, &raw); err == nil {
+		names := slices.Sorted(maps.Keys(raw))
+		for _, name := range names {
+			if !utf8.Valid(raw[name]) {
+				return fmt.Errorf("%s is not valid UTF-8", name)
+			}
+		}
+	}
+	return errors.New("body is not valid UTF-8")
 }
 
 // validID accepts up to MaxIDLength visible ASCII characters other than "/":

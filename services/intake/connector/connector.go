@@ -163,3 +163,7 @@ func RetryAfter(err error) (time.Duration, bool) {
 	}
 	return 0, false
 }
+
+// MetaServer is the Reply.Meta key under which intake gives back the
+// Message.Server of the message a reply answers (unless Meta set it).
+const MetaServer = "server"
