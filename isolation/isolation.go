@@ -1,6 +1,13 @@
 // Package isolation runs one berth-agent request in a sandbox and returns its
 // response. Backend is the only thing the scheduler knows about sandboxes: it
-// hands over a Spec and gets a Result or an error whose Reason a user can read.
+// hands over a Spec (a Plan and the request) and gets a Result or an error
+// whose Reason a user can read.
+//
+// What a sandbox is made of is decided before the run, in a Plan
+// (internal/runplan compiles it); backends read it and never change it. How
+// a run is timed out, canceled, killed, drained and given its reason is
+// decided once, in Supervise; a backend only starts, waits for, kills and
+// inspects its sandbox.
 //
 // Backends live in subpackages: landlock (a confined host process) and
 // unrestricted (a plain host process, only when an admin configured it) and
@@ -11,36 +18,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/internal/config"
 )
-
-// Spec is everything a backend needs to run one request.
-type Spec struct {
-	RunID   string
-	AgentID string
-	// Request is written to the agent's stdin. It carries the provider key:
-	// backends must never put any of it in argv, environment, labels or files.
-	Request agentproto.Request
-	// Workspace is the host path of the agent's workspace; it exists.
-	Workspace string
-	// AgentBinary is the host path of berth-agent.
-	AgentBinary string
-	// RunAs is the unprivileged user the agent runs as. Backends refuse "root"
-	// (and uid 0) unless they are the unrestricted backend.
-	RunAs string
-	// Timeout ends the run (the process is killed) with ReasonTimeout.
-	Timeout time.Duration
-	// Container is the agent's container_mode; only the container backend
-	// reads it.
-	Container config.Container
-	// OnStart is called once the sandbox exists, with a handle Kill understands.
-	// The scheduler persists the handle so a restarted scheduler can kill
-	// orphans. May be nil.
-	OnStart func(handle string)
-}
 
 // Result is a finished run: the agent wrote a response (which may itself carry
 // an agent-level error such as "max iterations reached").
@@ -71,7 +51,27 @@ const (
 	ReasonCrashed     = "agent crashed"
 	ReasonStart       = "cannot start agent"
 	ReasonBadResponse = "bad response"
+	// ReasonOutOfMemory: the kernel's OOM killer ended a process of the
+	// run's cgroup or container.
+	ReasonOutOfMemory = "out of memory"
+	// ReasonUntracked: the sandbox's handle could not be recorded, so a
+	// scheduler crash would leave it unkillable; the run was ended instead.
+	ReasonUntracked = "sandbox could not be tracked"
 )
+
+// Explainer is a backend that can say how it confines a plan on this host:
+// which limits hold and which do not. `berthctl sandbox explain` shows it.
+type Explainer interface {
+	Explain(p Plan) Confinement
+}
+
+// Confinement is how a plan is confined on this machine.
+type Confinement struct {
+	// Mode is "transient unit", "process" or "container".
+	Mode    string   `json:"mode"`
+	Holds   []string `json:"holds,omitempty"`
+	Missing []string `json:"missing,omitempty"`
+}
 
 // RunError is a run that ended without a usable response.
 type RunError struct {

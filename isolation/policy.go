@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/internal/config"
 )
 
 // SystemReadOnly is what every confined host run may read so that /bin/sh and
@@ -73,6 +72,16 @@ func RunUserHome(dir string) PolicyOption {
 	return func(o *policyOptions) { o.runUserHome = dir }
 }
 
+// FileAccess is what an agent's file_access asks for.
+type FileAccess struct {
+	Unrestricted      bool
+	AllowRead         []string
+	AllowReadWrite    []string
+	Deny              []string
+	AllowHomeDotfiles bool
+	AllowNetwork      bool
+}
+
 // HostPolicy computes the complete Landlock policy berth-agent applies to
 // itself on the host: the workspace read-write, the system set
 // (SystemReadOnly, SystemReadWrite), the agent's file_access paths, and a Deny
@@ -88,12 +97,11 @@ func RunUserHome(dir string) PolicyOption {
 //
 // When file_access.unrestricted is set the policy is only Unrestricted plus the
 // network switch.
-func HostPolicy(a config.Agent, workspace string, protect []string, opts ...PolicyOption) agentproto.Policy {
+func HostPolicy(fa FileAccess, workspace string, protect []string, opts ...PolicyOption) agentproto.Policy {
 	var o policyOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
-	fa := a.FileAccess
 	if fa.Unrestricted {
 		return agentproto.Policy{Unrestricted: true, Network: fa.AllowNetwork}
 	}
@@ -221,11 +229,11 @@ func cleanUnique(paths []string) []string {
 // read-write, the system set read-only (paths missing from the image are
 // skipped by the agent), and TCP only when the container has a network.
 // file_access paths are host paths and mean nothing inside a container.
-func ContainerPolicy(c config.Container) agentproto.Policy {
-	readWrite := append([]string{config.ContainerWorkspace, config.ContainerTmp}, SystemReadWrite...)
+func ContainerPolicy(network bool) agentproto.Policy {
+	readWrite := append([]string{ContainerWorkspace, ContainerTmp}, SystemReadWrite...)
 	return agentproto.Policy{
 		AllowRead:      append([]string(nil), SystemReadOnly...),
 		AllowReadWrite: readWrite,
-		Network:        c.Network != "none",
+		Network:        network,
 	}
 }

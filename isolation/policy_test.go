@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -47,7 +46,7 @@ func covers(paths []string, p string) bool {
 func TestHostPolicyKeepsTheWorkspaceAndDeniesTheRestOfTheStateDir(t *testing.T) {
 	t.Parallel()
 	state, cfg, wsA, wsB := stateTree(t)
-	p := isolation.HostPolicy(config.Agent{ID: "a"}, wsA, []string{cfg, state, filepath.Join(state, "agents")})
+	p := isolation.HostPolicy(isolation.FileAccess{}, wsA, []string{cfg, state, filepath.Join(state, "agents")})
 
 	if !slices.Contains(p.AllowReadWrite, wsA) {
 		t.Errorf("workspace %s is not read-write: %q", wsA, p.AllowReadWrite)
@@ -70,7 +69,7 @@ func TestHostPolicyKeepsTheWorkspaceAndDeniesTheRestOfTheStateDir(t *testing.T) 
 func TestHostPolicyNeverExposesTheShadowFile(t *testing.T) {
 	t.Parallel()
 	_, _, wsA, _ := stateTree(t)
-	p := isolation.HostPolicy(config.Agent{ID: "a", FileAccess: config.FileAccess{AllowHomeDotfiles: true}}, wsA, nil, isolation.RunUserHome("/root"))
+	p := isolation.HostPolicy(isolation.FileAccess{AllowHomeDotfiles: true}, wsA, nil, isolation.RunUserHome("/root"))
 	for _, list := range [][]string{p.AllowRead, p.AllowReadWrite} {
 		if covers(list, "/etc/shadow") || covers(list, "/etc/berth/berth.toml") {
 			t.Errorf("policy lets the agent read /etc/shadow or berth's config: %q", list)
@@ -95,12 +94,12 @@ func TestHostPolicyNeverExposesTheShadowFile(t *testing.T) {
 func TestHostPolicyAddsTheAgentsFileAccess(t *testing.T) {
 	t.Parallel()
 	_, _, wsA, _ := stateTree(t)
-	a := config.Agent{ID: "a", FileAccess: config.FileAccess{
+	a := isolation.FileAccess{
 		AllowRead:      []string{"/srv/docs/"},
 		AllowReadWrite: []string{"/srv/shared"},
 		Deny:           []string{"/srv/docs/private", wsA, filepath.Join(wsA, "secret")},
 		AllowNetwork:   true,
-	}}
+	}
 	p := isolation.HostPolicy(a, wsA, nil)
 	if !slices.Contains(p.AllowRead, "/srv/docs") || !slices.Contains(p.AllowReadWrite, "/srv/shared") {
 		t.Errorf("configured paths missing: read %q, read-write %q", p.AllowRead, p.AllowReadWrite)
@@ -126,7 +125,7 @@ func TestHostPolicyGrantsHomeDotfilesOnlyWhenAllowed(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(home, ".config"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	allowed := isolation.HostPolicy(config.Agent{FileAccess: config.FileAccess{AllowHomeDotfiles: true}}, wsA, nil, isolation.RunUserHome(home))
+	allowed := isolation.HostPolicy(isolation.FileAccess{AllowHomeDotfiles: true}, wsA, nil, isolation.RunUserHome(home))
 	for _, want := range []string{filepath.Join(home, ".gitconfig"), filepath.Join(home, ".config")} {
 		if !slices.Contains(allowed.AllowRead, want) {
 			t.Errorf("%s is not readable: %q", want, allowed.AllowRead)
@@ -135,7 +134,7 @@ func TestHostPolicyGrantsHomeDotfilesOnlyWhenAllowed(t *testing.T) {
 	if covers(allowed.AllowRead, filepath.Join(home, "notes.txt")) {
 		t.Errorf("a non-dot file of home is readable: %q", allowed.AllowRead)
 	}
-	denied := isolation.HostPolicy(config.Agent{}, wsA, nil, isolation.RunUserHome(home))
+	denied := isolation.HostPolicy(isolation.FileAccess{}, wsA, nil, isolation.RunUserHome(home))
 	if covers(denied.AllowRead, filepath.Join(home, ".gitconfig")) {
 		t.Errorf("dotfiles readable without allow_home_dotfiles: %q", denied.AllowRead)
 	}
@@ -144,7 +143,7 @@ func TestHostPolicyGrantsHomeDotfilesOnlyWhenAllowed(t *testing.T) {
 func TestHostPolicyIsOnlyUnrestrictedWhenConfiguredSo(t *testing.T) {
 	t.Parallel()
 	_, _, wsA, _ := stateTree(t)
-	p := isolation.HostPolicy(config.Agent{FileAccess: config.FileAccess{Unrestricted: true}}, wsA, []string{"/etc/berth"})
+	p := isolation.HostPolicy(isolation.FileAccess{Unrestricted: true}, wsA, []string{"/etc/berth"})
 	if want := (agentproto.Policy{Unrestricted: true}); !equalPolicy(p, want) {
 		t.Errorf("got %+v, want %+v", p, want)
 	}
@@ -163,7 +162,7 @@ func TestHostPolicyKeepsAWorkspaceReachedThroughASymlink(t *testing.T) {
 	if err := os.Symlink(wsA, link); err != nil {
 		t.Fatal(err)
 	}
-	p := isolation.HostPolicy(config.Agent{}, link, []string{state})
+	p := isolation.HostPolicy(isolation.FileAccess{}, link, []string{state})
 	real, _ := filepath.EvalSymlinks(wsA)
 	for _, d := range p.Deny {
 		if d == real || strings.HasPrefix(real, d+"/") {

@@ -60,11 +60,12 @@ func serve(configFlag, stateFlag string, allUnrestricted bool) error {
 		log.Warn("systemd is not reachable (not PID 1, or not root): host runs are held by rlimits only, see berthctl sandbox explain")
 	}
 	backends := map[string]isolation.Backend{
-		"landlock":     landlock.New(),
-		"unrestricted": unrestricted.New(log),
+		landlock.Name:     landlock.New(),
+		unrestricted.Name: unrestricted.New(log),
 	}
-	// The engine is contacted per run: a Docker that is down fails container
-	// runs with a reason, and landlock agents keep running.
+	// The engine is contacted per run, every call with a deadline: a Docker
+	// that is down or hung fails container runs with a reason, and landlock
+	// agents keep running.
 	if cb, err := container.New(container.Options{Instance: stateDir, Logger: log}); err != nil {
 		log.Warn("container isolation is not available", "err", err)
 	} else {
@@ -72,7 +73,8 @@ func serve(configFlag, stateFlag string, allUnrestricted bool) error {
 	}
 	if allUnrestricted {
 		log.Warn("--unrestricted: every landlock agent runs UNRESTRICTED on the host, with no sandbox")
-		backends["landlock"] = backends["unrestricted"]
+		// The scheduler sees this and compiles their plans as unrestricted.
+		backends[landlock.Name] = backends[unrestricted.Name]
 	}
 	svc, err := scheduler.New(cfg, stateDir, scheduler.Options{
 		Backends:  backends,

@@ -6,15 +6,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
 
-func TestProvidersTestReportsReachabilityAuthModelAndLatency(t *testing.T) {
-	t.Setenv("GOOD_KEY", "sk-good")
-	t.Setenv("BAD_KEY", "sk-bad")
+// The check runs in the scheduler with its environment: a key only the
+// scheduler has passes, a key only the admin's shell has does not.
+func TestProvidersTestChecksWithTheSchedulersEnvironment(t *testing.T) {
+	t.Setenv("ADMIN_ONLY_KEY", "sk-good")
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "application/json")
@@ -30,39 +29,40 @@ func TestProvidersTestReportsReachabilityAuthModelAndLatency(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	cfg := filepath.Join(t.TempDir(), "berth.toml")
 	provider := func(name, model, keyEnv string) string {
 		return fmt.Sprintf("[providers.%s]\nkind = \"openai\"\nbase_url = %q\nmodel = %q\napi_key_env = %q\n\n", name, srv.URL+"/v1", model, keyEnv)
 	}
 	text := "[providers]\nprimary = \"good\"\n\n" + provider("good", "m", "GOOD_KEY") + provider("badkey", "m", "BAD_KEY") +
-		provider("nomodel", "missing", "GOOD_KEY") + provider("nokey", "m", "UNSET_KEY_FOR_TEST") +
+		provider("nomodel", "missing", "GOOD_KEY") + provider("adminonly", "m", "ADMIN_ONLY_KEY") +
 		"[providers.down]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\n\n[[agents]]\nid = \"a\"\n"
-	if err := os.WriteFile(cfg, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	conn, _ := schedulerOnBus(t, text, map[string]string{"GOOD_KEY": "sk-good", "BAD_KEY": "sk-bad"})
 
-	var out, errOut bytes.Buffer
-	code := Main([]string{"providers", "test", "--config", cfg}, &out, &errOut)
+	out, code := berthctl(conn, "providers", "test")
 	if code != ExitFailed {
 		t.Errorf("exit code = %d, want %d (some providers fail)", code, ExitFailed)
 	}
 	rows := map[string]string{}
-	for _, line := range strings.Split(out.String(), "\n") {
+	for _, line := range strings.Split(out, "\n") {
 		if f := strings.Fields(line); len(f) > 0 {
 			rows[f[0]] = line
 		}
 	}
-	for name, want := range map[string]string{"good": " ok ", "badkey": "auth failed", "nomodel": "model not found", "nokey": "UNSET_KEY_FOR_TEST is not set", "down": "unreachable"} {
+	for name, want := range map[string]string{
+		"good": " ok ", "badkey": "auth failed", "nomodel": "model not found", "down": "unreachable",
+		"adminonly": "ADMIN_ONLY_KEY is not set in the scheduler's environment",
+	} {
 		if !strings.Contains(rows[name], want) {
-			t.Errorf("row of %s = %q, want %q\n%s", name, rows[name], want, out.String())
+			t.Errorf("row of %s = %q, want %q\n%s", name, rows[name], want, out)
 		}
 	}
-	if strings.Contains(out.String()+errOut.String(), "sk-bad") {
-		t.Errorf("a key was printed:\n%s%s", out.String(), errOut.String())
+	if strings.Contains(out, "sk-bad") || strings.Contains(out, "sk-good") {
+		t.Errorf("a key was printed:\n%s", out)
 	}
 
-	out.Reset()
-	if code := Main([]string{"providers", "test", "--config", cfg, "good"}, &out, &errOut); code != ExitOK || !strings.Contains(out.String(), "ms") {
-		t.Errorf("testing only the good provider: exit %d\n%s", code, out.String())
+	if out, code := berthctl(conn, "providers", "test", "good"); code != ExitOK || !strings.Contains(out, "ms") || strings.Contains(out, "badkey") {
+		t.Errorf("testing only the good provider: exit %d\n%s", code, out)
+	}
+	if out, code := berthctl(conn, "providers", "test", "nope"); code != ExitFailed || !strings.Contains(out, "not defined") {
+		t.Errorf("an unknown provider: exit %d\n%s", code, out)
 	}
 }

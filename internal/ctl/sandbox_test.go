@@ -1,20 +1,100 @@
-package ctl_test
+package ctl
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/berth-dev/berth/internal/ctl"
+	"github.com/godbus/dbus/v5"
+
+	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/testbus"
+	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/container"
+	"github.com/berth-dev/berth/isolation/landlock"
+	"github.com/berth-dev/berth/services/scheduler"
 )
 
-func TestSandboxExplainShowsTheEffectiveIsolationAndWhy(t *testing.T) {
-	t.Parallel()
+// schedulerOnBus starts a private bus with a scheduler on it that loaded
+// configText and sees env as its environment, and returns a connection for
+// berthctl and the scheduler's state dir.
+func schedulerOnBus(t *testing.T, configText string, env map[string]string) (*dbus.Conn, string) {
+	t.Helper()
+	_, err := exec.LookPath("dbus-daemon")
+	testenv.Need(t, err == nil, "dbus-daemon is not installed")
 	path := filepath.Join(t.TempDir(), "berth.toml")
-	cfg := `[[agents]]
+	if err := os.WriteFile(path, []byte(configText), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	stateDir := t.TempDir()
+	boxes, err := container.New(container.Options{Instance: stateDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := scheduler.New(cfg, stateDir, scheduler.Options{
+		Backends: map[string]isolation.Backend{landlock.Name: landlock.New(), container.Name: boxes},
+		Getenv:   func(k string) string { return env[k] },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	b := testbus.Start(t, testbus.Options{})
+	if err := s.Export(b.Conn(t)); err != nil {
+		t.Fatal(err)
+	}
+	return b.Conn(t), stateDir
+}
+
+// berthctl runs a berthctl command on conn and returns its output and exit
+// code.
+func berthctl(conn *dbus.Conn, args ...string) (string, int) {
+	var out, errOut bytes.Buffer
+	c := &cli{out: &out, errOut: &errOut, conn: conn}
+	var err error
+	switch args[0] {
+	case "sandbox":
+		err = c.sandbox(args[1:])
+	case "providers":
+		err = c.providers(args[1:])
+	}
+	var ee *exitErr
+	var ue *usageErr
+	switch {
+	case err == nil:
+		return out.String(), ExitOK
+	case errors.As(err, &ee):
+		return out.String() + errOut.String() + err.Error(), ee.code
+	case errors.As(err, &ue):
+		return err.Error(), ExitUsage
+	}
+	return out.String() + err.Error(), ExitFailed
+}
+
+const sandboxConfig = `[scheduler]
+run_as = "nobody"
+
+[providers]
+primary = "cloud"
+[providers.cloud]
+kind = "openai"
+model = "m"
+base_url = "http://127.0.0.1:9/v1"
+api_key_env = "CLOUD_KEY"
+
+[[agents]]
 id = "boxed"
+provider = "local"
 [agents.container_mode]
 enabled = true
 network = "none"
@@ -27,39 +107,80 @@ warm = 2
 id = "ops"
 [agents.file_access]
 allow_read = ["/var/log"]
+allow_network = true
+
+[[agents]]
+id = "offline"
+[agents.file_access]
+allow_network = false
 `
-	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
+
+const sandboxSecret = "sk-sandbox-SECRET-1234"
+
+func TestSandboxExplainShowsTheSchedulersOwnPlanAndWhy(t *testing.T) {
+	t.Parallel()
+	conn, stateDir := schedulerOnBus(t, sandboxConfig, map[string]string{"CLOUD_KEY": sandboxSecret})
 	tests := []struct {
 		name  string
-		agent string
+		args  []string
 		code  int
 		want  []string
+		never []string
 	}{
-		{"A_container_agent_shows_image_limits_network_mounts_user_and_runtime", "boxed", ctl.ExitOK, []string{
+		{"A_container_agent_shows_image_limits_network_mounts_user_and_runtime", []string{"boxed"}, ExitOK, []string{
 			"backend:   container — container_mode.enabled = true", "image:     berth-agent:<content hash>",
-			"runtime:   runc", "memory 256m with no extra swap, 256 pids, 1 CPU", "network:   none",
-			"→ /workspace", "tmpfs /tmp", "/srv/data:/data:ro", "user:      uid:gid of berth-agent",
-			"warm:      2 started container(s) kept waiting on stdin"}},
-		{"A_landlock_agent_shows_its_file_access", "ops", ctl.ExitOK, []string{
-			"backend:   landlock", "/var/log read-only (file_access.allow_read)",
-			"limits:", "holds: NoNewPrivileges",
-			"policy:    read-write: /var/lib/berth/scheduler/agents/ops", "read-only:  /usr", "/var/log"}},
-		{"An_unknown_agent_fails", "nope", ctl.ExitFailed, nil},
+			"runtime:   runc", "memory 256m with no extra swap, 256 pids, 1 CPU, tmpfs /tmp 256m", "network:   none",
+			"→ /workspace (rw)", "/srv/data → /data (ro)", "confined:  container", "holds: NetworkMode=none", "user:      nobody (uid 65534", "warm:      2 started container(s) kept waiting on stdin"}, nil},
+		{"A_landlock_agent_shows_its_policy_and_what_protects_the_others", []string{"ops"}, ExitOK, []string{
+			"backend:   landlock", "read-write: " + filepath.Join(stateDir, "agents", "ops"), "read-only:  /usr", "/var/log",
+			filepath.Join(stateDir, "agents", "boxed"), "confined:", "holds: ", "providers: cloud (openai) m"}, []string{sandboxSecret}},
+		{"A_run_that_would_fail_is_shown_and_exits_1", []string{"offline"}, ExitFailed, []string{"PROBLEM", "provider needs network"}, nil},
+		{"JSON_is_the_plan_without_keys", []string{"--json", "ops"}, ExitOK, []string{`"backend": "landlock"`, `"memory_bytes": 536870912`, `"why"`}, []string{sandboxSecret}},
+		{"An_unknown_agent_fails", []string{"nope"}, ExitFailed, []string{`unknown agent "nope"`}, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			var out, errOut bytes.Buffer
-			if code := ctl.Main([]string{"sandbox", "explain", "--config", path, tc.agent}, &out, &errOut); code != tc.code {
-				t.Fatalf("exit %d, want %d\n%s%s", code, tc.code, out.String(), errOut.String())
+			out, code := berthctl(conn, append([]string{"sandbox", "explain"}, tc.args...)...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d\n%s", code, tc.code, out)
 			}
 			for _, w := range tc.want {
-				if !strings.Contains(out.String(), w) {
-					t.Errorf("output lacks %q:\n%s", w, out.String())
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+			for _, n := range tc.never {
+				if strings.Contains(out, n) {
+					t.Errorf("output holds %q:\n%s", n, out)
 				}
 			}
 		})
+	}
+}
+
+func TestSandboxExplainJSONDecodesToThePlan(t *testing.T) {
+	t.Parallel()
+	conn, _ := schedulerOnBus(t, sandboxConfig, nil)
+	out, code := berthctl(conn, "sandbox", "explain", "--json", "boxed")
+	if code != ExitOK {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	var e explained
+	if err := json.Unmarshal([]byte(out), &e); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if e.Plan.Backend != isolation.BackendContainer || e.Plan.Limits.MemoryBytes != 256<<20 || e.Plan.Container.Runtime != "runc" || !e.BackendAvailable {
+		t.Errorf("plan %+v", e.Plan)
+	}
+}
+
+func TestSandboxExplainNamesARunUserThatDoesNotExist(t *testing.T) {
+	t.Parallel()
+	testenv.NeedRoot(t) // only a root scheduler switches to (and so looks up) the run user
+	conn, _ := schedulerOnBus(t, "[scheduler]\nrun_as = \"berth-test-no-such-user\"\n\n[[agents]]\nid = \"ops\"\n", nil)
+	out, code := berthctl(conn, "sandbox", "explain", "ops")
+	if code != ExitFailed || !strings.Contains(out, "PROBLEM") || !strings.Contains(out, "berth-test-no-such-user") {
+		t.Fatalf("exit %d, want 1 with the missing run user named:\n%s", code, out)
 	}
 }

@@ -28,12 +28,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
-	"os/user"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -45,9 +44,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/imagectl"
-	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
-	"github.com/berth-dev/berth/isolation/agentio"
 )
 
 // Name is the backend's config name.
@@ -66,26 +63,31 @@ const (
 
 // Reasons this backend adds to isolation's.
 const (
-	ReasonOutOfMemory = "out of memory"
+	ReasonOutOfMemory = isolation.ReasonOutOfMemory
 	ReasonEngine      = "container engine unavailable"
 	ReasonImage       = "container image unavailable"
 )
 
-// Limits every container gets.
+// Limits every container gets when its plan leaves one at zero.
 const (
 	DefaultPidsLimit = 256
 	DefaultNanoCPUs  = 1_000_000_000 // one CPU
-	TmpfsSize        = "256m"
+	DefaultMemory    = 512 << 20
+	DefaultTmpfs     = 256 << 20
+	// TmpfsSize is DefaultTmpfs as docker run --tmpfs writes it.
+	TmpfsSize = "256m"
 	// MaxResponse caps what is read from the agent's stdout.
-	MaxResponse = agentio.MaxResponse
+	MaxResponse = isolation.MaxResponse
 	// StderrTail is how much of the agent's stderr is kept.
-	StderrTail = agentio.StderrTail
-	// ioGrace bounds how long output is drained after the container exited.
-	ioGrace = 2 * time.Second
-	// cleanupTimeout bounds kill and remove, which run even when the run's
-	// context is done.
-	cleanupTimeout = 30 * time.Second
-	handlePrefix   = "container:"
+	StderrTail = isolation.StderrTail
+	// DefaultEngineTimeout bounds each short Engine API call (info, inspect,
+	// create, attach, start, kill, remove, list): an engine that accepts
+	// connections and never answers fails container runs with ReasonEngine
+	// instead of holding them forever.
+	DefaultEngineTimeout = 20 * time.Second
+	// DefaultBuildTimeout bounds building the berth-agent image.
+	DefaultBuildTimeout = 10 * time.Minute
+	handlePrefix        = "container:"
 )
 
 // Options configure the backend.
@@ -99,26 +101,42 @@ type Options struct {
 	// Busybox is the static busybox put into the agent image built for agents
 	// without container_mode.image; "" means imagectl.DefaultBusybox.
 	Busybox string
+	// EngineTimeout bounds each short engine call; 0 means
+	// DefaultEngineTimeout. BuildTimeout bounds an image build; 0 means
+	// DefaultBuildTimeout.
+	EngineTimeout time.Duration
+	BuildTimeout  time.Duration
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
 }
 
 // Backend runs agents in containers.
 type Backend struct {
-	cli      *client.Client
-	instance string
-	busybox  string
-	log      *slog.Logger
+	cli           *client.Client
+	instance      string
+	busybox       string
+	engineTimeout time.Duration
+	buildTimeout  time.Duration
+	log           *slog.Logger
 
+	// mu guards the caches only; it is never held across an engine call.
 	mu     sync.Mutex
 	info   *system.Info
 	infoAt time.Time
-	images map[string]string // agent binary identity → image tag
+	images map[string]string      // agent binary identity → image tag
+	builds map[string]*imageBuild // agent binary identity → build under way
 
 	poolMu  sync.Mutex
 	pools   map[string]*pool // agent id → its warm pool
 	owned   map[string]bool  // ids of warm containers this process made and has not removed
 	drained bool             // Drain ran and Warm did not since: no pool starts by itself
+}
+
+// imageBuild is one build of the berth-agent image that runs may wait for.
+type imageBuild struct {
+	done chan struct{}
+	tag  string
+	err  error
 }
 
 var _ isolation.Backend = (*Backend)(nil)
@@ -136,14 +154,23 @@ func New(opts Options) (*Backend, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.EngineTimeout <= 0 {
+		opts.EngineTimeout = DefaultEngineTimeout
+	}
+	if opts.BuildTimeout <= 0 {
+		opts.BuildTimeout = DefaultBuildTimeout
+	}
 	return &Backend{
-		cli:      cli,
-		instance: InstanceLabel(opts.Instance),
-		busybox:  opts.Busybox,
-		log:      opts.Logger,
-		images:   map[string]string{},
-		pools:    map[string]*pool{},
-		owned:    map[string]bool{},
+		cli:           cli,
+		instance:      InstanceLabel(opts.Instance),
+		busybox:       opts.Busybox,
+		engineTimeout: opts.EngineTimeout,
+		buildTimeout:  opts.BuildTimeout,
+		log:           opts.Logger,
+		images:        map[string]string{},
+		builds:        map[string]*imageBuild{},
+		pools:         map[string]*pool{},
+		owned:         map[string]bool{},
 	}, nil
 }
 
@@ -159,46 +186,94 @@ func (b *Backend) Client() *client.Client { return b.cli }
 // Name returns "container".
 func (b *Backend) Name() string { return Name }
 
+// call is the context of one short engine call: ctx with the engine deadline.
+func (b *Backend) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, b.engineTimeout)
+}
+
+// unavailable is the RunError of an engine that did not answer.
+func (b *Backend) unavailable(what string, err error) *isolation.RunError {
+	detail := fmt.Sprintf("cannot %s: the Docker engine at %s did not answer", what, b.cli.DaemonHost())
+	if errors.Is(err, context.DeadlineExceeded) {
+		detail += fmt.Sprintf(" within %s", b.engineTimeout)
+	}
+	return &isolation.RunError{Reason: ReasonEngine,
+		Detail: detail + "; start it (systemctl start docker) or point DOCKER_HOST at it; landlock agents are not affected",
+		Err:    err}
+}
+
 // engineInfo returns the engine's info, cached for a little while: runtimes
 // and architecture do not change between runs.
 func (b *Backend) engineInfo(ctx context.Context) (system.Info, error) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.info != nil && time.Since(b.infoAt) < time.Minute {
-		return *b.info, nil
+		info := *b.info
+		b.mu.Unlock()
+		return info, nil
 	}
+	b.mu.Unlock()
+	ctx, cancel := b.call(ctx)
+	defer cancel()
 	res, err := b.cli.Info(ctx, client.InfoOptions{})
 	if err != nil {
-		return system.Info{}, &isolation.RunError{Reason: ReasonEngine,
-			Detail: fmt.Sprintf("cannot reach the Docker engine at %s: start it (systemctl start docker) or point DOCKER_HOST at it; landlock agents are not affected", b.cli.DaemonHost()),
-			Err:    err}
+		return system.Info{}, b.unavailable("read the engine's info", err)
 	}
+	b.mu.Lock()
 	b.info, b.infoAt = &res.Info, time.Now()
+	b.mu.Unlock()
 	return res.Info, nil
 }
 
-// Image returns the image an agent runs in: container_mode.image, else the
-// berth-agent image built from agentBinary (built once per binary content).
-func (b *Backend) Image(ctx context.Context, c config.Container, agentBinary string) (string, error) {
-	if c.Image != "" {
-		return c.Image, nil
+// Image returns the image a plan runs in: its image reference, else the
+// berth-agent image built from its agent binary (built once per binary
+// content; concurrent runs wait for the same build, no lock is held while
+// it runs).
+func (b *Backend) Image(ctx context.Context, p isolation.Plan) (string, error) {
+	if p.Container.Image != "" {
+		return p.Container.Image, nil
 	}
-	fi, err := os.Stat(agentBinary)
+	fi, err := os.Stat(p.AgentBinary)
 	if err != nil {
-		return "", &isolation.RunError{Reason: ReasonImage, Detail: fmt.Sprintf("cannot build the agent image: berth-agent %s is missing; set [scheduler] agent_binary or container_mode.image", agentBinary), Err: err}
+		return "", &isolation.RunError{Reason: ReasonImage, Detail: fmt.Sprintf("cannot build the agent image: berth-agent %s is missing; set [scheduler] agent_binary or container_mode.image", p.AgentBinary), Err: err}
 	}
-	key := fmt.Sprintf("%s\x00%d\x00%d", agentBinary, fi.Size(), fi.ModTime().UnixNano())
+	key := fmt.Sprintf("%s\x00%d\x00%d", p.AgentBinary, fi.Size(), fi.ModTime().UnixNano())
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if tag, ok := b.images[key]; ok {
+		b.mu.Unlock()
 		return tag, nil
 	}
-	tag, err := imagectl.Ensure(ctx, b.cli, imagectl.AgentImage{AgentBinary: agentBinary, Busybox: b.busybox})
-	if err != nil {
-		return "", &isolation.RunError{Reason: ReasonImage, Detail: "cannot build the berth-agent image; set container_mode.image to an image that exists (docker images) or fix the cause", Err: err}
+	build, running := b.builds[key]
+	if !running {
+		build = &imageBuild{done: make(chan struct{})}
+		b.builds[key] = build
 	}
-	b.images[key] = tag
-	return tag, nil
+	b.mu.Unlock()
+	if !running {
+		go b.build(key, p.AgentBinary, build)
+	}
+	select {
+	case <-build.done:
+	case <-ctx.Done():
+		return "", &isolation.RunError{Reason: isolation.ReasonCanceled, Detail: "while the berth-agent image was being built", Err: context.Cause(ctx)}
+	}
+	if build.err != nil {
+		return "", &isolation.RunError{Reason: ReasonImage, Detail: "cannot build the berth-agent image; set container_mode.image to an image that exists (docker images) or fix the cause", Err: build.err}
+	}
+	return build.tag, nil
+}
+
+// build builds the berth-agent image once for everyone waiting on it.
+func (b *Backend) build(key, agentBinary string, build *imageBuild) {
+	ctx, cancel := context.WithTimeout(context.Background(), b.buildTimeout)
+	defer cancel()
+	build.tag, build.err = imagectl.Ensure(ctx, b.cli, imagectl.AgentImage{AgentBinary: agentBinary, Busybox: b.busybox})
+	b.mu.Lock()
+	delete(b.builds, key)
+	if build.err == nil {
+		b.images[key] = build.tag
+	}
+	b.mu.Unlock()
+	close(build.done)
 }
 
 // prepared is everything checked before a container is created.
@@ -210,77 +285,75 @@ type prepared struct {
 }
 
 // prepare checks the engine, the image, its architecture and the runtime,
-// and builds the container's configuration.
-func (b *Backend) prepare(ctx context.Context, spec isolation.Spec) (prepared, error) {
-	var p prepared
-	c := spec.Container
-	if err := checkGuards(c); err != nil {
-		return p, err
+// and builds the container's configuration from the plan.
+func (b *Backend) prepare(ctx context.Context, p isolation.Plan) (prepared, error) {
+	var out prepared
+	if err := checkPlan(p); err != nil {
+		return out, err
 	}
-	if fi, err := os.Stat(spec.Workspace); err != nil || !fi.IsDir() || !filepath.IsAbs(spec.Workspace) {
-		return p, &isolation.RunError{Reason: isolation.ReasonStart, Detail: fmt.Sprintf("workspace %q is not a directory", spec.Workspace), Err: err}
+	if fi, err := os.Stat(p.Workspace); err != nil || !fi.IsDir() || !filepath.IsAbs(p.Workspace) {
+		return out, &isolation.RunError{Reason: isolation.ReasonStart, Detail: fmt.Sprintf("workspace %q is not a directory", p.Workspace), Err: err}
 	}
-	userSpec, err := containerUser(spec.RunAs)
+	userSpec, err := containerUser(p)
 	if err != nil {
-		return p, err
-	}
-	memory, err := config.ParseMemoryLimit(firstNonEmpty(c.MemoryLimit, "512m"))
-	if err != nil {
-		return p, isolation.Errorf(isolation.ReasonStart, "%v", err)
+		return out, err
 	}
 	info, err := b.engineInfo(ctx)
 	if err != nil {
-		return p, err
+		return out, err
 	}
+	c := p.Container
 	if c.Runtime != "" {
 		if _, ok := info.Runtimes[c.Runtime]; !ok {
-			return p, isolation.Errorf(isolation.ReasonStart, "container_mode.runtime %q is not registered with the engine (registered: %s); install it and add it to the engine's runtimes, or pick one of those",
+			return out, isolation.Errorf(isolation.ReasonStart, "container_mode.runtime %q is not registered with the engine (registered: %s); install it and add it to the engine's runtimes, or pick one of those",
 				c.Runtime, strings.Join(sortedKeys(info.Runtimes), ", "))
 		}
 	}
-	if p.image, err = b.Image(ctx, c, spec.AgentBinary); err != nil {
-		return p, err
+	if out.image, err = b.Image(ctx, p); err != nil {
+		return out, err
 	}
-	img, err := b.cli.ImageInspect(ctx, p.image)
+	inspectCtx, cancel := b.call(ctx)
+	img, err := b.cli.ImageInspect(inspectCtx, out.image)
+	cancel()
 	if cerrdefs.IsNotFound(err) {
-		return p, isolation.Errorf(ReasonImage, "image %q is not in the engine: build or load it (docker build/load; no registry is used), or unset container_mode.image to use the built-in berth-agent image", p.image)
+		return out, isolation.Errorf(ReasonImage, "image %q is not in the engine: build or load it (docker build/load; no registry is used), or unset container_mode.image to use the built-in berth-agent image", out.image)
 	}
 	if err != nil {
-		return p, &isolation.RunError{Reason: ReasonEngine, Detail: fmt.Sprintf("cannot inspect image %q", p.image), Err: err}
+		return out, b.unavailable(fmt.Sprintf("inspect image %q", out.image), err)
 	}
 	if got, want := normalizeArch(img.Architecture), normalizeArch(info.Architecture); got != want {
-		return p, isolation.Errorf(isolation.ReasonStart, "image %q is built for %s but the engine runs on %s (it would fail with \"exec format error\"); build the image for %s", p.image, img.Architecture, info.Architecture, want)
+		return out, isolation.Errorf(isolation.ReasonStart, "image %q is built for %s but the engine runs on %s (it would fail with \"exec format error\"); build the image for %s", out.image, img.Architecture, info.Architecture, want)
 	}
 
 	securityOpt := []string{"no-new-privileges"}
 	for _, opt := range c.SecurityOpt {
 		o, err := engineSecurityOpt(opt)
 		if err != nil {
-			return p, err
+			return out, err
 		}
 		securityOpt = append(securityOpt, o)
 	}
-	network := firstNonEmpty(c.Network, "bridge")
-	pids := int64(DefaultPidsLimit)
-	p.config = &container.Config{
-		Image:       p.image,
+	memory := orDefault(p.Limits.MemoryBytes, DefaultMemory)
+	pids := orDefault(p.Limits.Pids, DefaultPidsLimit)
+	out.config = &container.Config{
+		Image:       out.image,
 		User:        userSpec,
 		Env:         Environment(),
-		WorkingDir:  config.ContainerWorkspace,
+		WorkingDir:  isolation.ContainerWorkspace,
 		OpenStdin:   true,
 		StdinOnce:   true,
 		AttachStdin: true, AttachStdout: true, AttachStderr: true,
 		Labels: map[string]string{
-			LabelRun:      spec.RunID,
-			LabelAgent:    spec.AgentID,
+			LabelRun:      p.RunID,
+			LabelAgent:    p.AgentID,
 			LabelInstance: b.instance,
 		},
 	}
-	p.host = &container.HostConfig{
-		Binds:          append([]string{spec.Workspace + ":" + config.ContainerWorkspace + ":rw"}, c.Binds...),
-		NetworkMode:    container.NetworkMode(network),
+	out.host = &container.HostConfig{
+		Binds:          binds(p),
+		NetworkMode:    container.NetworkMode(p.Network.Mode),
 		ReadonlyRootfs: true,
-		Tmpfs:          map[string]string{config.ContainerTmp: "rw,nosuid,nodev,size=" + TmpfsSize + ",mode=1777"},
+		Tmpfs:          map[string]string{isolation.ContainerTmp: "rw,nosuid,nodev,size=" + isolation.FormatBytes(orDefault(p.Limits.TmpfsBytes, DefaultTmpfs)) + ",mode=1777"},
 		CapDrop:        []string{"ALL"},
 		SecurityOpt:    securityOpt,
 		Runtime:        c.Runtime,
@@ -289,12 +362,37 @@ func (b *Backend) prepare(ctx context.Context, spec isolation.Spec) (prepared, e
 			Memory:     memory,
 			MemorySwap: memory, // no swap on top of the limit
 			PidsLimit:  &pids,
-			NanoCPUs:   DefaultNanoCPUs,
+			NanoCPUs:   orDefault(p.Limits.NanoCPUs, DefaultNanoCPUs),
 		},
 	}
-	p.hash = configHash(img.ID, p.config, p.host)
-	p.config.Labels[LabelConfigHash] = p.hash
-	return p, nil
+	out.hash = configHash(img.ID, out.config, out.host)
+	out.config.Labels[LabelConfigHash] = out.hash
+	return out, nil
+}
+
+// binds are the plan's mounts as the engine takes them; a plan without
+// mounts gets its workspace at /workspace.
+func binds(p isolation.Plan) []string {
+	mounts := p.Mounts
+	if len(mounts) == 0 {
+		mounts = []isolation.Mount{{Source: p.Workspace, Target: isolation.ContainerWorkspace}}
+	}
+	out := make([]string, 0, len(mounts))
+	for _, m := range mounts {
+		mode := "rw"
+		if m.ReadOnly {
+			mode = "ro"
+		}
+		out = append(out, m.Source+":"+m.Target+":"+mode)
+	}
+	return out
+}
+
+func orDefault(v, def int64) int64 {
+	if v > 0 {
+		return v
+	}
+	return def
 }
 
 // Environment is the complete environment of a container agent. It holds no
@@ -302,78 +400,82 @@ func (b *Backend) prepare(ctx context.Context, spec isolation.Spec) (prepared, e
 func Environment() []string {
 	return []string{
 		"PATH=/usr/local/bin:/usr/bin:/bin",
-		"HOME=" + config.ContainerWorkspace,
-		"TMPDIR=" + config.ContainerTmp,
+		"HOME=" + isolation.ContainerWorkspace,
+		"TMPDIR=" + isolation.ContainerTmp,
 		"LANG=C.UTF-8",
 	}
 }
 
-// Run creates a fresh container for spec, hands it the request on stdin,
-// waits for the response on stdout and removes the container.
+// Run creates a fresh container for spec (or takes a warm one), and lets
+// isolation.Supervise hand it the request, wait for the response, kill and
+// drain it; the container is removed whatever happened.
 func (b *Backend) Run(ctx context.Context, spec isolation.Spec) (isolation.Result, error) {
-	req := spec.Request
-	if req.RunID == "" {
-		req.RunID = spec.RunID
-	}
-	if req.RunID != spec.RunID {
-		return isolation.Result{}, isolation.Errorf(isolation.ReasonStart, "request run id %q does not match run %q", req.RunID, spec.RunID)
-	}
-	req.Workspace = config.ContainerWorkspace
-	req.Policy = isolation.ContainerPolicy(spec.Container)
-	input, err := json.Marshal(req)
+	return isolation.Supervise(ctx, spec, b.start)
+}
+
+// start is the StartFunc of container runs.
+func (b *Backend) start(ctx context.Context, spec isolation.Spec, input []byte, stdout, stderr io.Writer) (isolation.Sandbox, error) {
+	p, err := b.prepare(ctx, spec.Plan)
 	if err != nil {
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot encode request", Err: err}
-	}
-	p, err := b.prepare(ctx, spec)
-	if err != nil {
-		return isolation.Result{}, err
+		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonCanceled, Err: context.Cause(ctx)}
+		return nil, &isolation.RunError{Reason: isolation.ReasonCanceled, Err: context.Cause(ctx)}
 	}
-
+	var s *session
 	if spec.Container.Warm > 0 {
-		if warm := b.takeWarm(spec, p.hash); warm != nil {
-			defer b.release(warm.id)
-			if spec.OnStart != nil {
-				spec.OnStart(handlePrefix + warm.id)
+		s = b.takeWarm(spec, p.hash)
+	}
+	if s == nil {
+		createCtx, cancel := b.call(context.WithoutCancel(ctx))
+		created, err := b.cli.ContainerCreate(createCtx, client.ContainerCreateOptions{Config: p.config, HostConfig: p.host, Name: containerName(spec.RunID)})
+		cancel()
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				return nil, b.unavailable("create the container", err)
 			}
-			return b.finish(ctx, spec, warm, input)
+			return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create container", Err: err}
+		}
+		if s, err = b.begin(ctx, created.ID); err != nil {
+			b.release(created.ID)
+			return nil, err
 		}
 	}
-
-	created, err := b.cli.ContainerCreate(ctx, client.ContainerCreateOptions{Config: p.config, HostConfig: p.host, Name: containerName(spec.RunID)})
-	if err != nil {
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create container", Err: err}
-	}
-	id := created.ID
-	defer b.release(id)
-	if spec.OnStart != nil {
-		spec.OnStart(handlePrefix + id)
-	}
-	sess, err := b.begin(ctx, id)
-	if err != nil {
-		return isolation.Result{}, err
-	}
-	return b.finish(ctx, spec, sess, input)
+	s.b = b
+	s.output(stdout, stderr)
+	go func() {
+		_, _ = s.attach.Conn.Write(input)
+		_ = s.attach.CloseWrite()
+	}()
+	return s, nil
 }
 
 // session is a started container whose stdin is still open: attached and
-// waited for before it started, so none of its output is lost.
+// waited for before it started, so none of its output is lost. Its output
+// goes to a buffer until a run takes it (output), so a warm container's
+// early stderr is kept.
 type session struct {
+	b        *Backend
 	id       string
 	hash     string // the config hash it was made with (warm members)
 	attach   client.ContainerAttachResult
 	wait     client.ContainerWaitResult
 	stopWait context.CancelFunc
-	stdout   *agentio.Stdout
-	stderr   *agentio.Tail
+	out      *switchWriter
+	errOut   *switchWriter
 	copied   chan struct{}
+	released sync.Once
 }
 
 func (s *session) close() {
 	s.attach.Close()
 	s.stopWait()
+}
+
+// output sends the container's stdout and stderr to the run's writers.
+func (s *session) output(stdout, stderr io.Writer) {
+	s.out.set(stdout)
+	s.errOut.set(stderr)
 }
 
 // exited reports whether the container of a session ended already.
@@ -388,98 +490,50 @@ func (s *session) exited() bool {
 	}
 }
 
-// begin attaches to a created container, starts it and returns with the
-// agent blocked on its stdin.
-func (b *Backend) begin(ctx context.Context, id string) (*session, error) {
-	attach, err := b.cli.ContainerAttach(ctx, id, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
-	if err != nil {
-		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot attach to container", Err: err}
-	}
-	waitCtx, stopWait := context.WithCancel(context.Background())
-	s := &session{
-		id:       id,
-		attach:   attach,
-		wait:     b.cli.ContainerWait(waitCtx, id, client.ContainerWaitOptions{Condition: container.WaitConditionNextExit}),
-		stopWait: stopWait,
-		stdout:   agentio.NewStdout(),
-		stderr:   agentio.NewTail(),
-		copied:   make(chan struct{}),
-	}
-	go func() {
-		defer close(s.copied)
-		_, _ = stdcopy.StdCopy(s.stdout, s.stderr, attach.Reader)
-	}()
-	if _, err := b.cli.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil {
-		s.close()
-		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start container", Err: err}
-	}
-	return s, nil
-}
+func (s *session) Handle() string { return handlePrefix + s.id }
 
-// finish feeds a started container the request and collects the outcome.
-func (b *Backend) finish(ctx context.Context, spec isolation.Spec, s *session, input []byte) (isolation.Result, error) {
-	defer s.close()
-	id := s.id
-	go func() {
-		_, _ = s.attach.Conn.Write(input)
-		_ = s.attach.CloseWrite()
-	}()
-
-	var timeout <-chan time.Time
-	if spec.Timeout > 0 {
-		timer := time.NewTimer(spec.Timeout)
-		defer timer.Stop()
-		timeout = timer.C
-	}
-	var killed *isolation.RunError
-	exitCode := -1
+func (s *session) Wait(ctx context.Context) (isolation.Exit, error) {
 	select {
 	case r := <-s.wait.Result:
-		exitCode = int(r.StatusCode)
+		return isolation.Exit{Code: int(r.StatusCode)}, nil
 	case err := <-s.wait.Error:
-		killed = &isolation.RunError{Reason: ReasonEngine, Detail: "lost the container while waiting for it", Err: err}
-	case <-timeout:
-		killed = isolation.Errorf(isolation.ReasonTimeout, "killed after %s", spec.Timeout)
+		return isolation.Exit{Code: -1}, &isolation.RunError{Reason: ReasonEngine, Detail: "lost the container while waiting for it", Err: err}
 	case <-ctx.Done():
-		killed = &isolation.RunError{Reason: isolation.ReasonCanceled, Err: context.Cause(ctx)}
+		return isolation.Exit{Code: -1}, &isolation.RunError{Reason: ReasonEngine, Detail: "the container did not end", Err: context.Cause(ctx)}
 	}
-	if killed != nil {
-		b.kill(id)
-	}
-	select {
-	case <-s.copied:
-	case <-time.After(ioGrace):
-		s.attach.Close()
-		<-s.copied
-	}
-	stdout, stderr := s.stdout, s.stderr
-	res := isolation.Result{ExitCode: exitCode, Stderr: stderr.String()}
-	if killed != nil {
-		killed.Detail = agentio.WithTail(killed.Detail, res.Stderr)
-		return res, killed
-	}
-	out, err := agentio.Interpret(res, stdout, spec.RunID)
-	if b.oomKilled(id, sigkilled(exitCode, out)) {
-		return res, isolation.Errorf(ReasonOutOfMemory, "%s", agentio.WithTail(fmt.Sprintf("the container hit its memory limit of %s (container_mode.memory_limit)", firstNonEmpty(spec.Container.MemoryLimit, "512m")), res.Stderr))
-	}
-	return out, err
 }
 
-// oomKilled asks the engine whether the kernel OOM-killed a process of the
+// Kill stops the container now; it is removed on Release.
+func (s *session) Kill(ctx context.Context) error {
+	ctx, cancel := s.b.call(ctx)
+	defer cancel()
+	if _, err := s.b.cli.ContainerKill(ctx, s.id, client.ContainerKillOptions{Signal: "KILL"}); err != nil && !cerrdefs.IsNotFound(err) && !cerrdefs.IsConflict(err) {
+		return fmt.Errorf("cannot kill container %s: %w", s.id, err)
+	}
+	return nil
+}
+
+func (s *session) Drained() <-chan struct{} { return s.copied }
+
+// Inspect asks the engine whether the kernel OOM-killed a process of the
 // container. The engine learns of an OOM kill asynchronously, so when
 // something in the run died of SIGKILL it is asked again for a short while
 // before the answer counts as no.
-func (b *Backend) oomKilled(id string, suspect bool) bool {
+func (s *session) Inspect(ctx context.Context, suspect bool) bool {
 	attempts := 1
 	if suspect {
 		attempts = 10
 	}
 	for i := 0; i < attempts; i++ {
 		if i > 0 {
-			time.Sleep(100 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(100 * time.Millisecond):
+			}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-		st, err := b.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+		callCtx, cancel := s.b.call(ctx)
+		st, err := s.b.cli.ContainerInspect(callCtx, s.id, client.ContainerInspectOptions{})
 		cancel()
 		if err == nil && st.Container.State != nil && st.Container.State.OOMKilled {
 			return true
@@ -488,32 +542,88 @@ func (b *Backend) oomKilled(id string, suspect bool) bool {
 	return false
 }
 
-// sigkilled reports whether the agent or one of its tools ended by SIGKILL,
-// the way the OOM killer ends a process.
-func sigkilled(exitCode int, res isolation.Result) bool {
-	if exitCode == 128+9 {
-		return true
-	}
-	for _, tc := range res.Response.ToolCalls {
-		if strings.Contains(tc.Output, `"exit_code":137`) {
-			return true
-		}
-	}
-	return false
+// Release closes the streams and removes the container.
+func (s *session) Release() {
+	s.released.Do(func() {
+		s.close()
+		s.b.release(s.id)
+	})
 }
 
-// kill stops a container now; remove follows in Run's defer.
-func (b *Backend) kill(id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	if _, err := b.cli.ContainerKill(ctx, id, client.ContainerKillOptions{Signal: "KILL"}); err != nil && !cerrdefs.IsNotFound(err) && !cerrdefs.IsConflict(err) {
-		b.log.Warn("cannot kill container", "container", id, "err", err)
+// switchWriter buffers what is written until set hands it a writer.
+type switchWriter struct {
+	mu  sync.Mutex
+	buf []byte
+	w   io.Writer
+}
+
+func (w *switchWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.w != nil {
+		return w.w.Write(p)
 	}
+	if room := StderrTail - len(w.buf); room > 0 {
+		w.buf = append(w.buf, p[:min(len(p), room)]...)
+	}
+	return len(p), nil
+}
+
+func (w *switchWriter) set(to io.Writer) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.buf) > 0 {
+		_, _ = to.Write(w.buf)
+		w.buf = nil
+	}
+	w.w = to
+}
+
+// begin attaches to a created container, starts it and returns with the
+// agent blocked on its stdin.
+func (b *Backend) begin(ctx context.Context, id string) (*session, error) {
+	attachCtx, cancel := b.call(ctx)
+	attach, err := b.cli.ContainerAttach(attachCtx, id, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
+	cancel()
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, b.unavailable("attach to the container", err)
+		}
+		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot attach to container", Err: err}
+	}
+	// The wait lasts as long as the container; Supervise bounds it (the
+	// run's timeout, then a kill) and Release ends it.
+	waitCtx, stopWait := context.WithCancel(context.Background())
+	s := &session{
+		b:        b,
+		id:       id,
+		attach:   attach,
+		wait:     b.cli.ContainerWait(waitCtx, id, client.ContainerWaitOptions{Condition: container.WaitConditionNextExit}),
+		stopWait: stopWait,
+		out:      &switchWriter{},
+		errOut:   &switchWriter{},
+		copied:   make(chan struct{}),
+	}
+	go func() {
+		defer close(s.copied)
+		_, _ = stdcopy.StdCopy(s.out, s.errOut, attach.Reader)
+	}()
+	startCtx, cancel := b.call(ctx)
+	_, err = b.cli.ContainerStart(startCtx, id, client.ContainerStartOptions{})
+	cancel()
+	if err != nil {
+		s.close()
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, b.unavailable("start the container", err)
+		}
+		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start container", Err: err}
+	}
+	return s, nil
 }
 
 // remove deletes a container and its anonymous volumes, running or not.
 func (b *Backend) remove(id string) {
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	ctx, cancel := b.call(context.Background())
 	defer cancel()
 	if err := removeContainer(ctx, b.cli, id); err != nil {
 		b.log.Error("cannot remove container; the next scheduler start removes it", "container", id, "err", err)
@@ -539,6 +649,8 @@ func (b *Backend) Kill(ctx context.Context, handle string) error {
 	if !ok || id == "" {
 		return fmt.Errorf("cannot parse handle %q: want %s<id>", handle, handlePrefix)
 	}
+	ctx, cancel := b.call(ctx)
+	defer cancel()
 	if err := removeContainer(ctx, b.cli, id); err != nil {
 		return fmt.Errorf("cannot remove container %s: %w", id, err)
 	}
@@ -548,10 +660,12 @@ func (b *Backend) Kill(ctx context.Context, handle string) error {
 // Sweep removes this instance's containers whose run keep does not claim:
 // what a crashed scheduler left behind. It returns the runs it cleaned up.
 func (b *Backend) Sweep(ctx context.Context, keep func(runID string) bool) ([]string, error) {
-	list, err := b.cli.ContainerList(ctx, client.ContainerListOptions{
+	listCtx, cancel := b.call(ctx)
+	list, err := b.cli.ContainerList(listCtx, client.ContainerListOptions{
 		All:     true,
 		Filters: make(client.Filters).Add("label", LabelInstance+"="+b.instance),
 	})
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("cannot list containers: %w", err)
 	}
@@ -565,8 +679,8 @@ func (b *Backend) Sweep(ctx context.Context, keep func(runID string) bool) ([]st
 		if !isRun {
 			// A warm pool member (berth.pool) of an earlier process: it never
 			// saw a request, so there is no run to report.
-			if err := removeContainer(ctx, b.cli, c.ID); err != nil {
-				errs = append(errs, fmt.Errorf("cannot remove container %s: %w", c.ID, err))
+			if err := b.Kill(ctx, handlePrefix+c.ID); err != nil {
+				errs = append(errs, err)
 				continue
 			}
 			b.log.Info("removed a warm container left behind by an earlier scheduler", "container", c.ID, "agent", c.Labels[LabelPool])
@@ -575,32 +689,13 @@ func (b *Backend) Sweep(ctx context.Context, keep func(runID string) bool) ([]st
 		if keep != nil && keep(run) {
 			continue
 		}
-		if err := removeContainer(ctx, b.cli, c.ID); err != nil {
-			errs = append(errs, fmt.Errorf("cannot remove container %s of run %s: %w", c.ID, run, err))
+		if err := b.Kill(ctx, handlePrefix+c.ID); err != nil {
+			errs = append(errs, fmt.Errorf("run %s: %w", run, err))
 			continue
 		}
 		removed = append(removed, run)
 	}
 	return removed, errors.Join(errs...)
-}
-
-// checkGuards re-applies the config guards: a config that bypassed
-// validation still never reaches the engine.
-func checkGuards(c config.Container) error {
-	if msg := config.CheckNetwork(firstNonEmpty(c.Network, "bridge")); msg != "" {
-		return isolation.Errorf(isolation.ReasonStart, "container_mode.network: %s", msg)
-	}
-	for _, bind := range c.Binds {
-		if msg := config.CheckBind(bind); msg != "" {
-			return isolation.Errorf(isolation.ReasonStart, "container_mode.binds: %s", msg)
-		}
-	}
-	for _, opt := range c.SecurityOpt {
-		if msg := config.CheckSecurityOpt(opt); msg != "" {
-			return isolation.Errorf(isolation.ReasonStart, "container_mode.security_opt: %s", msg)
-		}
-	}
-	return nil
 }
 
 // engineSecurityOpt turns a checked security_opt entry into what the API
@@ -620,24 +715,22 @@ func engineSecurityOpt(opt string) (string, error) {
 	return "seccomp=" + string(data), nil
 }
 
-// containerUser is "uid:gid" of the run user, never root.
-func containerUser(runAs string) (string, error) {
-	if runAs == "" {
-		return "", isolation.Errorf(isolation.ReasonStart, "no run_as user: container agents never run as root")
-	}
-	u, err := user.Lookup(runAs)
-	if err != nil {
-		if _, perr := strconv.ParseUint(runAs, 10, 32); perr == nil {
-			u, err = user.LookupId(runAs)
+// containerUser is "uid:gid" of the plan's run user, never root.
+func containerUser(p isolation.Plan) (string, error) {
+	u := p.User
+	if u == nil {
+		if p.RunAs == "" {
+			return "", isolation.Errorf(isolation.ReasonStart, "no run_as user: container agents never run as root")
+		}
+		var err error
+		if u, err = isolation.LookupRunUser(p.RunAs); err != nil {
+			return "", &isolation.RunError{Reason: isolation.ReasonStart, Detail: fmt.Sprintf("cannot find run_as user %q", p.RunAs), Err: err}
 		}
 	}
-	if err != nil {
-		return "", &isolation.RunError{Reason: isolation.ReasonStart, Detail: fmt.Sprintf("cannot find run_as user %q", runAs), Err: err}
+	if u.UID == 0 {
+		return "", isolation.Errorf(isolation.ReasonStart, "run_as user %q is root; container agents run only as an unprivileged user", u.Name)
 	}
-	if u.Uid == "0" {
-		return "", isolation.Errorf(isolation.ReasonStart, "run_as user %q is root; container agents run only as an unprivileged user", runAs)
-	}
-	return u.Uid + ":" + u.Gid, nil
+	return fmt.Sprintf("%d:%d", u.UID, u.GID), nil
 }
 
 // configHash identifies what a container was made from (not the request):
@@ -692,4 +785,30 @@ func firstNonEmpty(values ...string) string {
 		}
 	}
 	return ""
+}
+
+// Explain says how a plan's container is confined, for `berthctl sandbox
+// explain`.
+func (b *Backend) Explain(p isolation.Plan) isolation.Confinement {
+	memory := orDefault(p.Limits.MemoryBytes, DefaultMemory)
+	c := isolation.Confinement{Mode: "container", Holds: []string{
+		fmt.Sprintf("Memory=%s with MemorySwap=%s (no swap on top; an OOM kill fails the run with %q)", isolation.FormatBytes(memory), isolation.FormatBytes(memory), isolation.ReasonOutOfMemory),
+		fmt.Sprintf("PidsLimit=%d", orDefault(p.Limits.Pids, DefaultPidsLimit)),
+		fmt.Sprintf("NanoCPUs=%d", orDefault(p.Limits.NanoCPUs, DefaultNanoCPUs)),
+		fmt.Sprintf("read-only rootfs; tmpfs %s of %s", isolation.ContainerTmp, isolation.FormatBytes(orDefault(p.Limits.TmpfsBytes, DefaultTmpfs))),
+		"CapDrop=ALL, no-new-privileges, a non-root user",
+		"no published ports, no engine socket; the container is removed after the run",
+		fmt.Sprintf("every engine call has a deadline of %s (an engine that does not answer fails the run with %q)", b.engineTimeout, ReasonEngine),
+	}}
+	if p.Network.Mode == "none" {
+		c.Holds = append(c.Holds, "NetworkMode=none")
+	} else {
+		c.Missing = append(c.Missing, fmt.Sprintf("network isolation: NetworkMode=%s reaches out through the engine's bridge (container_mode.network)", p.Network.Mode))
+	}
+	if p.Container.Runtime == "" {
+		c.Missing = append(c.Missing, "a sandboxing runtime: the container shares the host's kernel (container_mode.runtime unset)")
+	} else {
+		c.Holds = append(c.Holds, "runtime "+p.Container.Runtime)
+	}
+	return c
 }

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -25,7 +26,6 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/container"
@@ -112,7 +112,19 @@ var runSeq struct {
 	n int
 }
 
-func spec(t *testing.T, ws, text string, c config.Container) isolation.Spec {
+// box is what a test sets of an agent's container_mode; spec turns it into
+// the plan internal/runplan would compile.
+type box struct {
+	Image       string
+	MemoryLimit string // like memory_limit: 128m
+	Network     string
+	Runtime     string
+	Warm        int
+	Binds       []string
+	SecurityOpt []string
+}
+
+func spec(t *testing.T, ws, text string, c box) isolation.Spec {
 	runSeq.Lock()
 	runSeq.n++
 	id := fmt.Sprintf("test%d_%d", time.Now().UnixNano(), runSeq.n)
@@ -120,9 +132,37 @@ func spec(t *testing.T, ws, text string, c config.Container) isolation.Spec {
 	if c.Network == "" {
 		c.Network = "none"
 	}
+	memory := int64(512 << 20)
+	if c.MemoryLimit != "" {
+		mb, err := strconv.ParseInt(strings.TrimSuffix(c.MemoryLimit, "m"), 10, 64)
+		if err != nil {
+			t.Fatalf("memory limit %q: write it in m", c.MemoryLimit)
+		}
+		memory = mb << 20
+	}
+	mounts := []isolation.Mount{{Source: ws, Target: isolation.ContainerWorkspace}}
+	for _, b := range c.Binds {
+		parts := strings.Split(b, ":")
+		m := isolation.Mount{Source: parts[0], Target: parts[1]}
+		m.ReadOnly = len(parts) == 3 && parts[2] == "ro"
+		mounts = append(mounts, m)
+	}
 	return isolation.Spec{
-		RunID:   id,
-		AgentID: "tester",
+		Plan: isolation.Plan{
+			Backend:          isolation.BackendContainer,
+			RunID:            id,
+			AgentID:          "tester",
+			Workspace:        ws,
+			SandboxWorkspace: isolation.ContainerWorkspace,
+			AgentBinary:      agentBinary,
+			RunAs:            "nobody",
+			Timeout:          60 * time.Second,
+			Policy:           isolation.ContainerPolicy(c.Network != "none"),
+			Limits:           isolation.Limits{MemoryBytes: memory, Pids: 256, NanoCPUs: 1e9, TmpfsBytes: 256 << 20},
+			Network:          isolation.Network{Allowed: c.Network != "none", Mode: c.Network},
+			Mounts:           mounts,
+			Container:        isolation.ContainerPlan{Image: c.Image, Runtime: c.Runtime, Warm: c.Warm, SecurityOpt: c.SecurityOpt},
+		},
 		Request: agentproto.Request{
 			Version:  agentproto.Version,
 			RunID:    id,
@@ -130,11 +170,6 @@ func spec(t *testing.T, ws, text string, c config.Container) isolation.Spec {
 			Message:  agentproto.Message{ID: id, Author: "t", Text: text},
 			Provider: agentproto.Provider{Name: "local", Kind: "local"},
 		},
-		Workspace:   ws,
-		AgentBinary: agentBinary,
-		RunAs:       "nobody",
-		Timeout:     60 * time.Second,
-		Container:   c,
 	}
 }
 
@@ -168,9 +203,9 @@ func TestRequestRoundTripsThroughAFreshContainerThatIsRemovedAfterwards(t *testi
 	t.Parallel()
 	cli := engine(t)
 	b := newBackend(t, cli)
-	s := spec(t, workspace(t), "/sh echo hello from $(pwd) as $(id -u) home=$HOME", config.Container{})
+	s := spec(t, workspace(t), "/sh echo hello from $(pwd) as $(id -u) home=$HOME", box{})
 	var handle string
-	s.OnStart = func(h string) { handle = h }
+	s.OnStart = func(h string) error { handle = h; return nil }
 	reply := mustRun(t, b, s)
 	if !strings.Contains(reply, "hello from /workspace as 65534 home=/workspace") {
 		t.Fatalf("reply %q: want the agent in /workspace as nobody", reply)
@@ -188,8 +223,8 @@ func TestWorkspacePersistsAcrossRunsWhileTmpDoesNot(t *testing.T) {
 	cli := engine(t)
 	b := newBackend(t, cli)
 	ws := workspace(t)
-	mustRun(t, b, spec(t, ws, "/sh echo kept > /workspace/note && echo gone > /tmp/scratch && cat /tmp/scratch", config.Container{}))
-	reply := mustRun(t, b, spec(t, ws, "/sh cat /workspace/note; cat /tmp/scratch", config.Container{}))
+	mustRun(t, b, spec(t, ws, "/sh echo kept > /workspace/note && echo gone > /tmp/scratch && cat /tmp/scratch", box{}))
+	reply := mustRun(t, b, spec(t, ws, "/sh cat /workspace/note; cat /tmp/scratch", box{}))
 	if !strings.Contains(reply, "kept") || strings.Contains(reply, "gone") || !strings.Contains(reply, "No such file") {
 		t.Fatalf("second run: %q; want the workspace file and no /tmp file", reply)
 	}
@@ -203,10 +238,10 @@ func TestContainerIsHardenedAndTheSecretIsNeverVisibleInDockerInspect(t *testing
 	cli := engine(t)
 	b := newBackend(t, cli)
 	const secret = "sk-berth-test-SECRET-4711"
-	s := spec(t, workspace(t), "/sh sleep 3; echo done", config.Container{MemoryLimit: "128m"})
+	s := spec(t, workspace(t), "/sh sleep 3; echo done", box{MemoryLimit: "128m"})
 	s.Request.Provider.Key = secret
 	inspected := make(chan string, 1)
-	s.OnStart = func(h string) {
+	s.OnStart = func(h string) error {
 		go func() {
 			time.Sleep(time.Second)
 			out, err := exec.Command("docker", "inspect", strings.TrimPrefix(h, "container:")).CombinedOutput()
@@ -216,6 +251,7 @@ func TestContainerIsHardenedAndTheSecretIsNeverVisibleInDockerInspect(t *testing
 			}
 			inspected <- string(out)
 		}()
+		return nil
 	}
 	if reply := mustRun(t, b, s); !strings.Contains(reply, "done") {
 		t.Fatalf("reply %q", reply)
@@ -283,7 +319,7 @@ func TestAgentHasNoCapabilitiesAndCannotWriteTheImage(t *testing.T) {
 	t.Parallel()
 	cli := engine(t)
 	b := newBackend(t, cli)
-	reply := mustRun(t, b, spec(t, workspace(t), "/sh touch /workspace/f && chown 0:0 /workspace/f; echo chown=$?; touch /bin/evil; echo touch=$?; grep Cap /proc/$$/status", config.Container{}))
+	reply := mustRun(t, b, spec(t, workspace(t), "/sh touch /workspace/f && chown 0:0 /workspace/f; echo chown=$?; touch /bin/evil; echo touch=$?; grep Cap /proc/$$/status", box{}))
 	if !strings.Contains(reply, "chown=1") || !strings.Contains(reply, "Operation not permitted") {
 		t.Fatalf("chown in the container: %q; want Operation not permitted", reply)
 	}
@@ -328,7 +364,7 @@ func TestNetworkNoneBlocksEgressThatBridgeAllows(t *testing.T) {
 		network string
 		reached bool
 	}{{"none", false}, {"bridge", true}} {
-		reply := mustRun(t, b, spec(t, workspace(t), cmd, config.Container{Network: tc.network}))
+		reply := mustRun(t, b, spec(t, workspace(t), cmd, box{Network: tc.network}))
 		if got := strings.Contains(reply, "reached-the-host"); got != tc.reached {
 			t.Errorf("network %s: reached the host = %v, want %v; reply %q", tc.network, got, tc.reached, reply)
 		}
@@ -339,7 +375,7 @@ func TestMemoryBombFailsTheRunWithOutOfMemory(t *testing.T) {
 	t.Parallel()
 	cli := engine(t)
 	b := newBackend(t, cli)
-	s := spec(t, workspace(t), `/sh set -o pipefail; head -c 400000000 /dev/zero | tr '\0' x | sort | wc -c`, config.Container{MemoryLimit: "64m"})
+	s := spec(t, workspace(t), `/sh set -o pipefail; head -c 400000000 /dev/zero | tr '\0' x | sort | wc -c`, box{MemoryLimit: "64m"})
 	_, err := run(t, b, s)
 	if isolation.ReasonOf(err) != container.ReasonOutOfMemory {
 		t.Fatalf("memory bomb: %v; want reason %q", err, container.ReasonOutOfMemory)
@@ -350,7 +386,7 @@ func TestForkBombIsStoppedByThePidsLimit(t *testing.T) {
 	t.Parallel()
 	cli := engine(t)
 	b := newBackend(t, cli)
-	s := spec(t, workspace(t), `/sh i=0; while [ $i -lt 400 ]; do sleep 60 >/dev/null 2>&1 & i=$((i+1)); done; echo started-all`, config.Container{})
+	s := spec(t, workspace(t), `/sh i=0; while [ $i -lt 400 ]; do sleep 60 >/dev/null 2>&1 & i=$((i+1)); done; echo started-all`, box{})
 	start := time.Now()
 	res, err := run(t, b, s)
 	if err != nil {
@@ -372,7 +408,7 @@ func TestRunPastItsTimeoutIsKilledAndRemoved(t *testing.T) {
 	t.Parallel()
 	cli := engine(t)
 	b := newBackend(t, cli)
-	s := spec(t, workspace(t), "/sh sleep 120", config.Container{})
+	s := spec(t, workspace(t), "/sh sleep 120", box{})
 	s.Timeout = 3 * time.Second
 	start := time.Now()
 	_, err := run(t, b, s)
@@ -391,9 +427,9 @@ func TestSweepRemovesOrphansOfItsOwnInstanceOnly(t *testing.T) {
 	t.Parallel()
 	cli := engine(t)
 	first := newBackend(t, cli)
-	s := spec(t, workspace(t), "/sh sleep 120", config.Container{})
+	s := spec(t, workspace(t), "/sh sleep 120", box{})
 	started := make(chan struct{})
-	s.OnStart = func(string) { close(started) }
+	s.OnStart = func(string) error { close(started); return nil }
 	done := make(chan error, 1)
 	go func() { _, err := run(t, first, s); done <- err }()
 	<-started
@@ -429,13 +465,13 @@ func TestDangerousSettingsNeverReachTheEngine(t *testing.T) {
 	b := newBackend(t, cli)
 	for _, tc := range []struct {
 		name string
-		c    config.Container
+		c    box
 		want string
 	}{
-		{"Docker_socket_bind", config.Container{Binds: []string{"/var/run/docker.sock:/var/run/docker.sock"}}, "Docker socket"},
-		{"Etc_bind", config.Container{Binds: []string{"/etc:/etc2:ro"}}, "under /etc"},
-		{"Host_network", config.Container{Network: "host"}, "host's network"},
-		{"Unconfined_seccomp", config.Container{SecurityOpt: []string{"seccomp=unconfined"}}, "seccomp"},
+		{"Docker_socket_bind", box{Binds: []string{"/var/run/docker.sock:/var/run/docker.sock"}}, "Docker socket"},
+		{"Etc_bind", box{Binds: []string{"/etc:/etc2:ro"}}, "under /etc"},
+		{"Host_network", box{Network: "host"}, "host's network"},
+		{"Unconfined_seccomp", box{SecurityOpt: []string{"seccomp=unconfined"}}, "seccomp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := spec(t, workspace(t), "/sh echo should-not-run", tc.c)
@@ -454,7 +490,7 @@ func TestUnknownRuntimeIsRefusedWithTheEnginesRuntimes(t *testing.T) {
 	t.Parallel()
 	cli := engine(t)
 	b := newBackend(t, cli)
-	_, err := run(t, b, spec(t, workspace(t), "/sh true", config.Container{Runtime: "no-such-runtime"}))
+	_, err := run(t, b, spec(t, workspace(t), "/sh true", box{Runtime: "no-such-runtime"}))
 	if err == nil || !strings.Contains(err.Error(), `"no-such-runtime" is not registered`) || !strings.Contains(err.Error(), "runc") {
 		t.Fatalf("run: %v; want a refusal listing runc", err)
 	}
@@ -464,7 +500,7 @@ func TestMissingImageAndUnreachableEngineSayWhatToDo(t *testing.T) {
 	t.Parallel()
 	cli := engine(t)
 	b := newBackend(t, cli)
-	_, err := run(t, b, spec(t, workspace(t), "/sh true", config.Container{Image: "berth-test-missing:nope"}))
+	_, err := run(t, b, spec(t, workspace(t), "/sh true", box{Image: "berth-test-missing:nope"}))
 	if isolation.ReasonOf(err) != container.ReasonImage || !strings.Contains(err.Error(), "docker build/load") {
 		t.Fatalf("missing image: %v", err)
 	}
@@ -477,7 +513,7 @@ func TestMissingImageAndUnreachableEngineSayWhatToDo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = run(t, nb, spec(t, workspace(t), "/sh true", config.Container{}))
+	_, err = run(t, nb, spec(t, workspace(t), "/sh true", box{}))
 	if isolation.ReasonOf(err) != container.ReasonEngine || !strings.Contains(err.Error(), "systemctl start docker") {
 		t.Fatalf("engine down: %v", err)
 	}
@@ -527,7 +563,7 @@ func TestImageOfAnotherArchitectureIsRefusedBeforeStartNamingBoth(t *testing.T) 
 		arch = "amd64"
 	}
 	image := foreignImage(t, cli, arch)
-	s := spec(t, workspace(t), "/sh true", config.Container{Image: image})
+	s := spec(t, workspace(t), "/sh true", box{Image: image})
 	_, err := run(t, b, s)
 	if err == nil || !strings.Contains(err.Error(), "built for "+arch) || !strings.Contains(err.Error(), "exec format error") {
 		t.Fatalf("run: %v; want a refusal naming %s and the engine's architecture", err, arch)
@@ -543,7 +579,7 @@ func TestAgentCannotOpenARawSocket(t *testing.T) {
 	b := newBackend(t, cli)
 	// arping needs a packet socket and traceroute a raw ICMP socket: both
 	// need CAP_NET_RAW, which no container agent has (even on the bridge).
-	reply := mustRun(t, b, spec(t, workspace(t), "/sh arping -c 1 -w 1 -I eth0 127.0.0.1; echo arping=$?; traceroute -n -m 1 -w 1 127.0.0.1; echo traceroute=$?", config.Container{Network: "bridge"}))
+	reply := mustRun(t, b, spec(t, workspace(t), "/sh arping -c 1 -w 1 -I eth0 127.0.0.1; echo arping=$?; traceroute -n -m 1 -w 1 127.0.0.1; echo traceroute=$?", box{Network: "bridge"}))
 	for _, tool := range []string{"arping", "traceroute"} {
 		if !strings.Contains(reply, tool+"=1") {
 			t.Errorf("%s in the container: %q; want it to fail", tool, reply)

@@ -193,7 +193,7 @@ func (b *Backend) fillOnce(pl *pool) error {
 	b.poolMu.Lock()
 	spec := pl.spec
 	b.poolMu.Unlock()
-	p, err := b.prepare(pl.ctx, spec)
+	p, err := b.prepare(pl.ctx, spec.Plan)
 	if err != nil {
 		return err
 	}
@@ -248,7 +248,7 @@ func (b *Backend) startMember(ctx context.Context, agent string, p prepared) (*s
 	_, _ = rand.Read(r[:])
 	// Not ctx: a create canceled by a drain may still complete in the engine,
 	// and a container whose id we never learnt would be left behind.
-	createCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	createCtx, cancel := b.call(context.WithoutCancel(ctx))
 	created, err := b.cli.ContainerCreate(createCtx, client.ContainerCreateOptions{Config: &cfg, HostConfig: p.host, Name: "berth-warm-" + agent + "-" + hex.EncodeToString(r[:])})
 	cancel()
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
-	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 	boxes "github.com/berth-dev/berth/isolation/container"
 )
@@ -71,7 +70,7 @@ func TestWarmRunTakesAContainerStartedBeforeItAndAReplacementStarts(t *testing.T
 	b := newBackend(t, cli)
 	drainOnCleanup(t, b)
 	ws := workspace(t)
-	warm := config.Container{Warm: 1}
+	warm := box{Warm: 1}
 	b.Warm(nil) // no warm agent: nothing starts
 	time.Sleep(time.Second)
 	if cs := warmContainers(t, cli); len(cs) != 0 {
@@ -88,7 +87,7 @@ func TestWarmRunTakesAContainerStartedBeforeItAndAReplacementStarts(t *testing.T
 	s := spec(t, ws, "/sh hostname", warm)
 	s.Request.Provider.Key = secret
 	var handle string
-	s.OnStart = func(h string) { handle = h }
+	s.OnStart = func(h string) error { handle = h; return nil }
 	reply := mustRun(t, b, s)
 	if handle != "container:"+before.ID || !strings.Contains(reply, before.ID[:12]) {
 		t.Fatalf("run used %s (hostname in reply %q); want the container started before it, %s", handle, reply, before.ID[:12])
@@ -108,7 +107,7 @@ func TestWarmContainerNeverServesTwoRuns(t *testing.T) {
 	b := newBackend(t, cli)
 	drainOnCleanup(t, b)
 	ws := workspace(t)
-	warm := config.Container{Warm: 2}
+	warm := box{Warm: 2}
 	b.Warm([]isolation.Spec{spec(t, ws, "", warm)})
 	waitWarm(t, cli, "two warm containers", count(2))
 	seen := map[string]bool{}
@@ -131,10 +130,10 @@ func TestWarmContainersOfAnOldConfigAreReplaced(t *testing.T) {
 	b := newBackend(t, cli)
 	drainOnCleanup(t, b)
 	ws := workspace(t)
-	b.Warm([]isolation.Spec{spec(t, ws, "", config.Container{Warm: 1, MemoryLimit: "128m"})})
+	b.Warm([]isolation.Spec{spec(t, ws, "", box{Warm: 1, MemoryLimit: "128m"})})
 	old := waitWarm(t, cli, "a warm container", count(1))[0]
 
-	changed := config.Container{Warm: 1, MemoryLimit: "256m"}
+	changed := box{Warm: 1, MemoryLimit: "256m"}
 	b.Warm([]isolation.Spec{spec(t, ws, "", changed)})
 	fresh := waitWarm(t, cli, "the old container replaced", func(cs []container.Summary) bool {
 		return len(cs) == 1 && cs[0].ID != old.ID
@@ -152,7 +151,7 @@ func TestWarmContainersOfAnOldConfigAreReplaced(t *testing.T) {
 
 	// A run whose config changed without Warm (a reload the backend has not
 	// heard of) runs cold and replaces the pool too.
-	s := spec(t, ws, "/sh hostname", config.Container{Warm: 1, MemoryLimit: "192m"})
+	s := spec(t, ws, "/sh hostname", box{Warm: 1, MemoryLimit: "192m"})
 	if reply := mustRun(t, b, s); strings.Contains(reply, fresh.ID[:12]) {
 		t.Fatalf("a run of another config took a stale warm container: %q", reply)
 	}
@@ -165,7 +164,7 @@ func TestDrainRemovesEveryWaitingContainer(t *testing.T) {
 	t.Parallel()
 	cli := engine(t)
 	b := newBackend(t, cli)
-	b.Warm([]isolation.Spec{spec(t, workspace(t), "", config.Container{Warm: 3})})
+	b.Warm([]isolation.Spec{spec(t, workspace(t), "", box{Warm: 3})})
 	waitWarm(t, cli, "three warm containers", count(3))
 	if err := b.Drain(context.Background()); err != nil {
 		t.Fatal(err)
@@ -174,7 +173,7 @@ func TestDrainRemovesEveryWaitingContainer(t *testing.T) {
 		t.Fatalf("containers left after drain: %v", ids(cs))
 	}
 	// After a drain a run does not start a pool by itself.
-	mustRun(t, b, spec(t, workspace(t), "/sh true", config.Container{Warm: 3}))
+	mustRun(t, b, spec(t, workspace(t), "/sh true", box{Warm: 3}))
 	time.Sleep(time.Second)
 	if cs := warmContainers(t, cli); len(cs) != 0 {
 		t.Fatalf("a run after drain started warm containers: %v", ids(cs))
@@ -186,7 +185,7 @@ func TestSweepRemovesWarmContainersOfAnEarlierProcessOnly(t *testing.T) {
 	cli := engine(t)
 	crashed := newBackend(t, cli) // a scheduler that dies: its pool is not drained
 	drainOnCleanup(t, crashed)
-	crashed.Warm([]isolation.Spec{spec(t, workspace(t), "", config.Container{Warm: 1})})
+	crashed.Warm([]isolation.Spec{spec(t, workspace(t), "", box{Warm: 1})})
 	member := waitWarm(t, cli, "a warm container", count(1))[0]
 
 	if _, err := crashed.Sweep(context.Background(), nil); err != nil || !exists(t, cli, member.ID) {

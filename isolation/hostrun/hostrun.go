@@ -9,34 +9,29 @@ package hostrun
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
-	"github.com/berth-dev/berth/isolation/agentio"
 )
 
 const (
 	// MaxResponse caps what is read from the agent's stdout.
-	MaxResponse = agentio.MaxResponse
+	MaxResponse = isolation.MaxResponse
 	// StderrTail is how much of the agent's stderr is kept in Result.Stderr.
-	StderrTail = agentio.StderrTail
-	// ioGrace bounds how long output is drained after the agent exited (a
-	// stray grandchild holding the pipes open must not stall the run).
-	ioGrace = 2 * time.Second
+	StderrTail = isolation.StderrTail
 )
 
 // TestLandlockABIEnv is the one variable passed on from the scheduler's own
@@ -51,27 +46,24 @@ const Path = "/usr/local/bin:/usr/bin:/bin"
 type Runner struct {
 	// AllowRoot permits running the agent as uid 0 (unrestricted backend only).
 	AllowRoot bool
-	// Limits are the run's resource limits; zero means DefaultLimits. Under
-	// systemd they are cgroup limits of a transient unit (unit.go), else
-	// rlimits (limits.go).
-	Limits Limits
+	// Systemd says whether runs become transient units; nil means
+	// SystemdAvailable.
+	Systemd func() bool
 }
 
-// Run starts spec.AgentBinary, hands it the request and waits for its
-// response. Errors are *isolation.RunError; the Result that comes with an
+func (r Runner) units() bool {
+	if r.Systemd != nil {
+		return r.Systemd()
+	}
+	return SystemdAvailable()
+}
+
+// Run starts spec.AgentBinary under isolation.Supervise, hands it the
+// request and waits for its response. The limits are the plan's: under
+// systemd cgroup limits of a transient unit (unit.go), else rlimits
+// (limits.go). Errors are *isolation.RunError; the Result that comes with an
 // error still carries the exit code and stderr tail when there were any.
 func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result, error) {
-	req := spec.Request
-	if req.RunID == "" {
-		req.RunID = spec.RunID
-	}
-	if req.RunID != spec.RunID {
-		return isolation.Result{}, isolation.Errorf(isolation.ReasonStart, "request run id %q does not match run %q", req.RunID, spec.RunID)
-	}
-	if req.Workspace == "" {
-		req.Workspace = spec.Workspace
-	}
-	r = r.forAgent(spec)
 	if !filepath.IsAbs(spec.AgentBinary) {
 		return isolation.Result{}, isolation.Errorf(isolation.ReasonStart, "agent binary %q is not an absolute path", spec.AgentBinary)
 	}
@@ -81,32 +73,43 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 	if fi, err := os.Stat(spec.Workspace); err != nil || !fi.IsDir() {
 		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: fmt.Sprintf("workspace %q is not a directory", spec.Workspace), Err: err}
 	}
-	if err := ctx.Err(); err != nil {
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonCanceled, Err: context.Cause(ctx)}
-	}
-	cred, err := r.credential(spec.RunAs)
+	cred, err := r.credential(spec.Plan)
 	if err != nil {
 		return isolation.Result{}, err
 	}
-	input, err := json.Marshal(req)
-	if err != nil {
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot encode request", Err: err}
+	if r.units() {
+		return isolation.Supervise(ctx, spec, func(ctx context.Context, spec isolation.Spec, input []byte, stdout, stderr io.Writer) (isolation.Sandbox, error) {
+			return startUnit(ctx, newUnitRun(spec, input, cred), stdout, stderr)
+		})
 	}
-	if SystemdAvailable() {
-		return r.runUnit(ctx, newUnitRun(spec, req, input, cred, !req.Policy.Network))
-	}
+	// Pdeathsig fires when the thread that started the child exits, not the
+	// process. Keeping this goroutine (Supervise starts the child on it) on
+	// its thread until the child is gone stops the runtime from handing the
+	// thread to a goroutine that might lock it and exit.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return isolation.Supervise(ctx, spec, func(ctx context.Context, spec isolation.Spec, input []byte, stdout, stderr io.Writer) (isolation.Sandbox, error) {
+		return startProcess(spec, input, cred, stdout, stderr)
+	})
+}
 
-	stdout := agentio.NewStdout()
-	stderr := agentio.NewTail()
+// startProcess starts the agent as a child process in a session of its own.
+func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, stdout, stderr io.Writer) (isolation.Sandbox, error) {
+	grace := spec.KillGrace
+	if grace <= 0 {
+		grace = isolation.DefaultKillGrace
+	}
 	cmd := &exec.Cmd{
-		Path:      spec.AgentBinary,
-		Args:      []string{spec.AgentBinary},
-		Env:       Environment(spec.Workspace),
-		Dir:       spec.Workspace,
-		Stdin:     bytes.NewReader(input),
-		Stdout:    stdout,
-		Stderr:    stderr,
-		WaitDelay: ioGrace,
+		Path:   spec.AgentBinary,
+		Args:   []string{spec.AgentBinary},
+		Env:    Environment(spec.Workspace),
+		Dir:    spec.Workspace,
+		Stdin:  bytes.NewReader(input),
+		Stdout: stdout,
+		Stderr: stderr,
+		// Bounds the drain after the agent exited: a stray grandchild
+		// holding the pipes open must not stall the run.
+		WaitDelay: grace,
 		SysProcAttr: &syscall.SysProcAttr{
 			// A session of its own: tools may start their own process groups
 			// (the shell tool does, to time out a command), but they stay in
@@ -116,80 +119,77 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 			Credential: cred,
 		},
 	}
-	if !req.Policy.Network {
+	if !spec.Policy.Network {
 		cutNetwork(cmd.SysProcAttr)
 	}
-	if err := r.limitWithRlimits(cmd, spec.Timeout); err != nil {
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot limit the agent", Err: err}
+	if err := limitWithRlimits(cmd, spec.Limits, spec.Timeout); err != nil {
+		return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot limit the agent", Err: err}
 	}
-
-	// Pdeathsig fires when the thread that started the child exits, not the
-	// process. Keeping this goroutine on its thread until the child is gone
-	// stops the runtime from handing the thread to a goroutine that might
-	// lock it and exit.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	if err := cmd.Start(); err != nil {
-		if !req.Policy.Network && isNamespaceError(err) {
-			return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot cut network", Err: err}
+		if !spec.Policy.Network && isNamespaceError(err) {
+			return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot cut network", Err: err}
 		}
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start " + spec.AgentBinary, Err: err}
+		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start " + spec.AgentBinary, Err: err}
 	}
-	pid := cmd.Process.Pid
-	started, stErr := startTime(pid)
-	if spec.OnStart != nil && stErr == nil {
-		spec.OnStart(Handle(pid, started))
-	}
-
-	exited := make(chan struct{})
-	go func() {
-		waitExited(pid)
-		close(exited)
-	}()
-	var timeout <-chan time.Time
-	if spec.Timeout > 0 {
-		timer := time.NewTimer(spec.Timeout)
-		defer timer.Stop()
-		timeout = timer.C
-	}
-	var killed *isolation.RunError
-	select {
-	case <-exited:
-	case <-timeout:
-		killed = isolation.Errorf(isolation.ReasonTimeout, "killed after %s", spec.Timeout)
-	case <-ctx.Done():
-		killed = &isolation.RunError{Reason: isolation.ReasonCanceled, Err: context.Cause(ctx)}
-	}
-	// The agent is still unreaped here (a zombie at worst), so its pid cannot
-	// have been reused: killing its session is safe. After a normal exit this
-	// ends whatever tools it left running.
-	killSession(pid, started)
-	<-exited
-	waitErr := cmd.Wait()
-
-	res := isolation.Result{ExitCode: cmd.ProcessState.ExitCode(), Stderr: stderr.String()}
-	if killed != nil {
-		killed.Detail = agentio.WithTail(killed.Detail, res.Stderr)
-		return res, killed
-	}
-	return interpret(res, stdout, req.RunID, waitErr)
+	p := &process{cmd: cmd, pid: cmd.Process.Pid, drained: make(chan struct{})}
+	// A start time that cannot be read makes a handle Kill never matches:
+	// safer than one that could match a reused pid.
+	p.started, _ = startTime(p.pid)
+	return p, nil
 }
 
-// interpret maps the exit status and stdout of a finished agent to a Result
-// or a RunError.
-func interpret(res isolation.Result, stdout *agentio.Stdout, runID string, waitErr error) (isolation.Result, error) {
-	if res.ExitCode < 0 {
-		detail := "agent was killed"
-		var ee *exec.ExitError
-		if errors.As(waitErr, &ee) {
-			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-				detail = "agent was killed by signal " + ws.Signal().String()
-			}
-		}
-		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", agentio.WithTail(detail, res.Stderr))
-	}
-	return agentio.Interpret(res, stdout, runID)
+// process is a running agent child process.
+type process struct {
+	cmd     *exec.Cmd
+	pid     int
+	started uint64
+	drained chan struct{}
+
+	mu      sync.Mutex
+	reaping bool // the pid may be reaped: killing by pid is no longer safe
 }
+
+func (p *process) Handle() string { return Handle(p.pid, p.started) }
+
+// Wait waits for the agent to exit, ends what it left running in its
+// session while its pid is still ours, and reaps it.
+func (p *process) Wait(context.Context) (isolation.Exit, error) {
+	waitExited(p.pid)
+	p.mu.Lock()
+	// The agent is unreaped here (a zombie at worst), so its pid cannot have
+	// been reused: killing its session is safe.
+	killSession(p.pid, p.started)
+	p.reaping = true
+	p.mu.Unlock()
+	waitErr := p.cmd.Wait()
+	close(p.drained)
+	exit := isolation.Exit{Code: p.cmd.ProcessState.ExitCode()}
+	var ee *exec.ExitError
+	if errors.As(waitErr, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			exit.Code, exit.Signal = -1, ws.Signal()
+		}
+	}
+	return exit, nil
+}
+
+func (p *process) Kill(context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.reaping {
+		killSession(p.pid, p.started)
+	}
+	return nil
+}
+
+func (p *process) Drained() <-chan struct{} { return p.drained }
+
+// Inspect: an rlimit makes allocations fail; nothing is OOM-killed on its
+// behalf.
+func (p *process) Inspect(context.Context, bool) bool { return false }
+
+// Release has nothing to free: exec closes the pipes (after WaitDelay).
+func (p *process) Release() {}
 
 // Environment is the complete environment of an agent: nothing of the
 // scheduler's own environment except TestLandlockABIEnv.
@@ -205,59 +205,37 @@ func Environment(workspace string) []string {
 	return env
 }
 
-// credential resolves runAs to the credential the child gets: nil means "as
-// the scheduler itself".
-func (r Runner) credential(runAs string) (*syscall.Credential, error) {
+// credential is the credential the child gets: nil means "as the scheduler
+// itself". The plan's looked-up user is used when there is one.
+func (r Runner) credential(p isolation.Plan) (*syscall.Credential, error) {
 	self := os.Geteuid()
-	if runAs == "" {
+	if p.RunAs == "" && p.User == nil {
 		if self == 0 && !r.AllowRoot {
 			return nil, isolation.Errorf(isolation.ReasonStart, "no run_as user given and the scheduler runs as root; refusing to run the agent as root")
 		}
 		return nil, nil
 	}
-	u, err := lookupUser(runAs)
-	if err != nil {
-		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: fmt.Sprintf("cannot find run_as user %q", runAs), Err: err}
+	u := p.User
+	if u == nil {
+		var err error
+		if u, err = isolation.LookupRunUser(p.RunAs); err != nil {
+			return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: fmt.Sprintf("cannot find run_as user %q", p.RunAs), Err: err}
+		}
 	}
-	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-	if err := errors.Join(err1, err2); err != nil {
-		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: fmt.Sprintf("user %q has no numeric ids", runAs), Err: err}
-	}
-	if uid == 0 && !r.AllowRoot {
-		return nil, isolation.Errorf(isolation.ReasonStart, "run_as user %q is root; this backend runs agents only as an unprivileged user", runAs)
+	if u.UID == 0 && !r.AllowRoot {
+		return nil, isolation.Errorf(isolation.ReasonStart, "run_as user %q is root; this backend runs agents only as an unprivileged user", u.Name)
 	}
 	if self != 0 {
-		if uint64(self) != uid {
-			return nil, isolation.Errorf(isolation.ReasonStart, "the scheduler runs as uid %d and cannot switch to run_as user %q (uid %d); run the scheduler as root or leave run_as empty", self, runAs, uid)
+		if uint32(self) != u.UID {
+			return nil, isolation.Errorf(isolation.ReasonStart, "the scheduler runs as uid %d and cannot switch to run_as user %q (uid %d); run the scheduler as root or leave run_as empty", self, u.Name, u.UID)
 		}
 		return nil, nil
 	}
-	var groups []uint32
-	if ids, err := u.GroupIds(); err == nil {
-		for _, id := range ids {
-			if g, err := strconv.ParseUint(id, 10, 32); err == nil {
-				groups = append(groups, uint32(g))
-			}
-		}
-	}
+	groups := append([]uint32(nil), u.Groups...)
 	if len(groups) == 0 {
-		groups = []uint32{uint32(gid)}
+		groups = []uint32{u.GID}
 	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: groups}, nil
-}
-
-func lookupUser(name string) (*user.User, error) {
-	u, err := user.Lookup(name)
-	if err == nil {
-		return u, nil
-	}
-	if _, perr := strconv.ParseUint(name, 10, 32); perr == nil {
-		if u, ierr := user.LookupId(name); ierr == nil {
-			return u, nil
-		}
-	}
-	return nil, err
+	return &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: groups}, nil
 }
 
 // cutNetwork puts the child in a new, empty network namespace (only a down
@@ -409,20 +387,4 @@ func sessionAndStart(pid int) (int, uint64, error) {
 		return 0, 0, fmt.Errorf("cannot parse start time of %d: %w", pid, err)
 	}
 	return session, start, nil
-}
-
-// forAgent applies the agent's memory_limit (container_mode.memory_limit,
-// which config validation has parsed already) to this run, so a host run is
-// held to the same memory as the agent's containers would be.
-func (r Runner) forAgent(spec isolation.Spec) Runner {
-	if spec.Container.MemoryLimit == "" {
-		return r
-	}
-	n, err := config.ParseMemoryLimit(spec.Container.MemoryLimit)
-	if err != nil || n <= 0 {
-		return r
-	}
-	r.Limits = r.limits()
-	r.Limits.MemoryMax = uint64(n)
-	return r
 }

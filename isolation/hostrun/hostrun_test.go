@@ -36,21 +36,13 @@ type report struct {
 func spec(t *testing.T, text string) isolation.Spec {
 	t.Helper()
 	runID := "run-" + strings.ReplaceAll(t.Name(), "/", "-")
-	return isolation.Spec{
-		RunID:   runID,
-		AgentID: "a",
-		Request: agentproto.Request{
-			Version:  agentproto.Version,
-			RunID:    runID,
-			Agent:    agentproto.Agent{ID: "a", MaxIterations: 1},
-			Message:  agentproto.Message{ID: "m1", Text: text},
-			Provider: agentproto.Provider{Name: "p", Kind: "openai", Key: providerKey},
-		},
-		Workspace:   workspace(t),
-		AgentBinary: testAgent,
-		RunAs:       "nobody",
-		Timeout:     30 * time.Second,
-	}
+	return isolation.Spec{Plan: isolation.Plan{RunID: runID, AgentID: "a", Workspace: workspace(t), AgentBinary: testAgent, RunAs: "nobody", Timeout: 30 * time.Second}, Request: agentproto.Request{
+		Version:  agentproto.Version,
+		RunID:    runID,
+		Agent:    agentproto.Agent{ID: "a", MaxIterations: 1},
+		Message:  agentproto.Message{ID: "m1", Text: text},
+		Provider: agentproto.Provider{Name: "p", Kind: "openai", Key: providerKey},
+	}}
 }
 
 func whoami(t *testing.T, res isolation.Result) report {
@@ -165,7 +157,7 @@ func TestRunKeepsTheKeyOutOfProcEnvironAndCmdline(t *testing.T) {
 	requireRoot(t)
 	s := spec(t, "sleep")
 	handles := make(chan string, 1)
-	s.OnStart = func(h string) { handles <- h }
+	s.OnStart = func(h string) error { handles <- h; return nil }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -211,7 +203,7 @@ func TestRunEndsWithCanceledWhenTheContextIsCanceled(t *testing.T) {
 	requireRoot(t)
 	s := spec(t, "sleep")
 	ctx, cancel := context.WithCancel(context.Background())
-	s.OnStart = func(string) { time.AfterFunc(200*time.Millisecond, cancel) }
+	s.OnStart = func(string) error { time.AfterFunc(200*time.Millisecond, cancel); return nil }
 	_, err := hostrun.Runner{}.Run(ctx, s)
 	wantReason(t, err, isolation.ReasonCanceled)
 }
@@ -272,7 +264,7 @@ func TestRunCutsTheNetworkUnlessAllowed(t *testing.T) {
 	}
 
 	s = spec(t, "whoami")
-	s.Request.Policy.Network = true
+	s.Policy.Network = true
 	res, err = hostrun.Runner{}.Run(context.Background(), s)
 	if err != nil {
 		t.Fatalf("run failed: %v", err)
@@ -288,7 +280,7 @@ func TestKillEndsARunningAgentAndIgnoresStaleHandles(t *testing.T) {
 	requireRoot(t)
 	s := spec(t, "spawn")
 	handles := make(chan string, 1)
-	s.OnStart = func(h string) { handles <- h }
+	s.OnStart = func(h string) error { handles <- h; return nil }
 	done := make(chan error, 1)
 	go func() {
 		_, err := hostrun.Runner{}.Run(context.Background(), s)
@@ -385,4 +377,27 @@ func hostInterfaces(t *testing.T) []string {
 		}
 	}
 	return names
+}
+
+// A run whose handle cannot be recorded could not be killed after a
+// scheduler crash: it is ended at once instead of left running.
+func TestRunWhoseHandleCannotBeRecordedIsEndedAtOnce(t *testing.T) {
+	t.Parallel()
+	requireRoot(t)
+	s := spec(t, "sleep")
+	handles := make(chan string, 1)
+	s.OnStart = func(h string) error {
+		handles <- h
+		return errors.New("store refused the write")
+	}
+	begin := time.Now()
+	_, err := hostrun.Runner{}.Run(context.Background(), s)
+	re := wantReason(t, err, isolation.ReasonUntracked)
+	if !strings.Contains(re.Error(), "store refused the write") {
+		t.Errorf("error %q does not say why the handle was not recorded", re)
+	}
+	if d := time.Since(begin); d > 10*time.Second {
+		t.Errorf("the untracked run took %s to end", d)
+	}
+	waitGone(t, handlePID(t, <-handles))
 }

@@ -5,6 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"time"
+
+	"github.com/berth-dev/berth/isolation"
 )
 
 // Without systemd the runner cannot give a run a cgroup of its own; it sets
@@ -18,8 +20,8 @@ import (
 var prlimitPath = "/usr/bin/prlimit"
 
 // rlimits are the limits set on an agent process without systemd.
-func (r Runner) rlimits(timeout time.Duration) []rlimit {
-	lim := r.limits()
+func rlimits(l isolation.Limits, timeout time.Duration) []rlimit {
+	lim := limitsOf(l)
 	rs := []rlimit{
 		// Private writable memory (heap, stacks, anonymous mappings) of each
 		// process; the closest rlimit to MemoryMax.
@@ -41,12 +43,12 @@ type rlimit struct {
 }
 
 // limitWithRlimits makes cmd start its program through prlimit(1).
-func (r Runner) limitWithRlimits(cmd *exec.Cmd, timeout time.Duration) error {
+func limitWithRlimits(cmd *exec.Cmd, l isolation.Limits, timeout time.Duration) error {
 	if fi, err := os.Stat(prlimitPath); err != nil || fi.Mode().Perm()&0o111 == 0 {
 		return fmt.Errorf("cannot set rlimits: %s is missing (install util-linux)", prlimitPath)
 	}
 	args := []string{prlimitPath}
-	for _, rl := range r.rlimits(timeout) {
+	for _, rl := range rlimits(l, timeout) {
 		args = append(args, fmt.Sprintf("--%s=%d:%d", rl.option, rl.value, rl.value))
 	}
 	cmd.Args = append(append(args, "--"), cmd.Args...)
@@ -54,30 +56,21 @@ func (r Runner) limitWithRlimits(cmd *exec.Cmd, timeout time.Duration) error {
 	return nil
 }
 
-// Confinement is how host runs are confined on this machine: which limits
-// hold and which do not. `berthctl sandbox explain` prints it.
-type Confinement struct {
-	// Mode is "transient unit" (systemd is PID 1 and the scheduler is root)
-	// or "process" (rlimits on a child process).
-	Mode    string
-	Holds   []string
-	Missing []string
-}
-
-// Explain reports how r confines a run with the given timeout and network
-// setting on this machine.
-func (r Runner) Explain(timeout time.Duration, allowNetwork bool) Confinement {
-	lim := r.limits()
-	if SystemdAvailable() {
-		c := Confinement{Mode: "transient unit", Holds: []string{
+// Explain reports how a plan's host run is confined on this machine: which
+// limits hold and which do not.
+func (r Runner) Explain(p isolation.Plan) isolation.Confinement {
+	lim := limitsOf(p.Limits)
+	allowNetwork := p.Policy.Network
+	if r.units() {
+		c := isolation.Confinement{Mode: "transient unit", Holds: []string{
 			fmt.Sprintf("MemoryMax=%d (cgroup, whole run; swap off)", lim.MemoryMax),
 			fmt.Sprintf("TasksMax=%d (cgroup, whole run)", lim.TasksMax),
 			fmt.Sprintf("CPUQuota=%d%%", lim.CPUQuotaPercent),
 			"PrivateTmp=yes", "NoNewPrivileges=yes", "ProtectSystem=strict (workspace and allow_read_write bound read-write)",
 			"all processes of the run are killed when it ends (KillMode=control-group)",
 		}}
-		if timeout > 0 {
-			c.Holds = append(c.Holds, fmt.Sprintf("RuntimeMaxSec=%s", timeout+runtimeGrace))
+		if p.Timeout > 0 {
+			c.Holds = append(c.Holds, fmt.Sprintf("RuntimeMaxSec=%s", p.Timeout+runtimeGrace))
 		}
 		if allowNetwork {
 			c.Missing = append(c.Missing, "PrivateNetwork (allow_network = true)")
@@ -86,13 +79,13 @@ func (r Runner) Explain(timeout time.Duration, allowNetwork bool) Confinement {
 		}
 		return c
 	}
-	c := Confinement{Mode: "process", Missing: []string{
+	c := isolation.Confinement{Mode: "process", Missing: []string{
 		"MemoryMax: RLIMIT_DATA limits each process, not the run as a whole",
 		"TasksMax: RLIMIT_NPROC counts every process of the run_as user",
 		"CPUQuota: no CPU share limit",
 		"PrivateTmp, ProtectSystem: no mount namespace (Landlock still confines file access)",
 	}}
-	for _, rl := range r.rlimits(timeout) {
+	for _, rl := range rlimits(p.Limits, p.Timeout) {
 		c.Holds = append(c.Holds, fmt.Sprintf("%s=%d", rl.name, rl.value))
 	}
 	c.Holds = append(c.Holds, "NoNewPrivileges (set by berth-agent before Landlock)", "the process group is killed when the run ends")

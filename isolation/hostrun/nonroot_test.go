@@ -30,17 +30,10 @@ type helperOutcome struct {
 
 func runHelper() int {
 	runAs := os.Getenv("HELPER_RUN_AS")
-	s := isolation.Spec{
-		RunID: "r1",
-		Request: agentproto.Request{
-			Version: agentproto.Version, RunID: "r1",
-			Message: agentproto.Message{Text: "whoami"},
-		},
-		Workspace:   os.Getenv("HELPER_WORKSPACE"),
-		AgentBinary: os.Getenv("HELPER_AGENT"),
-		RunAs:       runAs,
-		Timeout:     30 * time.Second,
-	}
+	s := isolation.Spec{Plan: isolation.Plan{RunID: "r1", Workspace: os.Getenv("HELPER_WORKSPACE"), AgentBinary: os.Getenv("HELPER_AGENT"), RunAs: runAs, Timeout: 30 * time.Second}, Request: agentproto.Request{
+		Version: agentproto.Version, RunID: "r1",
+		Message: agentproto.Message{Text: "whoami"},
+	}}
 	res, err := hostrun.Runner{}.Run(context.Background(), s)
 	out := helperOutcome{Reply: res.Response.Reply, Reason: isolation.ReasonOf(err)}
 	if err != nil {

@@ -16,9 +16,7 @@ import (
 	"github.com/coreos/go-systemd/v22/unit"
 	"github.com/godbus/dbus/v5"
 
-	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/isolation"
-	"github.com/berth-dev/berth/isolation/agentio"
 )
 
 // Under systemd a host run is a transient service, berth-run-<run id>.service
@@ -46,6 +44,8 @@ const (
 	// runtimeGrace is how much longer than the run's timeout systemd lets a
 	// unit live (RuntimeMaxSec): a backstop for when the scheduler is gone.
 	runtimeGrace = 30 * time.Second
+	// unitCallTimeout bounds one call to systemd.
+	unitCallTimeout = 30 * time.Second
 )
 
 // Limits are the resource limits of one host run.
@@ -55,14 +55,23 @@ type Limits struct {
 	CPUQuotaPercent uint64 // of one CPU
 }
 
-// DefaultLimits match the container backend's defaults (memory_limit 512m).
+// DefaultLimits match the container backend's defaults (memory_limit 512m),
+// for a plan that leaves a limit at zero.
 var DefaultLimits = Limits{MemoryMax: 512 << 20, TasksMax: 256, CPUQuotaPercent: 100}
 
-func (r Runner) limits() Limits {
-	if r.Limits == (Limits{}) {
-		return DefaultLimits
+// limitsOf is a plan's limits in the units systemd and prlimit take.
+func limitsOf(l isolation.Limits) Limits {
+	out := DefaultLimits
+	if l.MemoryBytes > 0 {
+		out.MemoryMax = uint64(l.MemoryBytes)
 	}
-	return r.Limits
+	if l.Pids > 0 {
+		out.TasksMax = uint64(l.Pids)
+	}
+	if l.NanoCPUs > 0 {
+		out.CPUQuotaPercent = max(1, uint64(l.NanoCPUs/10_000_000))
+	}
+	return out
 }
 
 // SystemdAvailable reports whether host runs become transient units: systemd
@@ -83,10 +92,9 @@ func UnitName(runID string) string {
 	return UnitPrefix + unit.UnitNameEscape(runID) + ".service"
 }
 
-// unitRun is what runUnit needs besides the spec.
+// unitRun is what startUnit needs besides the spec.
 type unitRun struct {
 	spec       isolation.Spec
-	runID      string
 	input      []byte
 	cred       *syscall.Credential // nil: as root (unrestricted only)
 	cutNetwork bool
@@ -95,144 +103,147 @@ type unitRun struct {
 	readOnly   []string
 }
 
-func newUnitRun(spec isolation.Spec, req agentproto.Request, input []byte, cred *syscall.Credential, cutNetwork bool) unitRun {
+func newUnitRun(spec isolation.Spec, input []byte, cred *syscall.Credential) unitRun {
 	return unitRun{
 		spec:       spec,
-		runID:      req.RunID,
 		input:      input,
 		cred:       cred,
-		cutNetwork: cutNetwork,
-		confine:    !req.Policy.Unrestricted,
-		readWrite:  append([]string{spec.Workspace}, req.Policy.AllowReadWrite...),
-		readOnly:   req.Policy.AllowRead,
+		cutNetwork: !spec.Policy.Network,
+		confine:    !spec.Policy.Unrestricted,
+		readWrite:  append([]string{spec.Workspace}, spec.Policy.AllowReadWrite...),
+		readOnly:   spec.Policy.AllowRead,
 	}
 }
 
-// runUnit runs the agent as a transient unit and waits for it.
-func (r Runner) runUnit(ctx context.Context, u unitRun) (isolation.Result, error) {
-	name := UnitName(u.runID)
+// startUnit starts the agent as a transient unit with the request waiting
+// on its stdin.
+func startUnit(ctx context.Context, u unitRun, stdout, stderr io.Writer) (isolation.Sandbox, error) {
+	name := UnitName(u.spec.RunID)
 	// Not ctx itself: godbus closes a connection when its context is done,
 	// and a canceled run still needs this one to stop its unit.
 	conn, err := sdbus.NewSystemdConnectionContext(context.WithoutCancel(ctx))
 	if err != nil {
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot connect to systemd", Err: err}
+		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot connect to systemd", Err: err}
 	}
-	defer conn.Close()
-
-	stdinR, stdinW, err := os.Pipe()
-	if err != nil {
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create pipes", Err: err}
+	var pipes [6]*os.File // stdin r/w, stdout r/w, stderr r/w
+	closeAll := func() {
+		for _, f := range pipes {
+			if f != nil {
+				f.Close()
+			}
+		}
+		conn.Close()
 	}
-	stdoutR, stdoutW, err := os.Pipe()
-	if err != nil {
-		stdinR.Close()
-		stdinW.Close()
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create pipes", Err: err}
+	for i := 0; i < 3; i++ {
+		r, w, err := os.Pipe()
+		if err != nil {
+			closeAll()
+			return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create pipes", Err: err}
+		}
+		pipes[2*i], pipes[2*i+1] = r, w
 	}
-	stderrR, stderrW, err := os.Pipe()
-	if err != nil {
-		stdinR.Close()
-		stdinW.Close()
-		stdoutR.Close()
-		stdoutW.Close()
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create pipes", Err: err}
-	}
-	defer stdoutR.Close()
-	defer stderrR.Close()
+	stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW := pipes[0], pipes[1], pipes[2], pipes[3], pipes[4], pipes[5]
 
 	// A unit left by an earlier attempt of this run (a scheduler that died)
 	// must not block the name.
 	stopUnit(ctx, conn, name)
 
-	props := r.unitProperties(u, name, int(stdinR.Fd()), int(stdoutW.Fd()), int(stderrW.Fd()))
-	_, startErr := conn.StartTransientUnitContext(ctx, name, "fail", props, nil)
+	props := unitProperties(u, name, int(stdinR.Fd()), int(stdoutW.Fd()), int(stderrW.Fd()))
+	startCtx, cancel := context.WithTimeout(ctx, unitCallTimeout)
+	_, startErr := conn.StartTransientUnitContext(startCtx, name, "fail", props, nil)
+	cancel()
 	// systemd holds its own copies now; ours would keep the pipes open.
 	stdinR.Close()
 	stdoutW.Close()
 	stderrW.Close()
 	if startErr != nil {
 		stdinW.Close()
-		return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "systemd refused the transient unit " + name, Err: startErr}
+		stdoutR.Close()
+		stderrR.Close()
+		conn.Close()
+		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "systemd refused the transient unit " + name, Err: startErr}
 	}
-	if u.spec.OnStart != nil {
-		u.spec.OnStart(unitHandlePrefix + name)
-	}
-
+	s := &unitSandbox{conn: conn, name: name, stdinW: stdinW, stdoutR: stdoutR, stderrR: stderrR, drained: make(chan struct{})}
 	var wg sync.WaitGroup
-	stdout := agentio.NewStdout()
-	stderr := agentio.NewTail()
 	wg.Go(func() {
 		_, _ = stdinW.Write(u.input)
 		stdinW.Close()
 	})
 	wg.Go(func() { _, _ = io.Copy(stdout, stdoutR) })
 	wg.Go(func() { _, _ = io.Copy(stderr, stderrR) })
-
-	var timeout <-chan time.Time
-	if u.spec.Timeout > 0 {
-		timer := time.NewTimer(u.spec.Timeout)
-		defer timer.Stop()
-		timeout = timer.C
-	}
-	ended := make(chan unitEnd, 1)
-	pollCtx, stopPolling := context.WithCancel(context.Background())
-	defer stopPolling()
-	go func() { ended <- waitUnitEnd(pollCtx, conn, name) }()
-
-	var killed *isolation.RunError
-	var end unitEnd
-	select {
-	case end = <-ended:
-	case <-timeout:
-		killed = isolation.Errorf(isolation.ReasonTimeout, "killed after %s", u.spec.Timeout)
-	case <-ctx.Done():
-		killed = &isolation.RunError{Reason: isolation.ReasonCanceled, Err: context.Cause(ctx)}
-	}
-	stopPolling()
-	// Stopping ends whatever the agent left running (the whole cgroup) and
-	// frees the name; after that the pipes reach EOF.
-	stopUnit(context.Background(), conn, name)
-	drained := make(chan struct{})
 	go func() {
 		wg.Wait()
-		close(drained)
+		close(s.drained)
 	}()
-	select {
-	case <-drained:
-	case <-time.After(ioGrace):
-		stdoutR.Close()
-		stderrR.Close()
-		stdinW.Close()
-		<-drained
-	}
+	return s, nil
+}
 
-	res := isolation.Result{ExitCode: end.exitCode(), Stderr: stderr.String()}
-	if killed != nil {
-		killed.Detail = agentio.WithTail(killed.Detail, res.Stderr)
-		return res, killed
-	}
+// unitSandbox is a run's transient unit.
+type unitSandbox struct {
+	conn                     *sdbus.Conn
+	name                     string
+	stdinW, stdoutR, stderrR *os.File
+	drained                  chan struct{}
+	release                  sync.Once
+}
+
+func (s *unitSandbox) Handle() string { return unitHandlePrefix + s.name }
+
+// Wait polls the unit until its main process has exited and reads how.
+func (s *unitSandbox) Wait(ctx context.Context) (isolation.Exit, error) {
+	end := waitUnitEnd(ctx, s.conn, s.name)
 	if end.err != nil {
-		return res, &isolation.RunError{Reason: isolation.ReasonCrashed, Detail: agentio.WithTail("lost track of unit "+name, res.Stderr), Err: end.err}
+		return isolation.Exit{Code: -1}, &isolation.RunError{Reason: isolation.ReasonCrashed, Detail: "lost track of unit " + s.name, Err: end.err}
 	}
+	return exitOf(end, s.name), nil
+}
+
+// exitOf maps how systemd says a unit ended to how the agent ended.
+func exitOf(end unitEnd, name string) isolation.Exit {
+	exit := isolation.Exit{Code: end.exitCode()}
 	switch {
 	case end.result == "oom-kill":
-		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", agentio.WithTail(fmt.Sprintf("agent ran out of memory (MemoryMax=%d)", r.limits().MemoryMax), res.Stderr))
+		exit.OOM = true
 	case end.result == "timeout":
-		return res, isolation.Errorf(isolation.ReasonTimeout, "%s", agentio.WithTail("RuntimeMaxSec reached", res.Stderr))
+		exit.RuntimeLimit = true
 	case end.code == cldExited && end.status >= 200 && end.status < 256:
 		// systemd's own exit codes (EXIT_USER, EXIT_EXEC, ...): the agent
 		// never ran.
-		return res, isolation.Errorf(isolation.ReasonStart, "%s", agentio.WithTail(fmt.Sprintf("systemd could not start the agent in %s (exit status %d, see journalctl -u %s)", name, end.status, name), res.Stderr))
+		exit.NeverRan = fmt.Sprintf("systemd could not start the agent in %s (exit status %d, see journalctl -u %s)", name, end.status, name)
 	case end.code == cldKilled || end.code == cldDumped:
-		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", agentio.WithTail("agent was killed by signal "+syscall.Signal(end.status).String(), res.Stderr))
+		exit.Signal = syscall.Signal(end.status)
 	}
-	return interpret(res, stdout, u.runID, nil)
+	if exit.Signal != 0 || exit.OOM {
+		exit.Code = -1
+	}
+	return exit
 }
 
-func (r Runner) unitProperties(u unitRun, name string, stdin, stdout, stderr int) []sdbus.Property {
-	lim := r.limits()
+// Kill stops the unit: that ends whatever the agent left running (the whole
+// cgroup) and frees the name; after that the pipes reach EOF.
+func (s *unitSandbox) Kill(ctx context.Context) error {
+	stopUnit(ctx, s.conn, s.name)
+	return nil
+}
+
+func (s *unitSandbox) Drained() <-chan struct{} { return s.drained }
+
+// Inspect: systemd reports an OOM kill itself (Result=oom-kill, in Wait).
+func (s *unitSandbox) Inspect(context.Context, bool) bool { return false }
+
+func (s *unitSandbox) Release() {
+	s.release.Do(func() {
+		s.stdoutR.Close()
+		s.stderrR.Close()
+		s.stdinW.Close()
+		s.conn.Close()
+	})
+}
+
+func unitProperties(u unitRun, name string, stdin, stdout, stderr int) []sdbus.Property {
+	lim := limitsOf(u.spec.Limits)
 	props := []sdbus.Property{
-		sdbus.PropDescription(fmt.Sprintf("berth run %s (agent %s)", u.runID, u.spec.AgentID)),
+		sdbus.PropDescription(fmt.Sprintf("berth run %s (agent %s)", u.spec.RunID, u.spec.AgentID)),
 		sdbus.PropType("exec"),
 		sdbus.PropSlice(RunsSlice),
 		sdbus.PropExecStart([]string{u.spec.AgentBinary}, true),

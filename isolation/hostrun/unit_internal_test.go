@@ -1,6 +1,8 @@
 package hostrun
 
 import (
+	"context"
+	"io"
 	"strings"
 	"testing"
 
@@ -26,10 +28,15 @@ func TestTransientUnitProperties(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			spec := isolation.Spec{RunID: "r1", AgentID: "a", Workspace: "/ws", AgentBinary: "/usr/libexec/berth/berth-agent"}
-			req := agentproto.Request{RunID: "r1", Policy: tc.policy, Provider: agentproto.Provider{Key: "sk-SECRET-KEY"}}
-			u := newUnitRun(spec, req, []byte(`{"provider":{"key":"sk-SECRET-KEY"}}`), nil, tc.cutNetwork)
-			props := Runner{}.unitProperties(u, UnitName("r1"), 10, 11, 12)
+			spec := isolation.Spec{
+				Plan:    isolation.Plan{RunID: "r1", AgentID: "a", Workspace: "/ws", AgentBinary: "/usr/libexec/berth/berth-agent", Policy: tc.policy},
+				Request: agentproto.Request{RunID: "r1", Provider: agentproto.Provider{Key: "sk-SECRET-KEY"}},
+			}
+			u := newUnitRun(spec, []byte(`{"provider":{"key":"sk-SECRET-KEY"}}`), nil)
+			if u.cutNetwork != tc.cutNetwork {
+				t.Errorf("cut network = %v, want %v", u.cutNetwork, tc.cutNetwork)
+			}
+			props := unitProperties(u, UnitName("r1"), 10, 11, 12)
 			got := map[string]string{}
 			for _, p := range props {
 				got[p.Name] = p.Value.String()
@@ -52,19 +59,63 @@ func TestTransientUnitProperties(t *testing.T) {
 	}
 }
 
-func TestHostRunsHonourTheAgentsMemoryLimit(t *testing.T) {
+func TestHostRunsHonourThePlansMemoryLimit(t *testing.T) {
 	t.Parallel()
-	spec := isolation.Spec{RunID: "r1", Workspace: "/ws", AgentBinary: "/bin/true"}
-	spec.Container.MemoryLimit = "1g"
-	u := newUnitRun(spec, agentproto.Request{RunID: "r1"}, nil, nil, true)
-	props := Runner{}.forAgent(spec).unitProperties(u, UnitName("r1"), 10, 11, 12)
+	spec := isolation.Spec{Plan: isolation.Plan{RunID: "r1", Workspace: "/ws", AgentBinary: "/bin/true", Limits: isolation.Limits{MemoryBytes: 1 << 30}}}
+	u := newUnitRun(spec, nil, nil)
+	props := unitProperties(u, UnitName("r1"), 10, 11, 12)
 	for _, p := range props {
 		if p.Name == "MemoryMax" {
 			if got := p.Value.Value(); got != uint64(1<<30) {
-				t.Fatalf("MemoryMax = %v, want 1 GiB from memory_limit", got)
+				t.Fatalf("MemoryMax = %v, want 1 GiB from the plan", got)
 			}
 			return
 		}
 	}
 	t.Fatal("no MemoryMax property")
+}
+
+// endedUnit is a sandbox whose unit already ended the way systemd reported.
+type endedUnit struct {
+	exit    isolation.Exit
+	drained chan struct{}
+}
+
+func (u *endedUnit) Handle() string                               { return unitHandlePrefix + UnitName("r1") }
+func (u *endedUnit) Wait(context.Context) (isolation.Exit, error) { return u.exit, nil }
+func (u *endedUnit) Kill(context.Context) error                   { return nil }
+func (u *endedUnit) Drained() <-chan struct{}                     { return u.drained }
+func (u *endedUnit) Inspect(context.Context, bool) bool           { return false }
+func (u *endedUnit) Release()                                     {}
+
+// How systemd says a unit ended must give the reasons every backend gives:
+// an OOM kill is "out of memory" here as in a container.
+func TestTransientUnitEndsGiveTheSameReasonsAsEveryBackend(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		end    unitEnd
+		reason string
+		detail string
+	}{
+		{"OOM_kill_is_out_of_memory", unitEnd{code: cldKilled, status: 9, result: "oom-kill"}, isolation.ReasonOutOfMemory, "memory limit of 256m"},
+		{"RuntimeMaxSec_is_a_timeout", unitEnd{code: cldKilled, status: 9, result: "timeout"}, isolation.ReasonTimeout, "runtime limit"},
+		{"Systemd_exit_status_is_cannot_start", unitEnd{code: cldExited, status: 217, result: "exit-code"}, isolation.ReasonStart, "exit status 217"},
+		{"Signal_is_a_crash", unitEnd{code: cldKilled, status: 11, result: "signal"}, isolation.ReasonCrashed, "segmentation fault"},
+		{"Exit_3_is_a_confinement_failure", unitEnd{code: cldExited, status: 3, result: "exit-code"}, isolation.ReasonConfinement, "exit code 3"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			spec := isolation.Spec{Plan: isolation.Plan{RunID: "r1", Limits: isolation.Limits{MemoryBytes: 256 << 20}}}
+			drained := make(chan struct{})
+			close(drained)
+			_, err := isolation.Supervise(context.Background(), spec, func(context.Context, isolation.Spec, []byte, io.Writer, io.Writer) (isolation.Sandbox, error) {
+				return &endedUnit{exit: exitOf(tc.end, UnitName("r1")), drained: drained}, nil
+			})
+			if got := isolation.ReasonOf(err); got != tc.reason || !strings.Contains(err.Error(), tc.detail) {
+				t.Fatalf("unit end %+v gave %v, want reason %q with %q", tc.end, err, tc.reason, tc.detail)
+			}
+		})
+	}
 }

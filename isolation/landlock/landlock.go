@@ -30,14 +30,17 @@ var _ isolation.Backend = (*Backend)(nil)
 // Name returns "landlock".
 func (b *Backend) Name() string { return Name }
 
-// Run runs spec.Request as spec.RunAs (never root) under spec.Request.Policy,
-// which must not be unrestricted.
+// Run runs spec.Request as the plan's run user (never root) under the plan's
+// policy, which must not be unrestricted.
 func (b *Backend) Run(ctx context.Context, spec isolation.Spec) (isolation.Result, error) {
-	if spec.Request.Policy.Unrestricted {
+	if spec.Policy.Unrestricted {
 		return isolation.Result{}, isolation.Errorf(isolation.ReasonConfinement, "the landlock backend never runs an agent unconfined (policy is unrestricted)")
 	}
 	return b.runner.Run(ctx, spec)
 }
+
+// Explain says which limits hold for p on this host.
+func (b *Backend) Explain(p isolation.Plan) isolation.Confinement { return b.runner.Explain(p) }
 
 // Kill ends the agent process group named by handle.
 func (b *Backend) Kill(ctx context.Context, handle string) error {

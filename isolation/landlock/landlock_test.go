@@ -14,7 +14,6 @@ import (
 	"github.com/berth-dev/berth/internal/testenv"
 
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/landlock"
 )
@@ -78,21 +77,13 @@ func spec(t *testing.T, binary, text string) isolation.Spec {
 	t.Cleanup(func() { os.RemoveAll(ws) })
 	mkdirNobody(t, ws, true)
 	runID := "run-" + strings.ReplaceAll(t.Name(), "/", "-")
-	return isolation.Spec{
-		RunID:   runID,
-		AgentID: "a",
-		Request: agentproto.Request{
-			Version:  agentproto.Version,
-			RunID:    runID,
-			Agent:    agentproto.Agent{ID: "a", MaxIterations: 2},
-			Message:  agentproto.Message{ID: "m1", Text: text},
-			Provider: agentproto.Provider{Name: "local", Kind: "local", Key: "sk-local-key"},
-		},
-		Workspace:   ws,
-		AgentBinary: binary,
-		RunAs:       "nobody",
-		Timeout:     30 * time.Second,
-	}
+	return isolation.Spec{Plan: isolation.Plan{RunID: runID, AgentID: "a", Workspace: ws, AgentBinary: binary, RunAs: "nobody", Timeout: 30 * time.Second}, Request: agentproto.Request{
+		Version:  agentproto.Version,
+		RunID:    runID,
+		Agent:    agentproto.Agent{ID: "a", MaxIterations: 2},
+		Message:  agentproto.Message{ID: "m1", Text: text},
+		Provider: agentproto.Provider{Name: "local", Kind: "local", Key: "sk-local-key"},
+	}}
 }
 
 func TestLandlockBackendRunsTheAgentAsTheRunAsUser(t *testing.T) {
@@ -119,14 +110,14 @@ func TestLandlockBackendRefusesRootAndUnconfinedRuns(t *testing.T) {
 		{"Run_as_root_is_refused", func(s *isolation.Spec) { s.RunAs = "root" }, isolation.ReasonStart},
 		{"Run_as_uid_0_is_refused", func(s *isolation.Spec) { s.RunAs = "0" }, isolation.ReasonStart},
 		{"Empty_run_as_under_a_root_scheduler_is_refused", func(s *isolation.Spec) { s.RunAs = "" }, isolation.ReasonStart},
-		{"Unrestricted_policy_is_refused", func(s *isolation.Spec) { s.Request.Policy.Unrestricted = true }, isolation.ReasonConfinement},
+		{"Unrestricted_policy_is_refused", func(s *isolation.Spec) { s.Policy.Unrestricted = true }, isolation.ReasonConfinement},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := spec(t, testAgent, "whoami")
 			started := false
-			s.OnStart = func(string) { started = true }
+			s.OnStart = func(string) error { started = true; return nil }
 			tc.edit(&s)
 			_, err := landlock.New().Run(context.Background(), s)
 			if got := isolation.ReasonOf(err); got != tc.reason {
@@ -170,8 +161,8 @@ func TestLandlockBackendConfinesTheRealBerthAgent(t *testing.T) {
 	s.Request.Workspace = own
 	// The admin allows reading the whole tree: only Deny keeps berth's state,
 	// config and the other agent's workspace out.
-	a := config.Agent{ID: "a", FileAccess: config.FileAccess{AllowRead: []string{root}}}
-	s.Request.Policy = isolation.HostPolicy(a, own, []string{configDir, state})
+	a := isolation.FileAccess{AllowRead: []string{root}}
+	s.Policy = isolation.HostPolicy(a, own, []string{configDir, state})
 	s.Request.Message.Text = "/sh id -u; echo hi > out.txt && cat out.txt; " +
 		"cat " + filepath.Join(other, "notes.txt") + " " + filepath.Join(configDir, "berth.toml") + " " +
 		filepath.Join(state, "scheduler.db") + " /etc/shadow 2>&1 | sed 's/^/denied? /'"
@@ -211,7 +202,7 @@ func TestTimeoutEndsEveryToolTheAgentStarted(t *testing.T) {
 
 	s := spec(t, berthAgent, "")
 	s.Workspace, s.Request.Workspace = ws, ws
-	s.Request.Policy = isolation.HostPolicy(config.Agent{ID: "a"}, ws, nil)
+	s.Policy = isolation.HostPolicy(isolation.FileAccess{}, ws, nil)
 	s.Request.Message.Text = "/sh sleep 3; echo late > late.txt"
 	s.Timeout = time.Second
 	_, err = landlock.New().Run(context.Background(), s)

@@ -35,13 +35,20 @@ var _ isolation.Backend = (*Backend)(nil)
 // Name returns "unrestricted".
 func (b *Backend) Name() string { return Name }
 
-// Run runs spec.Request with Policy.Unrestricted forced on.
+// Run runs spec.Request without file confinement. The plan must say so
+// (Policy.Unrestricted, as internal/runplan compiles it for these agents):
+// a confined plan is refused rather than silently run unconfined.
 func (b *Backend) Run(ctx context.Context, spec isolation.Spec) (isolation.Result, error) {
+	if !spec.Policy.Unrestricted {
+		return isolation.Result{}, isolation.Errorf(isolation.ReasonStart, "the unrestricted backend runs only plans without file confinement (policy.unrestricted); this one is confined")
+	}
 	b.log.Warn("running agent UNRESTRICTED on the host: no file confinement",
-		"agent", spec.AgentID, "run", spec.RunID, "run_as", spec.RunAs)
-	spec.Request.Policy.Unrestricted = true
+		"agent", spec.AgentID, "run_id", spec.RunID, "backend", Name, "run_as", spec.RunAs)
 	return b.runner.Run(ctx, spec)
 }
+
+// Explain says which limits hold for p on this host.
+func (b *Backend) Explain(p isolation.Plan) isolation.Confinement { return b.runner.Explain(p) }
 
 // Kill ends the agent process group named by handle.
 func (b *Backend) Kill(ctx context.Context, handle string) error {

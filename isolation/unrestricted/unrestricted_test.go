@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 
 const providerKey = "sk-unrestricted-KEY-must-not-leak"
 
-func TestUnrestrictedBackendForcesUnrestrictedAndWarnsOnEveryRun(t *testing.T) {
+func TestUnrestrictedBackendRunsUnconfinedAndWarnsOnEveryRun(t *testing.T) {
 	t.Parallel()
 	testenv.NeedRoot(t)
 	var logs bytes.Buffer
@@ -46,21 +46,12 @@ func TestUnrestrictedBackendForcesUnrestrictedAndWarnsOnEveryRun(t *testing.T) {
 		t.Errorf("name is %q", b.Name())
 	}
 	ws := t.TempDir()
-	s := isolation.Spec{
-		RunID:   "r-unres",
-		AgentID: "ops",
-		Request: agentproto.Request{
-			Version:  agentproto.Version,
-			RunID:    "r-unres",
-			Message:  agentproto.Message{Text: "whoami private words"},
-			Provider: agentproto.Provider{Kind: "openai", Key: providerKey},
-			Policy:   agentproto.Policy{AllowRead: []string{"/usr"}},
-		},
-		Workspace:   ws,
-		AgentBinary: testAgent,
-		RunAs:       "root",
-		Timeout:     30 * time.Second,
-	}
+	s := isolation.Spec{Plan: isolation.Plan{RunID: "r-unres", AgentID: "ops", Workspace: ws, AgentBinary: testAgent, RunAs: "root", Timeout: 30 * time.Second, Policy: agentproto.Policy{Unrestricted: true}}, Request: agentproto.Request{
+		Version:  agentproto.Version,
+		RunID:    "r-unres",
+		Message:  agentproto.Message{Text: "whoami private words"},
+		Provider: agentproto.Provider{Kind: "openai", Key: providerKey},
+	}}
 	res, err := b.Run(context.Background(), s)
 	if err != nil {
 		t.Fatalf("run failed: %v (stderr %q)", err, res.Stderr)
@@ -76,12 +67,27 @@ func TestUnrestrictedBackendForcesUnrestrictedAndWarnsOnEveryRun(t *testing.T) {
 		t.Errorf("agent saw unrestricted=%v and ran as uid %d, want true and root", r.Unrestricted, r.UID)
 	}
 	out := logs.String()
-	for _, want := range []string{`"level":"WARN"`, "UNRESTRICTED", `"agent":"ops"`, `"run":"r-unres"`} {
+	for _, want := range []string{`"level":"WARN"`, "UNRESTRICTED", `"agent":"ops"`, `"run_id":"r-unres"`, `"backend":"unrestricted"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %s: %s", want, out)
 		}
 	}
 	if strings.Contains(out, providerKey) || strings.Contains(out, "private words") {
 		t.Errorf("log holds the request: %s", out)
+	}
+}
+
+func TestUnrestrictedBackendRefusesAConfinedPlan(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	b := unrestricted.New(slog.New(slog.NewJSONHandler(&logs, nil)))
+	s := isolation.Spec{Plan: isolation.Plan{RunID: "r-confined", AgentID: "ops", Workspace: t.TempDir(), AgentBinary: testAgent, RunAs: "root",
+		Policy: agentproto.Policy{AllowRead: []string{"/usr"}}}}
+	_, err := b.Run(context.Background(), s)
+	if isolation.ReasonOf(err) != isolation.ReasonStart || !strings.Contains(err.Error(), "confined") {
+		t.Fatalf("a confined plan gave %v, want a refusal to start", err)
+	}
+	if logs.Len() != 0 {
+		t.Errorf("a refused run logged %s", logs.String())
 	}
 }

@@ -205,7 +205,7 @@ func viaDockerRun(image, workspace string, i int) (time.Duration, error) {
 		Agent:     agentproto.Agent{ID: "docker", MaxIterations: 3},
 		Message:   agentproto.Message{ID: id, Author: "bench", Text: "/sh true"},
 		Provider:  agentproto.Provider{Name: "local", Kind: "local"},
-		Policy:    isolation.ContainerPolicy(c),
+		Policy:    isolation.ContainerPolicy(c.Network != "none"),
 		Workspace: config.ContainerWorkspace,
 	})
 	args := []string{"run", "--rm", "-i", "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",

@@ -2,20 +2,125 @@ package scheduler
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/godbus/dbus/v5"
+
+	"github.com/berth-dev/berth/agent/provider"
+	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/runplan"
+	"github.com/berth-dev/berth/isolation"
 )
 
-// ExplainAgentJSON is the run plan the scheduler would use for agent's next
-// run, as JSON (dev.berth.Scheduler1.ExplainAgent).
-func (s *Service) ExplainAgentJSON(agent string) (string, error) {
-	return "", errors.New("not implemented yet")
+// Explained is what dev.berth.Scheduler1.ExplainAgent returns (as JSON): the
+// plan the agent's next run would get with the current config, why, what
+// would refuse it, and how the backend confines it on this host. No key.
+type Explained struct {
+	runplan.Explanation
+	// BackendAvailable says this scheduler has the plan's backend.
+	BackendAvailable bool                   `json:"backend_available"`
+	Confinement      *isolation.Confinement `json:"confinement,omitempty"`
 }
 
+// ExplainAgentJSON is the run plan the scheduler would use for agent's next
+// run, as JSON (dev.berth.Scheduler1.ExplainAgent): the very plan runOnce
+// compiles, with the keys left out.
+func (s *Service) ExplainAgentJSON(agent string) (string, error) {
+	cfg := s.cfg.Load()
+	host := s.hostFacts(cfg)
+	e, err := runplan.Explain(cfg, agent, host)
+	if isolation.ReasonOf(err) == runplan.ReasonAgentNotConfigured {
+		return "", fmt.Errorf("%w: %v", ErrNotFound, err)
+	}
+	if err != nil {
+		return "", fmt.Errorf("cannot explain agent %s: %w", agent, err)
+	}
+	out := Explained{Explanation: e}
+	b := s.opts.Backends[string(e.Plan.Backend)]
+	out.BackendAvailable = b != nil
+	if b == nil {
+		out.Problems = append(out.Problems, fmt.Sprintf("this scheduler has no %s backend: runs of %s fail", e.Plan.Backend, agent))
+	}
+	if ex, ok := b.(isolation.Explainer); ok {
+		c := ex.Explain(e.Plan)
+		out.Confinement = &c
+	}
+	data, err := json.Marshal(out)
+	if err != nil {
+		return "", fmt.Errorf("cannot encode the plan of %s: %w", agent, err)
+	}
+	return string(data), nil
+}
+
+// probeTimeout bounds each provider check; the checks run side by side so
+// the D-Bus call answers within about this long.
+const probeTimeout = 20 * time.Second
+
 // TestProviders checks providers with the scheduler's own environment
-// (dev.berth.Scheduler1.TestProviders); name "" means every provider.
+// (dev.berth.Scheduler1.TestProviders): what passes here is what runs get.
+// name "" means every configured provider.
 func (s *Service) TestProviders(name string) ([]map[string]dbus.Variant, error) {
-	_ = context.Background
-	return nil, errors.New("not implemented yet")
+	cfg := s.cfg.Load()
+	names := make([]string, 0, len(cfg.Providers.Entries))
+	for n := range cfg.Providers.Entries {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	if name != "" {
+		if _, ok := cfg.Providers.Entries[name]; !ok {
+			return nil, fmt.Errorf("%w: provider %q is not defined (defined: %s)", ErrNotFound, name, strings.Join(names, ", "))
+		}
+		names = []string{name}
+	}
+	out := make([]map[string]dbus.Variant, len(names))
+	var wg sync.WaitGroup
+	for i, n := range names {
+		wg.Go(func() { out[i] = s.testProvider(n) })
+	}
+	wg.Wait()
+	return out, nil
+}
+
+// testProvider makes one provider check; the result never holds the key.
+func (s *Service) testProvider(name string) map[string]dbus.Variant {
+	cfg := s.cfg.Load()
+	e := cfg.Providers.Entries[name]
+	kind := e.Kind
+	if kind == "" {
+		kind = name
+	}
+	ap := agentproto.Provider{Name: name, Kind: kind, BaseURL: e.BaseURL, Model: e.Model, MaxTokens: e.MaxTokens}
+	var res provider.ProbeResult
+	switch {
+	case kind == "local":
+		res = provider.ProbeResult{Verdict: "ok", Detail: "offline; nothing to reach"}
+	case e.APIKeyEnv != "" && s.opts.Getenv(e.APIKeyEnv) == "":
+		res = provider.ProbeResult{Verdict: "error", Detail: fmt.Sprintf("%s is not set in the scheduler's environment (set it in the unit, e.g. systemctl edit berth-scheduler: Environment= or EnvironmentFile=)", e.APIKeyEnv)}
+	default:
+		if e.APIKeyEnv != "" {
+			ap.Key = s.opts.Getenv(e.APIKeyEnv)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		res = provider.Probe(ctx, ap)
+		cancel()
+	}
+	detail := res.Detail
+	if ap.Key != "" {
+		detail = strings.ReplaceAll(detail, ap.Key, "[key]")
+	}
+	s.log.Info("provider checked", "provider", name, "kind", kind, "status", res.Verdict, "latency", res.Latency)
+	return map[string]dbus.Variant{
+		"name":       dbus.MakeVariant(name),
+		"kind":       dbus.MakeVariant(kind),
+		"model":      dbus.MakeVariant(e.Model),
+		"base_url":   dbus.MakeVariant(e.BaseURL),
+		"status":     dbus.MakeVariant(res.Verdict),
+		"detail":     dbus.MakeVariant(detail),
+		"latency_ms": dbus.MakeVariant(uint32(res.Latency.Milliseconds())),
+	}
 }

@@ -16,15 +16,15 @@ type Sweeper interface {
 	Sweep(ctx context.Context, keep func(runID string) bool) ([]string, error)
 }
 
-// sweepTimeout bounds the sweep at start: an engine that does not answer
-// must not hold up the landlock agents.
+// sweepTimeout bounds the sweep at start.
 const sweepTimeout = 30 * time.Second
 
-// sweepOrphans runs once after reconcile, before anything is dispatched:
-// every sandbox a sweeper finds then belongs to an earlier process.
+// sweepOrphans runs once after reconcile. Each sweeper works in the
+// background, bounded by sweepTimeout, so an engine that does not answer
+// holds up nothing: dispatch starts at once. That is safe because a run is
+// active (isActive) before its sandbox exists, so a sweep never takes a
+// sandbox of this process.
 func (s *Service) sweepOrphans(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, sweepTimeout)
-	defer cancel()
 	swept := map[isolation.Backend]bool{}
 	for name, b := range s.opts.Backends {
 		sw, ok := b.(Sweeper)
@@ -32,13 +32,21 @@ func (s *Service) sweepOrphans(ctx context.Context) {
 			continue
 		}
 		swept[b] = true
-		removed, err := sw.Sweep(ctx, s.isActive)
-		for _, run := range removed {
-			s.log.Warn("removed a sandbox left behind by an earlier scheduler", "backend", name, "run", run)
-		}
-		if err != nil {
-			s.log.Warn("cannot sweep sandboxes left behind by an earlier scheduler", "backend", name, "err", err)
-		}
+		go s.sweep(ctx, name, sw)
+	}
+}
+
+func (s *Service) sweep(ctx context.Context, name string, sw Sweeper) {
+	ctx, cancel := context.WithTimeout(ctx, sweepTimeout)
+	defer cancel()
+	removed, err := sw.Sweep(ctx, s.isActive)
+	for _, run := range removed {
+		s.log.Warn("removed a sandbox left behind by an earlier scheduler", "backend", name, "run_id", run)
+	}
+	if err != nil {
+		// Some were not removed: they keep running (and using the agent's
+		// workspace) until a later start removes them.
+		s.log.Error("cannot remove every sandbox left behind by an earlier scheduler; they may still be running", "backend", name, "removed", len(removed), "err", err)
 	}
 }
 

@@ -5,54 +5,46 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/user"
 	"path/filepath"
-	"slices"
-	"strconv"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/isolation"
 )
 
-// runOnce prepares the run's workspace and request and hands it to the
-// agent's backend. backend is the name of the backend used, if any.
+// runOnce compiles the run's plan (internal/runplan), prepares its workspace
+// and request and hands both to the plan's backend. backend is the name of
+// the backend used, if any.
 func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res isolation.Result, backend string, err error) {
 	agent, err := cfg.Agent(r.Agent)
 	if err != nil {
 		return res, "", &isolation.RunError{Reason: ReasonAgentNotConfigured, Err: err}
 	}
-	b := s.opts.Backends[agent.Isolation]
+	host := s.hostFacts(cfg)
+	kind := runplan.BackendOf(agent, host)
+	b := s.opts.Backends[string(kind)]
 	if b == nil {
-		if agent.Isolation == "container" {
+		if kind == isolation.BackendContainer {
 			return res, "", &isolation.RunError{Reason: ReasonContainerUnavailable}
 		}
-		return res, "", isolation.Errorf(ReasonNoBackend, "no backend %q in this scheduler", agent.Isolation)
+		return res, "", isolation.Errorf(ReasonNoBackend, "no backend %q in this scheduler", kind)
 	}
 	backend = b.Name()
-	runUser, err := s.runUser(cfg)
-	if err != nil {
+	if host.RunUserErr != nil {
+		return res, backend, &isolation.RunError{Reason: isolation.ReasonStart, Err: host.RunUserErr}
+	}
+	if _, err := s.prepareWorkspace(agent, host.RunUser); err != nil {
 		return res, backend, &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
 	}
-	workspace, err := s.prepareWorkspace(agent, runUser)
+	plan, err := runplan.Compile(cfg, agent.ID, r.ID, host)
 	if err != nil {
-		return res, backend, &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
-	}
-	chain, err := cfg.ProviderChain(agent, s.opts.Getenv)
-	if err != nil {
-		return res, backend, &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
-	}
-	if len(chain) == 0 {
-		return res, backend, isolation.Errorf(isolation.ReasonStart, "agent %s has no provider", agent.ID)
-	}
-	if err := checkProviderNetwork(agent, chain); err != nil {
+		if isolation.ReasonOf(err) == "" {
+			err = &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
+		}
 		return res, backend, err
-	}
-	var policyOpts []isolation.PolicyOption
-	if runUser != nil {
-		policyOpts = append(policyOpts, isolation.RunUserHome(runUser.HomeDir))
 	}
 	req := agentproto.Request{
 		Version: agentproto.Version,
@@ -73,68 +65,68 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 			Text:        r.Text,
 			ReceivedAt:  r.CreatedAt,
 		},
-		Provider:  chain[0],
-		Fallback:  chain[1:],
-		Policy:    isolation.HostPolicy(agent, workspace, s.protectedPaths(cfg, agent, workspace), policyOpts...),
-		Workspace: workspace,
+		Provider:  plan.Providers[0],
+		Fallback:  plan.Providers[1:],
+		Policy:    plan.Policy,
+		Workspace: plan.SandboxWorkspace,
 		History:   s.history(r),
 	}
 	spec := isolation.Spec{
-		RunID:       r.ID,
-		AgentID:     agent.ID,
-		Request:     req,
-		Workspace:   workspace,
-		AgentBinary: cfg.Scheduler.AgentBinary,
-		RunAs:       cfg.Scheduler.RunAs,
-		Timeout:     agent.Timeout,
-		Container:   agent.Container,
-		OnStart:     func(handle string) { s.saveHandle(r.ID, backend, handle) },
+		Plan:    plan,
+		Request: req,
+		OnStart: func(handle string) error { return s.saveHandle(r.ID, backend, handle) },
 	}
 	res, err = b.Run(ctx, spec)
 	return res, backend, err
 }
 
-// saveHandle records the sandbox handle so a restarted scheduler can kill it.
-func (s *Service) saveHandle(runID, backend, handle string) {
+// hostFacts describes this scheduler and host to runplan: the state and
+// config directories, the run user (looked up when the scheduler is root and
+// so switches to it), the scheduler's own environment for provider keys.
+func (s *Service) hostFacts(cfg *config.Config) runplan.HostFacts {
+	host := runplan.HostFacts{
+		StateDir:  s.stateDir,
+		ConfigDir: s.opts.ConfigDir,
+		Getenv:    s.opts.Getenv,
+	}
+	// berth-scheduler --unrestricted serves landlock agents with the
+	// unrestricted backend: their plans must say so.
+	if b := s.opts.Backends[string(isolation.BackendLandlock)]; b != nil && b.Name() == string(isolation.BackendUnrestricted) {
+		host.ForceUnrestricted = true
+	}
+	if os.Geteuid() == 0 && cfg.Scheduler.RunAs != "" {
+		host.RunUser, host.RunUserErr = isolation.LookupRunUser(cfg.Scheduler.RunAs)
+	}
+	return host
+}
+
+// saveHandle records the sandbox handle so a restarted scheduler can kill
+// it. An error ends the run (isolation.Supervise kills the sandbox): a
+// sandbox nobody could find after a crash must not keep running.
+func (s *Service) saveHandle(runID, backend, handle string) error {
 	err := s.store.db.Update(func(tx *bolt.Tx) error {
 		r, ok, err := getRun(tx, runID)
-		if err != nil || !ok {
+		if err != nil {
 			return err
+		}
+		if !ok {
+			return fmt.Errorf("run %s is not in %s", runID, DBName)
 		}
 		r.Backend, r.Handle = backend, handle
 		return putRun(tx, r)
 	})
 	if err != nil {
-		s.log.Error("cannot record sandbox handle", "run", runID, "handle", handle, "err", err)
+		s.log.Error("cannot record sandbox handle; ending the run", "run_id", runID, "backend", backend, "handle", handle, "err", err)
+		return fmt.Errorf("cannot record sandbox handle: %w", err)
 	}
-}
-
-// runUser looks up [scheduler] run_as when the scheduler runs as root (it
-// then owns the workspaces); otherwise nil.
-func (s *Service) runUser(cfg *config.Config) (*user.User, error) {
-	if os.Geteuid() != 0 || cfg.Scheduler.RunAs == "" {
-		return nil, nil
-	}
-	u, err := user.Lookup(cfg.Scheduler.RunAs)
-	if err != nil {
-		return nil, fmt.Errorf("cannot find run user %s: %w", cfg.Scheduler.RunAs, err)
-	}
-	return u, nil
-}
-
-// workspaceOf is the agent's configured workspace or <state>/agents/<id>.
-func (s *Service) workspaceOf(a config.Agent) string {
-	if a.Workspace != "" {
-		return filepath.Clean(a.Workspace)
-	}
-	return filepath.Join(s.stateDir, "agents", a.ID)
+	return nil
 }
 
 // prepareWorkspace makes the agent's workspace (0700, owned by the run user
 // when the scheduler is root). An existing configured workspace is left as
 // the admin made it.
-func (s *Service) prepareWorkspace(a config.Agent, runUser *user.User) (string, error) {
-	ws := s.workspaceOf(a)
+func (s *Service) prepareWorkspace(a config.Agent, runUser *isolation.RunUser) (string, error) {
+	ws := runplan.WorkspaceOf(a, s.stateDir)
 	defaultLocation := a.Workspace == ""
 	if defaultLocation {
 		agentsDir := filepath.Dir(ws)
@@ -160,47 +152,9 @@ func (s *Service) prepareWorkspace(a config.Agent, runUser *user.User) (string, 
 		return "", fmt.Errorf("cannot set mode of workspace %s: %w", ws, err)
 	}
 	if runUser != nil {
-		uid, _ := strconv.Atoi(runUser.Uid)
-		gid, _ := strconv.Atoi(runUser.Gid)
-		if err := os.Chown(ws, uid, gid); err != nil {
-			return "", fmt.Errorf("cannot hand workspace %s to %s: %w", ws, runUser.Username, err)
+		if err := os.Chown(ws, int(runUser.UID), int(runUser.GID)); err != nil {
+			return "", fmt.Errorf("cannot hand workspace %s to %s: %w", ws, runUser.Name, err)
 		}
 	}
 	return ws, nil
-}
-
-// protectedPaths are what an agent must never reach even when its
-// file_access allows a parent: the state dir (and intake's beside it), the
-// config dir, connector secret files and the other agents' workspaces.
-// isolation.HostPolicy keeps the agent's own workspace reachable when one of
-// them contains it.
-func (s *Service) protectedPaths(cfg *config.Config, a config.Agent, workspace string) []string {
-	protect := []string{s.stateDir, filepath.Join(filepath.Dir(s.stateDir), "intake")}
-	for _, c := range cfg.Connectors {
-		if c.SecretFile != "" && !slices.Contains(protect, c.SecretFile) {
-			protect = append(protect, c.SecretFile)
-		}
-	}
-	if s.opts.ConfigDir != "" {
-		protect = append(protect, s.opts.ConfigDir)
-	} else {
-		for _, src := range cfg.Sources {
-			if dir := filepath.Dir(src); !slices.Contains(protect, dir) {
-				protect = append(protect, dir)
-			}
-		}
-	}
-	for _, other := range cfg.Agents {
-		if other.ID == a.ID {
-			continue
-		}
-		oa, err := cfg.Agent(other.ID)
-		if err != nil {
-			continue
-		}
-		if ws := s.workspaceOf(oa); ws != workspace && !slices.Contains(protect, ws) {
-			protect = append(protect, ws)
-		}
-	}
-	return protect
 }

@@ -4,15 +4,15 @@ import (
 	"context"
 	"time"
 
-	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/isolation"
 )
 
 // Warmer is a backend that keeps sandboxes started ahead of messages: the
 // container backend's warm pool (container_mode.warm).
 type Warmer interface {
-	// Warm sets the pools: one per spec with Container.Warm above zero; the
-	// specs carry no request. Agents left out are drained.
+	// Warm sets the pools: one per spec whose plan has Container.Warm above
+	// zero; the specs carry no request. Agents left out are drained.
 	Warm(specs []isolation.Spec)
 	// Drain removes every waiting sandbox.
 	Drain(ctx context.Context) error
@@ -22,7 +22,8 @@ type Warmer interface {
 const drainTimeout = 30 * time.Second
 
 // warmPools hands each warming backend the agents that want a warm pool,
-// with the same workspace, user and settings a run of theirs would get.
+// with the plan a run of theirs would get (without a run id or keys: no
+// request ever goes into a pool).
 func (s *Service) warmPools() {
 	cfg := s.cfg.Load()
 	specs := map[Warmer][]isolation.Spec{}
@@ -34,40 +35,34 @@ func (s *Service) warmPools() {
 	if len(specs) == 0 {
 		return
 	}
-	runUser, err := s.runUser(cfg)
-	if err != nil {
-		s.log.Warn("cannot warm containers", "err", err)
+	host := s.hostFacts(cfg)
+	if host.RunUserErr != nil {
+		s.log.Warn("cannot warm containers", "err", host.RunUserErr)
 		return
 	}
 	for _, id := range cfg.AgentIDs() {
 		a, err := cfg.Agent(id)
-		if err != nil || a.Isolation != "container" || a.Container.Warm == 0 {
+		kind := runplan.BackendOf(a, host)
+		if err != nil || kind != isolation.BackendContainer || a.Container.Warm == 0 {
 			continue
 		}
-		w, ok := s.opts.Backends[a.Isolation].(Warmer)
+		w, ok := s.opts.Backends[string(kind)].(Warmer)
 		if !ok {
 			continue
 		}
-		ws, err := s.prepareWorkspace(a, runUser)
-		if err != nil {
-			s.log.Warn("cannot warm containers", "agent", a.ID, "err", err)
+		if _, err := s.prepareWorkspace(a, host.RunUser); err != nil {
+			s.log.Warn("cannot warm containers", "agent", a.ID, "backend", kind, "err", err)
 			continue
 		}
-		specs[w] = append(specs[w], warmSpec(cfg, a, ws))
+		e, err := runplan.Explain(cfg, a.ID, host)
+		if err != nil {
+			s.log.Warn("cannot warm containers", "agent", a.ID, "backend", kind, "err", err)
+			continue
+		}
+		specs[w] = append(specs[w], isolation.Spec{Plan: e.Plan})
 	}
 	for w, list := range specs {
 		w.Warm(list)
-	}
-}
-
-func warmSpec(cfg *config.Config, a config.Agent, workspace string) isolation.Spec {
-	return isolation.Spec{
-		AgentID:     a.ID,
-		Workspace:   workspace,
-		AgentBinary: cfg.Scheduler.AgentBinary,
-		RunAs:       cfg.Scheduler.RunAs,
-		Timeout:     a.Timeout,
-		Container:   a.Container,
 	}
 }
 

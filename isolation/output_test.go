@@ -1,10 +1,8 @@
-package agentio
+package isolation
 
 import (
 	"strings"
 	"testing"
-
-	"github.com/berth-dev/berth/isolation"
 )
 
 func TestInterpretMapsEveryWayAnAgentCanEnd(t *testing.T) {
@@ -19,19 +17,19 @@ func TestInterpretMapsEveryWayAnAgentCanEnd(t *testing.T) {
 	}{
 		{"Valid_response_is_a_result", 0, good, "", ""},
 		{"Agent_error_with_a_response_is_a_result", 1, `{"version":1,"run_id":"r1","error":"max iterations"}`, "", ""},
-		{"Confinement_failure_fails_closed", 3, "", isolation.ReasonConfinement, "exit code 3"},
-		{"Rejected_request_is_a_crash", 2, "", isolation.ReasonCrashed, "rejected the request"},
-		{"Garbage_on_stdout_is_a_bad_response", 0, "not json", isolation.ReasonBadResponse, "exit code 0"},
-		{"Response_for_another_run_is_a_bad_response", 0, `{"version":1,"run_id":"other"}`, isolation.ReasonBadResponse, ""},
-		{"Signal_exit_says_which_signal", 137, "", isolation.ReasonCrashed, "killed by signal 9"},
+		{"Confinement_failure_fails_closed", 3, "", ReasonConfinement, "exit code 3"},
+		{"Rejected_request_is_a_crash", 2, "", ReasonCrashed, "rejected the request"},
+		{"Garbage_on_stdout_is_a_bad_response", 0, "not json", ReasonBadResponse, "exit code 0"},
+		{"Response_for_another_run_is_a_bad_response", 0, `{"version":1,"run_id":"other"}`, ReasonBadResponse, ""},
+		{"Signal_exit_says_which_signal", 137, "", ReasonCrashed, "killed by signal 9"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			out := NewStdout()
 			out.Write([]byte(tc.stdout))
-			res, err := Interpret(isolation.Result{ExitCode: tc.code, Stderr: "agent log line"}, out, "r1")
-			if got := isolation.ReasonOf(err); got != tc.wantReason {
+			res, err := Interpret(Result{ExitCode: tc.code, Stderr: "agent log line"}, out, "r1")
+			if got := ReasonOf(err); got != tc.wantReason {
 				t.Fatalf("reason %q (err %v), want %q", got, err, tc.wantReason)
 			}
 			if tc.wantReason == "" && res.Response.RunID != "r1" {
@@ -48,7 +46,7 @@ func TestOversizedResponseIsRefusedAndTailKeepsTheEnd(t *testing.T) {
 	t.Parallel()
 	out := NewStdout()
 	out.Write([]byte(strings.Repeat("x", MaxResponse+1)))
-	if _, err := Interpret(isolation.Result{}, out, "r1"); isolation.ReasonOf(err) != isolation.ReasonBadResponse || !strings.Contains(err.Error(), "larger than") {
+	if _, err := Interpret(Result{}, out, "r1"); ReasonOf(err) != ReasonBadResponse || !strings.Contains(err.Error(), "larger than") {
 		t.Fatalf("oversized response: %v", err)
 	}
 	tail := NewTail()

@@ -1,7 +1,8 @@
-// Package agentio reads what berth-agent gives back, for every isolation
-// backend alike: its stdout (one response, capped), the tail of its stderr
-// (its logs), and the mapping of its exit to a Result or a RunError.
-package agentio
+package isolation
+
+// What berth-agent gives back, for every backend alike: its stdout (one
+// response, capped), the tail of its stderr (its logs), and the mapping of
+// its exit to a Result or a RunError.
 
 import (
 	"bytes"
@@ -11,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/isolation"
 )
 
 const (
@@ -84,13 +84,13 @@ func WithTail(detail, stderr string) string {
 
 // Interpret maps the exit code (≥ 0) and stdout of a finished agent to a
 // Result or a RunError.
-func Interpret(res isolation.Result, stdout *Stdout, runID string) (isolation.Result, error) {
+func Interpret(res Result, stdout *Stdout, runID string) (Result, error) {
 	code := res.ExitCode
 	switch code {
 	case agentproto.ExitConfinement:
-		return res, isolation.Errorf(isolation.ReasonConfinement, "%s", WithTail("exit code 3", res.Stderr))
+		return res, Errorf(ReasonConfinement, "%s", WithTail("exit code 3", res.Stderr))
 	case agentproto.ExitBadRequest:
-		return res, isolation.Errorf(isolation.ReasonCrashed, "%s", WithTail("exit code 2 (agent rejected the request)", res.Stderr))
+		return res, Errorf(ReasonCrashed, "%s", WithTail("exit code 2 (agent rejected the request)", res.Stderr))
 	}
 	resp, perr := parseResponse(stdout, runID)
 	if perr == nil {
@@ -98,13 +98,13 @@ func Interpret(res isolation.Result, stdout *Stdout, runID string) (isolation.Re
 		return res, nil
 	}
 	if code == agentproto.ExitOK || code == agentproto.ExitAgentError {
-		return res, &isolation.RunError{Reason: isolation.ReasonBadResponse, Detail: WithTail(fmt.Sprintf("exit code %d", code), res.Stderr), Err: perr}
+		return res, &RunError{Reason: ReasonBadResponse, Detail: WithTail(fmt.Sprintf("exit code %d", code), res.Stderr), Err: perr}
 	}
 	detail := fmt.Sprintf("exit code %d", code)
 	if code > 128 {
 		detail = fmt.Sprintf("exit code %d (killed by signal %d)", code, code-128)
 	}
-	return res, isolation.Errorf(isolation.ReasonCrashed, "%s", WithTail(detail, res.Stderr))
+	return res, Errorf(ReasonCrashed, "%s", WithTail(detail, res.Stderr))
 }
 
 func parseResponse(stdout *Stdout, runID string) (agentproto.Response, error) {

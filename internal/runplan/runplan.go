@@ -1,0 +1,372 @@
+// Package runplan compiles what one run's sandbox is made of — backend,
+// policy, limits, network, mounts, run user, image, provider chain and
+// timeouts — from the config, the agent id and facts about the host, into an
+// isolation.Plan. It is the one place these decisions are made: the
+// scheduler runs the plan it compiles, and `berthctl sandbox explain` shows
+// the same plan, with a reason for each decision (Explain).
+//
+// Compile touches nothing: the host is described by HostFacts. The only
+// reads of the filesystem are HostPolicy's (which system paths exist, and the
+// entries of a denied directory that holds the workspace).
+package runplan
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/isolation"
+)
+
+// Reasons a run is refused at compile time (before anything starts).
+const (
+	// ReasonProviderNeedsNetwork: the agent's model is reached over the
+	// network while the agent has none (docs/adr/0004-providers-need-network.md).
+	ReasonProviderNeedsNetwork = "provider needs network"
+	// ReasonAgentNotConfigured: the run's agent is not in the config.
+	ReasonAgentNotConfigured = "agent is not configured"
+)
+
+// Defaults of a plan.
+const (
+	DefaultMemory   = 512 << 20
+	DefaultPids     = 256
+	DefaultNanoCPUs = 1_000_000_000
+	DefaultTmpfs    = 256 << 20
+	// KillGrace is how long an ended agent's output is drained.
+	KillGrace = 2 * time.Second
+)
+
+// HostFacts are what a plan needs to know about the host and the scheduler.
+type HostFacts struct {
+	// StateDir is the scheduler's state directory.
+	StateDir string
+	// ConfigDir is protected from agents; "" means the directories of the
+	// loaded config files (Config.Sources).
+	ConfigDir string
+	// RunUser is [scheduler] run_as looked up on this host, when the
+	// scheduler switches to it (it is root); nil otherwise. RunUserErr is
+	// why the lookup failed.
+	RunUser    *isolation.RunUser
+	RunUserErr error
+	// Systemd says host runs become transient units (for Explain).
+	Systemd bool
+	// ForceUnrestricted: every landlock agent runs unrestricted
+	// (berth-scheduler --unrestricted).
+	ForceUnrestricted bool
+	// Getenv reads provider keys (api_key_env) in the scheduler's own
+	// environment.
+	Getenv func(string) string
+}
+
+// Explanation is a plan with the reason for each decision, and what would
+// refuse the run before it starts. It holds no secret.
+type Explanation struct {
+	Plan isolation.Plan `json:"plan"`
+	// Why maps a decision ("backend", "limits", "network", ...) to why.
+	Why map[string]string `json:"why"`
+	// Problems would fail the run before it starts (a missing key, a
+	// provider that needs a network the agent does not have).
+	Problems []string `json:"problems,omitempty"`
+}
+
+// Compile returns the plan of a run of agentID. A run that could not start
+// (unknown agent, missing key, provider without network) is refused with an
+// *isolation.RunError.
+func Compile(cfg *config.Config, agentID, runID string, host HostFacts) (isolation.Plan, error) {
+	c, err := compile(cfg, agentID, runID, host)
+	if err != nil {
+		return isolation.Plan{}, err
+	}
+	if len(c.problems) > 0 {
+		return isolation.Plan{}, c.problems[0]
+	}
+	return c.plan, nil
+}
+
+// Explain returns the plan a run of agentID would get, without keys, and why.
+func Explain(cfg *config.Config, agentID string, host HostFacts) (Explanation, error) {
+	c, err := compile(cfg, agentID, "", host)
+	if err != nil {
+		return Explanation{}, err
+	}
+	e := Explanation{Plan: c.plan.Redacted(), Why: c.why}
+	for _, p := range c.problems {
+		e.Problems = append(e.Problems, p.Error())
+	}
+	return e, nil
+}
+
+type compiled struct {
+	plan     isolation.Plan
+	why      map[string]string
+	problems []*isolation.RunError
+}
+
+func compile(cfg *config.Config, agentID, runID string, host HostFacts) (compiled, error) {
+	if cfg == nil {
+		return compiled{}, errors.New("cannot compile a run plan: no configuration")
+	}
+	a, err := cfg.Agent(agentID)
+	if err != nil {
+		return compiled{}, &isolation.RunError{Reason: ReasonAgentNotConfigured, Err: err}
+	}
+	c := compiled{why: map[string]string{}}
+	p := &c.plan
+	p.RunID, p.AgentID = runID, a.ID
+	p.AgentBinary = cfg.Scheduler.AgentBinary
+	p.RunAs = cfg.Scheduler.RunAs
+	p.User = host.RunUser
+	p.Timeout = a.Timeout
+	p.KillGrace = KillGrace
+	p.Workspace = WorkspaceOf(a, host.StateDir)
+	c.why["timeout"] = fmt.Sprintf("%s: container_mode.timeout_seconds, else [scheduler] default_timeout_seconds; then the sandbox is killed (reason %q)", a.Timeout, isolation.ReasonTimeout)
+	if host.RunUser != nil {
+		c.why["user"] = fmt.Sprintf("%s (uid %d, gid %d): [scheduler] run_as; never root", host.RunUser.Name, host.RunUser.UID, host.RunUser.GID)
+	} else {
+		c.why["user"] = fmt.Sprintf("%s: [scheduler] run_as", p.RunAs)
+		if host.RunUserErr != nil {
+			c.why["user"] += fmt.Sprintf(" (cannot look it up: %v)", host.RunUserErr)
+			c.problems = append(c.problems, &isolation.RunError{Reason: isolation.ReasonStart, Err: host.RunUserErr})
+		}
+	}
+
+	memory, err := config.ParseMemoryLimit(a.Container.MemoryLimit)
+	if err != nil || memory <= 0 {
+		if a.Container.MemoryLimit != "" && err != nil {
+			return compiled{}, fmt.Errorf("agent %q: container_mode.memory_limit: %w", a.ID, err)
+		}
+		memory = DefaultMemory
+	}
+	p.Limits = isolation.Limits{MemoryBytes: memory, Pids: DefaultPids, NanoCPUs: DefaultNanoCPUs}
+	memoryWhy := fmt.Sprintf("memory %s (container_mode.memory_limit, for host runs too), %d processes, 1 CPU", isolation.FormatBytes(memory), DefaultPids)
+
+	switch {
+	case a.Isolation == string(isolation.BackendContainer):
+		p.Backend = isolation.BackendContainer
+		c.why["backend"] = "container — container_mode.enabled = true: a fresh Docker container per message, removed afterwards"
+		if err := containerPlan(&c, a); err != nil {
+			return compiled{}, err
+		}
+		p.Limits.TmpfsBytes = DefaultTmpfs
+		c.why["limits"] = memoryWhy + fmt.Sprintf(", no extra swap; tmpfs %s %s", isolation.ContainerTmp, isolation.FormatBytes(DefaultTmpfs))
+	default:
+		p.Backend = isolation.BackendLandlock
+		c.why["backend"] = "landlock — the default: berth-agent confines itself with Landlock on the host (container_mode.enabled is false)"
+		if a.Isolation == string(isolation.BackendUnrestricted) {
+			p.Backend = isolation.BackendUnrestricted
+			c.why["backend"] = "unrestricted — file_access.unrestricted = true: a plain host process with NO file confinement (logged on every run)"
+		} else if host.ForceUnrestricted {
+			p.Backend = isolation.BackendUnrestricted
+			c.why["backend"] = "unrestricted — berth-scheduler runs with --unrestricted: every landlock agent runs with NO file confinement"
+		}
+		fa := a.FileAccess
+		hostAccess := isolation.FileAccess{
+			Unrestricted:      fa.Unrestricted || p.Backend == isolation.BackendUnrestricted,
+			AllowRead:         fa.AllowRead,
+			AllowReadWrite:    fa.AllowReadWrite,
+			Deny:              fa.Deny,
+			AllowHomeDotfiles: fa.AllowHomeDotfiles,
+			AllowNetwork:      fa.AllowNetwork,
+		}
+		p.SandboxWorkspace = p.Workspace
+		p.Protected = ProtectedPaths(cfg, a, host)
+		var opts []isolation.PolicyOption
+		if host.RunUser != nil && host.RunUser.Home != "" {
+			opts = append(opts, isolation.RunUserHome(host.RunUser.Home))
+		}
+		p.Policy = isolation.HostPolicy(hostAccess, p.Workspace, p.Protected, opts...)
+		p.Network = isolation.Network{Allowed: fa.AllowNetwork, Mode: "none"}
+		if fa.AllowNetwork {
+			p.Network.Mode = "host"
+			c.why["network"] = "allowed (file_access.allow_network = true)"
+		} else {
+			c.why["network"] = "none — an empty network namespace and Landlock TCP deny (file_access.allow_network = false)"
+		}
+		c.why["policy"] = "the workspace read-write, the system set read-only (/usr, /bin, /lib*, a few /etc files; never /etc/shadow), file_access paths, and berth's config, state and other agents' workspaces denied"
+		if host.Systemd {
+			c.why["limits"] = memoryWhy + ": cgroup limits of a transient unit"
+		} else {
+			c.why["limits"] = memoryWhy + ": rlimits (systemd is not reachable, so per process only)"
+		}
+	}
+
+	providers(&c, cfg, a, host)
+	return c, nil
+}
+
+// containerPlan fills in what a container run gets.
+func containerPlan(c *compiled, a config.Agent) error {
+	p := &c.plan
+	cm := a.Container
+	if msg := config.CheckNetwork(cm.Network); msg != "" {
+		return fmt.Errorf("agent %q: container_mode.network: %s", a.ID, msg)
+	}
+	p.SandboxWorkspace = isolation.ContainerWorkspace
+	p.Network = isolation.Network{Allowed: cm.Network != "none", Mode: cm.Network}
+	p.Policy = isolation.ContainerPolicy(p.Network.Allowed)
+	p.Mounts = []isolation.Mount{{Source: p.Workspace, Target: isolation.ContainerWorkspace}}
+	for _, b := range cm.Binds {
+		if msg := config.CheckBind(b); msg != "" {
+			return fmt.Errorf("agent %q: container_mode.binds: %s", a.ID, msg)
+		}
+		parts := strings.Split(b, ":")
+		p.Mounts = append(p.Mounts, isolation.Mount{Source: parts[0], Target: parts[1], ReadOnly: len(parts) == 3 && parts[2] == "ro"})
+	}
+	for _, opt := range cm.SecurityOpt {
+		if msg := config.CheckSecurityOpt(opt); msg != "" {
+			return fmt.Errorf("agent %q: container_mode.security_opt: %s", a.ID, msg)
+		}
+	}
+	p.Container = isolation.ContainerPlan{Image: cm.Image, Runtime: cm.Runtime, SecurityOpt: cm.SecurityOpt, Warm: cm.Warm}
+	if cm.Network == "none" {
+		c.why["network"] = "none — no interface but loopback; Landlock denies TCP as well (container_mode.network)"
+	} else {
+		c.why["network"] = fmt.Sprintf("%s — outbound through the engine's bridge; no published ports (container_mode.network)", cm.Network)
+	}
+	if cm.Image != "" {
+		c.why["image"] = fmt.Sprintf("%s (container_mode.image; must be in the engine, no registry is used)", cm.Image)
+	} else {
+		c.why["image"] = "berth-agent:<content hash> built locally from [scheduler] agent_binary and busybox-static (FROM scratch)"
+	}
+	if cm.Runtime != "" {
+		c.why["runtime"] = cm.Runtime + " (container_mode.runtime)"
+	} else {
+		c.why["runtime"] = "the engine's default (container_mode.runtime unset)"
+	}
+	c.why["mounts"] = "the workspace at /workspace (rw, HOME, working directory), then container_mode.binds; read-only rootfs, no capabilities, no-new-privileges"
+	c.why["policy"] = "inside the container berth-agent confines itself with Landlock: /workspace and /tmp read-write, the system set read-only"
+	if cm.Warm > 0 {
+		c.why["warm"] = fmt.Sprintf("%d started container(s) kept waiting on stdin (container_mode.warm); a message takes one, which is removed after it", cm.Warm)
+	} else {
+		c.why["warm"] = "none (container_mode.warm = 0): each message creates and starts its container"
+	}
+	return nil
+}
+
+// providers fills in the provider chain and what keeps it from working.
+func providers(c *compiled, cfg *config.Config, a config.Agent, host HostFacts) {
+	getenv := host.Getenv
+	if getenv == nil {
+		getenv = func(string) string { return "" }
+	}
+	chain, err := cfg.ProviderChain(a, getenv)
+	if err != nil {
+		c.problems = append(c.problems, &isolation.RunError{Reason: isolation.ReasonStart, Err: err})
+		// Show the chain anyway, without keys.
+		chain, err = cfg.ProviderChain(a, func(string) string { return "unset" })
+		if err != nil {
+			c.why["providers"] = err.Error()
+			return
+		}
+		for i := range chain {
+			chain[i].Key = ""
+		}
+	}
+	c.plan.Providers = chain
+	if len(chain) == 0 {
+		c.problems = append(c.problems, isolation.Errorf(isolation.ReasonStart, "agent %s has no provider", a.ID))
+		return
+	}
+	var names []string
+	for _, pr := range chain {
+		names = append(names, pr.Name+" ("+pr.Kind+")")
+	}
+	c.why["providers"] = strings.Join(names, ", then ") + ": the agent's provider, then [providers] fallback; keys are read from api_key_env in the scheduler's environment and travel only on the agent's stdin"
+	if err := checkProviderNetwork(a, c.plan, chain); err != nil {
+		c.problems = append(c.problems, err)
+	}
+}
+
+// checkProviderNetwork fails closed, before anything starts, when a provider
+// of the agent's chain needs the network and the agent's sandbox has none:
+// the run would otherwise spend its retries on connection errors. Only the
+// "local" provider works offline; a base_url on 127.0.0.1 is no exception,
+// since a cut-off agent has its own empty network namespace.
+func checkProviderNetwork(a config.Agent, p isolation.Plan, chain []agentproto.Provider) *isolation.RunError {
+	if p.Network.Allowed {
+		return nil
+	}
+	for _, pr := range chain {
+		if pr.Kind == "local" {
+			continue
+		}
+		setting := fmt.Sprintf("set file_access.allow_network = true for agent %q", a.ID)
+		if p.Backend == isolation.BackendContainer {
+			setting = fmt.Sprintf("set container_mode.network = \"bridge\" for agent %q", a.ID)
+		}
+		return isolation.Errorf(ReasonProviderNeedsNetwork,
+			"agent %q uses provider %q (%s), which is reached over the network, but the agent has no network access: %s, or use provider \"local\"",
+			a.ID, pr.Name, pr.Kind, setting)
+	}
+	return nil
+}
+
+// WorkspaceOf is the agent's configured workspace or <state>/agents/<id>.
+func WorkspaceOf(a config.Agent, stateDir string) string {
+	if a.Workspace != "" {
+		return filepath.Clean(a.Workspace)
+	}
+	return filepath.Join(stateDir, "agents", a.ID)
+}
+
+// ProtectedPaths are what an agent must never reach even when its
+// file_access allows a parent: the state dir (and intake's beside it), the
+// config dir, connector secret and credential files and the other agents'
+// workspaces.
+// isolation.HostPolicy keeps the agent's own workspace reachable when one of
+// them contains it.
+func ProtectedPaths(cfg *config.Config, a config.Agent, host HostFacts) []string {
+	workspace := WorkspaceOf(a, host.StateDir)
+	protect := []string{host.StateDir, filepath.Join(filepath.Dir(host.StateDir), "intake")}
+	add := func(p string) {
+		if p != "" && !slices.Contains(protect, p) {
+			protect = append(protect, p)
+		}
+	}
+	for _, c := range cfg.Connectors {
+		add(c.SecretFile)
+		// Credentials written as absolute paths are files holding secrets.
+		for _, ref := range []string{c.Token, c.AppToken, c.BotToken, c.SigningSecret} {
+			if filepath.IsAbs(ref) {
+				add(filepath.Clean(ref))
+			}
+		}
+	}
+	if host.ConfigDir != "" {
+		add(host.ConfigDir)
+	} else {
+		for _, src := range cfg.Sources {
+			add(filepath.Dir(src))
+		}
+	}
+	for _, other := range cfg.Agents {
+		if other.ID == a.ID {
+			continue
+		}
+		oa, err := cfg.Agent(other.ID)
+		if err != nil {
+			continue
+		}
+		if ws := WorkspaceOf(oa, host.StateDir); ws != workspace {
+			add(ws)
+		}
+	}
+	return protect
+}
+
+// BackendOf is the backend an agent's runs use.
+func BackendOf(a config.Agent, host HostFacts) isolation.BackendKind {
+	switch {
+	case a.Isolation == string(isolation.BackendContainer):
+		return isolation.BackendContainer
+	case a.Isolation == string(isolation.BackendUnrestricted) || host.ForceUnrestricted:
+		return isolation.BackendUnrestricted
+	}
+	return isolation.BackendLandlock
+}

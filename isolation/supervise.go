@@ -1,0 +1,236 @@
+package isolation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Sandbox is one started run, as its backend sees it. Supervise drives it;
+// the backend only says how to wait for, kill and inspect it.
+type Sandbox interface {
+	// Handle is what Backend.Kill understands, for OnStart.
+	Handle() string
+	// Wait blocks until the agent's main process has ended and says how.
+	// An error means the backend lost track of the sandbox (it may be a
+	// *RunError with the backend's own reason).
+	Wait(ctx context.Context) (Exit, error)
+	// Kill ends every process of the sandbox now. It is called after every
+	// run, normal ends included (it then ends what tools left behind), and
+	// must not fail for a sandbox that is gone.
+	Kill(ctx context.Context) error
+	// Drained is closed once the agent's stdout and stderr were read to the
+	// end.
+	Drained() <-chan struct{}
+	// Inspect tells, after the end, whether the kernel OOM-killed a process
+	// of the sandbox; suspect says something died of SIGKILL, so the backend
+	// may ask again for a little while.
+	Inspect(ctx context.Context, suspect bool) (oomKilled bool)
+	// Release frees what is left: the output streams (so Drained closes),
+	// the container, the unit. It is called once Supervise is done, or
+	// early when output is not drained within the grace period.
+	Release()
+}
+
+// StartFunc starts a spec's sandbox with input waiting on the agent's stdin
+// and its stdout and stderr going to the writers. An error is a *RunError
+// (or is reported as ReasonStart).
+type StartFunc func(ctx context.Context, spec Spec, input []byte, stdout, stderr io.Writer) (Sandbox, error)
+
+// Exit is how a sandbox's agent ended.
+type Exit struct {
+	// Code is the exit status, -1 when a signal ended it.
+	Code   int
+	Signal syscall.Signal
+	// OOM says the kernel's OOM killer ended a process of the sandbox.
+	OOM bool
+	// RuntimeLimit says the sandbox's own backstop (RuntimeMaxSec) ended it.
+	RuntimeLimit bool
+	// NeverRan says why the sandbox could not start the agent at all.
+	NeverRan string
+}
+
+// Defaults of the supervisor.
+const (
+	// DefaultKillGrace is how long output is drained after the agent ended
+	// when the plan says nothing.
+	DefaultKillGrace = 2 * time.Second
+	// killTimeout bounds Kill and Inspect, which run even when the run's
+	// context is done.
+	killTimeout = 30 * time.Second
+)
+
+// Supervise runs spec in the sandbox start makes: it hands the request over,
+// records the handle, enforces the timeout and cancellation, kills and
+// drains, and maps what happened to the run's Result or *RunError. It is the
+// one place those decisions are made for every backend.
+func Supervise(ctx context.Context, spec Spec, start StartFunc) (Result, error) {
+	input, err := spec.Input()
+	if err != nil {
+		return Result{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Result{}, &RunError{Reason: ReasonCanceled, Err: context.Cause(ctx)}
+	}
+	stdout := NewStdout()
+	stderr := NewTail()
+	sb, err := start(ctx, spec, input, stdout, stderr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return Result{}, &RunError{Reason: ReasonCanceled, Detail: "while the sandbox was being made", Err: errors.Join(context.Cause(ctx), err)}
+		}
+		var re *RunError
+		if errors.As(err, &re) {
+			return Result{}, err
+		}
+		return Result{}, &RunError{Reason: ReasonStart, Err: err}
+	}
+	defer sb.Release()
+
+	var killed *RunError
+	if spec.OnStart != nil {
+		if err := spec.OnStart(sb.Handle()); err != nil {
+			killed = &RunError{Reason: ReasonUntracked, Detail: "cannot record the sandbox's handle, so a scheduler restart could not end it; the run was ended", Err: err}
+		}
+	}
+
+	type waited struct {
+		exit Exit
+		err  error
+	}
+	ended := make(chan waited, 1)
+	waitCtx, stopWaiting := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWaiting()
+	go func() {
+		exit, err := sb.Wait(waitCtx)
+		ended <- waited{exit, err}
+	}()
+
+	var timeout <-chan time.Time
+	if spec.Timeout > 0 {
+		timer := time.NewTimer(spec.Timeout)
+		defer timer.Stop()
+		timeout = timer.C
+	}
+	var end waited
+	gotEnd := false
+	if killed == nil {
+		select {
+		case end = <-ended:
+			gotEnd = true
+		case <-timeout:
+			killed = Errorf(ReasonTimeout, "killed after %s", spec.Timeout)
+		case <-ctx.Done():
+			killed = &RunError{Reason: ReasonCanceled, Err: context.Cause(ctx)}
+		}
+	}
+
+	// Kill in every case: after a normal end it ends what the agent's tools
+	// left running, and it is what makes the output streams reach EOF.
+	killCtx, cancelKill := context.WithTimeout(context.WithoutCancel(ctx), killTimeout)
+	killErr := sb.Kill(killCtx)
+	cancelKill()
+	grace := spec.KillGrace
+	if grace <= 0 {
+		grace = DefaultKillGrace
+	}
+	if !gotEnd {
+		select {
+		case end = <-ended:
+		case <-time.After(killTimeout):
+			stopWaiting()
+			end = <-ended
+			if end.err == nil {
+				end.err = errors.New("the sandbox did not end after it was killed")
+			}
+		}
+	}
+	select {
+	case <-sb.Drained():
+	case <-time.After(grace):
+		sb.Release()
+		<-sb.Drained()
+	}
+
+	res := Result{ExitCode: end.exit.Code, Stderr: stderr.String()}
+	if end.err != nil && killed == nil {
+		var re *RunError
+		if errors.As(end.err, &re) {
+			re.Detail = WithTail(re.Detail, res.Stderr)
+			return res, re
+		}
+		return res, &RunError{Reason: ReasonCrashed, Detail: WithTail("lost track of the sandbox", res.Stderr), Err: end.err}
+	}
+	if killed != nil {
+		if killErr != nil {
+			killed.Detail = strings.TrimPrefix(killed.Detail+"; cannot kill the sandbox: "+killErr.Error(), "; ")
+		}
+		killed.Detail = WithTail(killed.Detail, res.Stderr)
+		return res, killed
+	}
+	return interpret(spec, sb, end.exit, res, stdout)
+}
+
+// interpret maps how the agent ended to a Result or a RunError.
+func interpret(spec Spec, sb Sandbox, exit Exit, res Result, stdout *Stdout) (Result, error) {
+	switch {
+	case exit.NeverRan != "":
+		return res, Errorf(ReasonStart, "%s", WithTail(exit.NeverRan, res.Stderr))
+	case exit.RuntimeLimit:
+		return res, Errorf(ReasonTimeout, "%s", WithTail("the sandbox's runtime limit was reached", res.Stderr))
+	}
+	out, err := res, error(nil)
+	if exit.Signal == 0 && exit.Code >= 0 {
+		out, err = Interpret(res, stdout, spec.RunID)
+	}
+	oom := exit.OOM
+	if !oom {
+		ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
+		oom = sb.Inspect(ctx, sigkilled(exit, out))
+		cancel()
+	}
+	if oom {
+		return res, Errorf(ReasonOutOfMemory, "%s", WithTail(fmt.Sprintf("the sandbox hit its memory limit of %s (container_mode.memory_limit)", FormatBytes(spec.Limits.MemoryBytes)), res.Stderr))
+	}
+	if exit.Signal != 0 || exit.Code < 0 {
+		detail := "agent was killed"
+		if exit.Signal != 0 {
+			detail = "agent was killed by signal " + exit.Signal.String()
+		}
+		return res, Errorf(ReasonCrashed, "%s", WithTail(detail, res.Stderr))
+	}
+	return out, err
+}
+
+// sigkilled reports whether the agent or one of its tools ended by SIGKILL,
+// the way the OOM killer ends a process.
+func sigkilled(exit Exit, res Result) bool {
+	if exit.Signal == syscall.SIGKILL || exit.Code == 128+9 {
+		return true
+	}
+	for _, tc := range res.Response.ToolCalls {
+		if strings.Contains(tc.Output, `"exit_code":137`) {
+			return true
+		}
+	}
+	return false
+}
+
+// FormatBytes writes a byte count the way memory_limit is written (512m).
+func FormatBytes(n int64) string {
+	switch {
+	case n <= 0:
+		return "none"
+	case n%(1<<30) == 0:
+		return fmt.Sprintf("%dg", n>>30)
+	case n%(1<<20) == 0:
+		return fmt.Sprintf("%dm", n>>20)
+	case n%(1<<10) == 0:
+		return fmt.Sprintf("%dk", n>>10)
+	}
+	return fmt.Sprintf("%db", n)
+}
