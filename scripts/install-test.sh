@@ -206,9 +206,29 @@ grep -q 'scheduler: *running' <<<"$(inside 'runuser -u tester -- berthctl status
 denied=$(inside "runuser -u tester -- busctl call dev.berth.Scheduler1 /dev/berth/Scheduler1 dev.berth.Scheduler1 CancelRun s $run_id 2>&1" || true)
 grep -qi 'denied' <<<"$denied" || fail "an unprivileged CancelRun was not refused: $denied"
 
-step "journal fields RUN_ID, AGENT, CONNECTOR"
-grep -q 'AGENT=ops' <<<"$(inside "journalctl --no-pager -o verbose RUN_ID=$run_id")" || fail "no journal entry with RUN_ID=$run_id and AGENT=ops"
-grep -q 'CONNECTOR=hooks' <<<"$(inside 'journalctl --no-pager -o verbose CONNECTOR=hooks')" || fail "no journal entry with CONNECTOR=hooks"
+# journal_has MATCH...: waits (5 s at most) until `journalctl MATCH...`, as an
+# admin would type it, finds an entry; on failure it prints the unit's tail.
+journal_has() {
+  inside "for _ in \$(seq 50); do [ -n \"\$(journalctl --no-pager -q -o cat $*)\" ] && exit 0; sleep 0.1; done; exit 1" && return 0
+  echo "journalctl $* finds nothing" >&2
+  return 1
+}
+
+step "journal fields: a webhook message is found by RUN_ID, MESSAGE_ID and CONNECTOR in intake, by RUN_ID, AGENT and BACKEND in the scheduler"
+journal_has -u berth-intake "RUN_ID=$run_id" || fail "journalctl -u berth-intake RUN_ID=$run_id finds nothing"
+journal_has -u berth-intake "MESSAGE_ID=$id" || fail "journalctl -u berth-intake MESSAGE_ID=$id finds nothing"
+journal_has -u berth-intake CONNECTOR=hooks "MESSAGE_ID=$id" || fail "journalctl -u berth-intake CONNECTOR=hooks finds nothing of message $id"
+journal_has -u berth-scheduler "RUN_ID=$run_id" AGENT=ops BACKEND=landlock ||
+  fail "journalctl -u berth-scheduler RUN_ID=$run_id AGENT=ops BACKEND=landlock finds nothing: $(inside "journalctl --no-pager -o verbose -u berth-scheduler -n 3")"
+
+step "journal fields: a berthctl send run, which never passes intake, is found by RUN_ID, AGENT and BACKEND"
+sent=$(inside 'berthctl send --timeout 60s ops "/sh echo sent-by-berthctl" 2>&1') || fail "berthctl send: $sent"
+grep -qx sent-by-berthctl <<<"$sent" || fail "berthctl send's reply: $sent"
+send_run=$(sed -n 's/^run \([^ ]*\) queued for agent ops$/\1/p' <<<"$sent")
+[ -n "$send_run" ] || fail "berthctl send did not name its run: $sent"
+journal_has -u berth-scheduler "RUN_ID=$send_run" || fail "journalctl -u berth-scheduler RUN_ID=$send_run finds nothing"
+journal_has -u berth-scheduler "RUN_ID=$send_run" AGENT=ops BACKEND=landlock ||
+  fail "journalctl -u berth-scheduler RUN_ID=$send_run AGENT=ops BACKEND=landlock finds nothing"
 
 step "a Landlock run is a transient unit with MemoryMax and TasksMax"
 id=$(post '/sh sleep 4; echo slept')
@@ -282,14 +302,14 @@ gone "$restart_run" 'sleep 602'
 # recorded (unit:berth-run-<id>.service) while it reconciles, before it logs
 # the interruption and starts the second attempt (which would stop a unit of
 # the same name too, but only after "run was interrupted").
-sched_log=$(inside "journalctl --no-pager -o cat -u berth-scheduler RUN=$restart_run")
+sched_log=$(inside "journalctl --no-pager -o cat -u berth-scheduler RUN_ID=$restart_run")
 grep -q 'cannot kill sandbox' <<<"$sched_log" && fail "the scheduler could not stop the left-over unit: $sched_log"
-inside "journalctl --no-pager -o cat UNIT=berth-run-$restart_run.service + RUN=$restart_run" |
+inside "journalctl --no-pager -o cat UNIT=berth-run-$restart_run.service + RUN_ID=$restart_run" |
   awk -v stop="Stopped berth-run-$restart_run.service" '
     index($0, stop) == 1 && !stopped { stopped = NR }
     /^run was interrupted by a scheduler restart/ { interrupted = NR }
     END { exit !(stopped && interrupted && stopped < interrupted) }' ||
-  fail "the restarted scheduler did not stop the left-over unit while reconciling: $(inside "journalctl --no-pager -o cat UNIT=berth-run-$restart_run.service + RUN=$restart_run")"
+  fail "the restarted scheduler did not stop the left-over unit while reconciling: $(inside "journalctl --no-pager -o cat UNIT=berth-run-$restart_run.service + RUN_ID=$restart_run")"
 
 step "landlock and unrestricted agents without allow_network get a network namespace other than PID 1's"
 host_ns=$(inside 'readlink /proc/1/ns/net')
@@ -311,18 +331,34 @@ inside 'systemctl reload berth-intake berth-scheduler' || fail "reload"
 for i in 1 2 3 4; do grep -qx "backlog-$i" <<<"$(await "${ids[$((i - 1))]}" 90s)" || fail "backlog message $i lost after reload"; done
 [ "$(inside 'systemctl show -p MainPID --value berth-intake berth-scheduler')" = "$pids_before" ] || fail "reload restarted a service"
 
-step "a bad config on reload is refused; the old one keeps serving"
+step "a bad config on reload is refused, named by file, line and key in plain journalctl and systemctl status; the old one keeps serving"
 inside 'printf "[scheduler]\nbogus_key = 1\n" >/etc/berth/berth.d/99-bad.toml'
 inside 'systemctl reload berth-intake berth-scheduler'
-for _ in $(seq 1 50); do
-  inside 'journalctl --no-pager -u berth-intake -u berth-scheduler | grep -q "config reload refused"' && break
-  sleep 0.1
+refused='config refused, the running one keeps serving: /etc/berth/berth.d/99-bad.toml:2: scheduler.bogus_key: unknown key'
+for u in berth-intake berth-scheduler; do
+  for _ in $(seq 1 50); do
+    inside "journalctl --no-pager -u $u | grep -qF '$refused'" && break
+    sleep 0.1
+  done
+  inside "journalctl --no-pager -u $u | grep -qF '$refused'" ||
+    fail "journalctl -u $u does not say what is wrong: $(inside "journalctl --no-pager -u $u -n 5")"
+  for _ in $(seq 1 50); do
+    status=$(inside "systemctl status --no-pager $u" || true)
+    grep -qF '99-bad.toml:2: scheduler.bogus_key' <<<"$status" && break
+    sleep 0.1
+  done
+  grep -qF '99-bad.toml:2: scheduler.bogus_key' <<<"$status" || fail "systemctl status $u does not name the refused config: $status"
 done
-inside 'journalctl --no-pager -u berth-intake | grep -q "config reload refused"' || fail "intake did not refuse the bad config"
-inside 'journalctl --no-pager -u berth-scheduler | grep -q "config reload refused"' || fail "the scheduler did not refuse the bad config"
 id=$(post '/sh echo still-serving')
 grep -qx still-serving <<<"$(await "$id")" || fail "no reply with the old config"
-inside 'rm /etc/berth/berth.d/99-bad.toml'
+inside 'rm /etc/berth/berth.d/99-bad.toml && systemctl reload berth-intake berth-scheduler'
+for u in berth-intake berth-scheduler; do
+  for _ in $(seq 1 50); do
+    grep -q 'last reload refused' <<<"$(inside "systemctl show -p StatusText --value $u")" || continue 2
+    sleep 0.1
+  done
+  fail "$u still reports the refused config after a good reload: $(inside "systemctl show -p StatusText --value $u")"
+done
 
 step "systemd-analyze security thresholds hold on the installed units"
 inside 'check-unit-security /usr/lib/systemd/system' || fail "unit exposure above threshold"

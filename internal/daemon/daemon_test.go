@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -8,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/coreos/go-systemd/v22/journal"
 )
 
 func TestJournalFieldNamesAreValid(t *testing.T) {
@@ -15,6 +18,9 @@ func TestJournalFieldNamesAreValid(t *testing.T) {
 	tests := []struct{ key, want string }{
 		{"run_id", "RUN_ID"},
 		{"agent", "AGENT"},
+		{"connector", "CONNECTOR"},
+		{"message_id", "MESSAGE_ID"},
+		{"backend", "BACKEND"},
 		{"http.status", "HTTP_STATUS"},
 		{"_private", "PRIVATE"},
 		{"9lives", "F_9LIVES"},
@@ -24,6 +30,47 @@ func TestJournalFieldNamesAreValid(t *testing.T) {
 		if got := journalField(tc.key); got != tc.want {
 			t.Errorf("journalField(%q) = %q, want %q", tc.key, got, tc.want)
 		}
+	}
+}
+
+// journalEntry is one entry the JournalHandler sent.
+type journalEntry struct {
+	message  string
+	priority journal.Priority
+	fields   map[string]string
+}
+
+func TestJournalEntriesCarryTheFieldsAdminsMatchOn(t *testing.T) {
+	t.Parallel()
+	var entries []journalEntry
+	h := &JournalHandler{Identifier: "berth-scheduler", Level: slog.LevelInfo,
+		Send: func(msg string, p journal.Priority, fields map[string]string) error {
+			entries = append(entries, journalEntry{msg, p, fields})
+			return nil
+		}}
+	log := slog.New(h).With("service", "berth-scheduler")
+	runLog := log.With("run_id", "r-42", "agent", "ops")
+	runLog.Info("run finished", "backend", "landlock", "connector", "hooks", "message_id", "m-7")
+	runLog.Error("run failed: timeout")
+	log.Debug("not at info level")
+
+	if len(entries) != 2 {
+		t.Fatalf("%d entries, want 2 (debug is below the level)", len(entries))
+	}
+	want := map[string]string{
+		"SYSLOG_IDENTIFIER": "berth-scheduler", "SERVICE": "berth-scheduler",
+		"RUN_ID": "r-42", "AGENT": "ops", "BACKEND": "landlock", "CONNECTOR": "hooks", "MESSAGE_ID": "m-7",
+	}
+	for k, v := range want {
+		if got := entries[0].fields[k]; got != v {
+			t.Errorf("field %s = %q, want %q (journalctl %s=%s must find the entry); fields: %v", k, got, v, k, v, entries[0].fields)
+		}
+	}
+	if entries[0].message != "run finished" || entries[0].priority != journal.PriInfo {
+		t.Errorf("entry 0: %q at priority %d, want the message text at info", entries[0].message, entries[0].priority)
+	}
+	if e := entries[1]; e.priority != journal.PriErr || e.fields["RUN_ID"] != "r-42" || e.message != "run failed: timeout" {
+		t.Errorf("an error entry: %q at priority %d with RUN_ID=%q, want err priority and the run's fields", e.message, e.priority, e.fields["RUN_ID"])
 	}
 }
 

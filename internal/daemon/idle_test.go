@@ -4,31 +4,36 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jonboulle/clockwork"
 )
 
 func TestIdle(t *testing.T) {
 	t.Parallel()
+	const after = time.Minute
+	step := IdleCheckInterval(after)
 	tests := []struct {
 		name     string
 		busy     func(calls int) bool
-		request  time.Duration // how long a request is in flight at the start
-		wantIdle bool
+		request  bool // a request stays in flight the whole time
+		wantIdle time.Duration
 	}{
-		{name: "Idle_after_the_timeout_with_nothing_to_do", wantIdle: true},
+		{name: "Idle_after_the_timeout_with_nothing_to_do", wantIdle: after},
 		{name: "Not_idle_while_there_is_pending_work", busy: func(int) bool { return true }},
-		{name: "Not_idle_while_a_request_runs", request: time.Hour},
-		{name: "Idle_once_pending_work_is_done", busy: func(calls int) bool { return calls < 3 }, wantIdle: true},
+		{name: "Not_idle_while_a_request_runs", request: true},
+		{name: "Idle_a_full_timeout_after_pending_work_is_done", busy: func(calls int) bool { return calls <= 3 }, wantIdle: 3*step + after},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			idle := NewIdle()
+			clock := clockwork.NewFakeClock()
+			start := clock.Now()
+			idle := NewIdle(clock)
 			release := make(chan struct{})
 			defer close(release)
-			if tc.request > 0 {
+			if tc.request {
 				started := make(chan struct{})
 				h := idle.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 					close(started)
@@ -37,20 +42,46 @@ func TestIdle(t *testing.T) {
 				go h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("POST", "/", nil))
 				<-started
 			}
-			var busy func() bool
-			var calls atomic.Int32
-			if tc.busy != nil {
-				busy = func() bool { return tc.busy(int(calls.Add(1))) }
+			// busy is called at every check: it tells the test a check ran.
+			checked := make(chan struct{})
+			calls := 0
+			busy := func() bool {
+				calls++
+				checked <- struct{}{}
+				return tc.busy != nil && tc.busy(calls)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			start := time.Now()
-			got := idle.Wait(ctx, 100*time.Millisecond, busy)
-			if got != tc.wantIdle {
-				t.Fatalf("Wait = %v, want %v", got, tc.wantIdle)
+			result := make(chan bool, 1)
+			go func() { result <- idle.Wait(ctx, after, busy) }()
+			if err := clock.BlockUntilContext(ctx, 1); err != nil {
+				t.Fatal(err)
 			}
-			if got && time.Since(start) < 100*time.Millisecond {
-				t.Fatalf("idle after %s, before the 100ms timeout", time.Since(start))
+			for clock.Since(start) < 3*after {
+				clock.Advance(step)
+				select {
+				case <-checked:
+				case got := <-result:
+					t.Fatalf("Wait returned %v after %s, want idle after %s (0: never)", got, clock.Since(start)-step, tc.wantIdle)
+				}
+				if tc.wantIdle != 0 && clock.Since(start) == tc.wantIdle {
+					select {
+					case got := <-result:
+						if !got {
+							t.Fatal("Wait returned false, want idle")
+						}
+					case <-time.After(10 * time.Second):
+						t.Fatalf("not idle after %s", tc.wantIdle)
+					}
+					return
+				}
+			}
+			if tc.wantIdle != 0 {
+				t.Fatalf("not idle after %s, want idle after %s", clock.Since(start), tc.wantIdle)
+			}
+			cancel()
+			if got := <-result; got {
+				t.Fatal("Wait returned true once its context was canceled")
 			}
 		})
 	}

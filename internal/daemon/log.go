@@ -37,14 +37,22 @@ func NewTextLogger(w io.Writer) *slog.Logger {
 
 // JournalHandler writes slog records as native journal entries, each
 // attribute a field (run_id → RUN_ID), so `journalctl RUN_ID=...` finds a run.
+// Every service logs the same things under the same keys — run_id, agent,
+// connector, message_id, backend — so one journalctl match finds a run, an
+// agent or a message in every service.
 type JournalHandler struct {
 	Identifier string
 	Level      slog.Leveler
-	attrs      []slog.Attr
-	group      string
+	// Send writes one entry (default journal.Send).
+	Send  func(message string, priority journal.Priority, fields map[string]string) error
+	attrs []slog.Attr
+	group string
 }
 
 func (h *JournalHandler) Enabled(_ context.Context, l slog.Level) bool {
+	if h.Level == nil {
+		return l >= slog.LevelInfo
+	}
 	return l >= h.Level.Level()
 }
 
@@ -68,7 +76,11 @@ func (h *JournalHandler) Handle(_ context.Context, r slog.Record) error {
 		addAttr(h.group, a)
 		return true
 	})
-	return journal.Send(r.Message, priority(r.Level), vars)
+	send := h.Send
+	if send == nil {
+		send = journal.Send
+	}
+	return send(r.Message, priority(r.Level), vars)
 }
 
 func (h *JournalHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
