@@ -276,12 +276,27 @@ func (s *Stack) Stop() {
 func waitGone(pid int, d time.Duration) {
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) || zombie(pid) {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// zombie reports whether pid has exited and waits only for its parent to
+// reap it (intake is our own child through systemd-socket-activate, reaped by
+// Stop after this wait).
+func zombie(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses.
+	if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
+		return stat[i+2] == 'Z'
+	}
+	return false
 }
 
 func freeLoopbackAddr() (string, error) {
