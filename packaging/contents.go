@@ -38,6 +38,7 @@ var binaries = []struct{ name, dst string }{
 	{"berthctl", "/usr/bin"},
 	{"berth-intake", libexec},
 	{"berth-scheduler", libexec},
+	{"berth-imaged", libexec},
 	{"berth-agent", libexec},
 }
 
@@ -48,10 +49,10 @@ func contents() []entry {
 	for _, b := range binaries {
 		es = append(es, entry{src: b.name, dst: path.Join(b.dst, b.name), kind: binary})
 	}
-	for _, u := range []string{"berth-intake.socket", "berth-intake.service", "berth-scheduler.service"} {
+	for _, u := range []string{"berth-intake.socket", "berth-intake.service", "berth-scheduler.service", "berth-imaged.service"} {
 		es = append(es, entry{src: "units/systemd/" + u, dst: path.Join(systemdUnits, u), kind: data})
 	}
-	for _, name := range []string{"dev.berth.Intake1", "dev.berth.Scheduler1"} {
+	for _, name := range []string{"dev.berth.Intake1", "dev.berth.Scheduler1", "dev.berth.Images1"} {
 		es = append(es,
 			entry{src: "units/dbus/" + name + ".conf", dst: "/usr/share/dbus-1/system.d/" + name + ".conf", kind: data},
 			entry{src: "units/dbus/" + name + ".service", dst: "/usr/share/dbus-1/system-services/" + name + ".service", kind: data},

@@ -14,3 +14,8 @@ var SchedulerXML string
 //
 //go:embed dbus/dev.berth.Intake1.xml
 var IntakeXML string
+
+// ImagesXML is the introspection data of dev.berth.Images1.
+//
+//go:embed dbus/dev.berth.Images1.xml
+var ImagesXML string

@@ -25,6 +25,11 @@ const (
 	IntakePath      = dbus.ObjectPath("/dev/berth/Intake1")
 	IntakeInterface = "dev.berth.Intake1"
 
+	ImagesName         = "dev.berth.Images1"
+	ImagesPath         = dbus.ObjectPath("/dev/berth/Images1")
+	ImagesInterface    = "dev.berth.Images1"
+	ImagesJobInterface = "dev.berth.Images1.Job"
+
 	// AdminGroup may call state-changing methods besides root.
 	AdminGroup = "berth-admin"
 )
@@ -32,6 +37,11 @@ const (
 // RunPath is the object path of one run.
 func RunPath(runID string) dbus.ObjectPath {
 	return dbus.ObjectPath(string(SchedulerPath) + "/run/" + runID)
+}
+
+// ImagesJobPath is the object path of one image build job.
+func ImagesJobPath(id string) dbus.ObjectPath {
+	return dbus.ObjectPath(string(ImagesPath) + "/job/" + id)
 }
 
 // Error names: dev.berth.Error.<Kind>.
