@@ -29,7 +29,8 @@ const usage = `usage: berthctl COMMAND [ARGS]
 Commands:
   config check [--config FILE] [--agent ID]   validate the config; with --agent print its effective settings
   status                                      are the services up, queue depth, running runs
-  runs list [--state S] [--agent A] [--limit N] [--json]
+  runs list [--state S] [--agent A] [--limit N] [--before RUN_ID | --all] [--json]
+                                              newest first, N per page (default 50, at most 500)
   runs show RUN_ID [--json]
   runs cancel RUN_ID
   send [--timeout D] AGENT TEXT               submit TEXT to AGENT and wait for the reply
@@ -169,7 +170,7 @@ func (c *cli) status(args []string) error {
 		path        dbus.ObjectPath
 		props       []string
 	}{
-		{"scheduler", bus.SchedulerName, bus.SchedulerPath, []string{"QueueDepth", "Running"}},
+		{"scheduler", bus.SchedulerName, bus.SchedulerPath, []string{"QueueDepth", "Running", "Quarantined"}},
 		{"intake", bus.IntakeName, bus.IntakePath, []string{"InboxPending", "OutboxPending"}},
 	} {
 		// NoAutoStart: asking for status must not start a service.
@@ -199,6 +200,9 @@ func (c *cli) status(args []string) error {
 			}
 		}
 		fmt.Fprintf(c.out, "%-10s running  %s\n", svc.label+":", strings.Join(parts, " "))
+		if n, ok := props["Quarantined"].Value().(uint32); ok && n > 0 {
+			fmt.Fprintf(c.out, "%-10s %d undecodable record(s) quarantined: kept aside in bucket quarantine of the service's database; the journal says which\n", "", n)
+		}
 	}
 	if down > 0 {
 		return &exitErr{ExitUnavail, "some services are unreachable"}
@@ -223,33 +227,63 @@ func (c *cli) runs(args []string) error {
 		fs := newFlags("runs list")
 		state := fs.String("state", "", "only runs in this state")
 		agent := fs.String("agent", "", "only runs of this agent")
-		limit := fs.Uint("limit", 50, "at most this many runs")
+		limit := fs.Uint("limit", 50, "at most this many runs per page (at most 500)")
+		before := fs.String("before", "", "only runs older than this run id (the next page)")
+		all := fs.Bool("all", false, "walk every page")
 		asJSON := fs.Bool("json", false, "print JSON")
 		if err := fs.Parse(args[1:]); err != nil {
 			return usageError("%v", err)
+		}
+		if fs.NArg() != 0 {
+			return usageError("runs list takes no arguments")
+		}
+		if *limit == 0 || *limit > 500 {
+			return usageError("--limit must be between 1 and 500")
+		}
+		if *all && *before != "" {
+			return usageError("--all and --before do not go together")
 		}
 		obj, err := c.scheduler()
 		if err != nil {
 			return err
 		}
-		filter := map[string]dbus.Variant{"limit": dbus.MakeVariant(uint32(*limit))}
-		if *state != "" {
-			filter["state"] = dbus.MakeVariant(*state)
-		}
-		if *agent != "" {
-			filter["agent"] = dbus.MakeVariant(*agent)
-		}
 		var runs []map[string]dbus.Variant
-		if err := obj.Call(bus.SchedulerInterface+".ListRuns", 0, filter).Store(&runs); err != nil {
-			return fmt.Errorf("cannot list runs: %w", err)
+		cursor := *before
+		for {
+			filter := map[string]dbus.Variant{"limit": dbus.MakeVariant(uint32(*limit))}
+			if *state != "" {
+				filter["state"] = dbus.MakeVariant(*state)
+			}
+			if *agent != "" {
+				filter["agent"] = dbus.MakeVariant(*agent)
+			}
+			if cursor != "" {
+				filter["before"] = dbus.MakeVariant(cursor)
+			}
+			var page []map[string]dbus.Variant
+			if err := obj.Call(bus.SchedulerInterface+".ListRuns", 0, filter).Store(&page); err != nil {
+				return fmt.Errorf("cannot list runs: %w", err)
+			}
+			runs = append(runs, page...)
+			if len(page) < int(*limit) {
+				cursor = ""
+				break
+			}
+			cursor = str(page[len(page)-1], "id")
+			if !*all {
+				break
+			}
+		}
+		if cursor != "" {
+			fmt.Fprintf(c.errOut, "more runs: berthctl runs list --before %s (or --all)\n", cursor)
 		}
 		if *asJSON {
 			return writeJSON(c.out, plainRuns(runs))
 		}
 		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "RUN\tAGENT\tSTATE\tCREATED\tREASON")
+		fmt.Fprintln(tw, "RUN\tAGENT\tSTATE\tCREATED\tREASON\tTEXT")
 		for _, r := range runs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", str(r, "id"), str(r, "agent"), str(r, "state"), usecTime(r, "created_usec"), str(r, "reason"))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", str(r, "id"), str(r, "agent"), str(r, "state"), usecTime(r, "created_usec"), str(r, "reason"), previewCell(str(r, "text_preview"), 40))
 		}
 		return tw.Flush()
 	case "show":
@@ -268,6 +302,9 @@ func (c *cli) runs(args []string) error {
 		var run map[string]dbus.Variant
 		if err := obj.Call(bus.SchedulerInterface+".GetRun", 0, fs.Arg(0)).Store(&run); err != nil {
 			return fmt.Errorf("cannot get run %s: %w", fs.Arg(0), err)
+		}
+		if err := readCutTexts(obj, fs.Arg(0), run); err != nil {
+			return err
 		}
 		if *asJSON {
 			return writeJSON(c.out, plainRun(run))
@@ -355,6 +392,44 @@ func (c *cli) send(args []string) error {
 	}
 }
 
+// outputNames maps GetRun's long texts to GetRunOutput's names for them.
+var outputNames = map[string]string{"text": "text", "reply": "reply", "error": "error", "tool_calls": "tool_calls", "stderr_tail": "stderr"}
+
+// readCutTexts replaces each text GetRun cut (<key>_cut) with the whole of
+// it, read page by page with GetRunOutput.
+func readCutTexts(obj dbus.BusObject, id string, run map[string]dbus.Variant) error {
+	for key, what := range outputNames {
+		if cut, _ := run[key+"_cut"].Value().(bool); !cut {
+			continue
+		}
+		var whole strings.Builder
+		for offset := uint64(0); ; {
+			var chunk string
+			var next uint64
+			if err := obj.Call(bus.SchedulerInterface+".GetRunOutput", 0, id, what, offset).Store(&chunk, &next); err != nil {
+				return fmt.Errorf("cannot read %s of run %s: %w", what, id, err)
+			}
+			whole.WriteString(chunk)
+			if next == 0 || next <= offset {
+				break
+			}
+			offset = next
+		}
+		run[key] = dbus.MakeVariant(whole.String())
+		run[key+"_cut"] = dbus.MakeVariant(false)
+	}
+	return nil
+}
+
+// previewCell is s on one line, at most n characters.
+func previewCell(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
 func randomID() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
@@ -425,7 +500,7 @@ func printRun(w io.Writer, run map[string]dbus.Variant) {
 	}
 	var rest []string
 	for k := range run {
-		if !seen[k] && k != "stderr_tail" && k != "tool_calls" {
+		if !seen[k] && k != "stderr_tail" && k != "tool_calls" && !strings.HasSuffix(k, "_bytes") && !strings.HasSuffix(k, "_cut") {
 			rest = append(rest, k)
 		}
 	}

@@ -4,8 +4,11 @@ import (
 	"encoding/xml"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
+	"time"
+	"unicode/utf8"
 
 	"github.com/godbus/dbus/v5"
 	"github.com/godbus/dbus/v5/introspect"
@@ -24,35 +27,49 @@ var (
 )
 
 // Export puts dev.berth.Scheduler1 on conn at /dev/berth/Scheduler1 and then
-// requests the name. It fails when another process owns the name.
+// requests the name. It fails when another process owns the name. The
+// introspection data and the properties come from units.SchedulerXML, the
+// interface as installed.
 func (s *Service) Export(conn *dbus.Conn) error {
+	node, err := introspectionNode()
+	if err != nil {
+		return fmt.Errorf("cannot export %s: %w", bus.SchedulerInterface, err)
+	}
 	obj := &schedulerObject{s: s, conn: conn}
 	if err := conn.Export(obj, bus.SchedulerPath, bus.SchedulerInterface); err != nil {
 		return fmt.Errorf("cannot export %s: %w", bus.SchedulerInterface, err)
 	}
-	props := &properties{conn: conn}
-	if err := conn.Export(props, bus.SchedulerPath, "org.freedesktop.DBus.Properties"); err != nil {
-		return fmt.Errorf("cannot export properties: %w", err)
-	}
-	xmlData, err := introspection()
+	pm, err := propertyMap(node)
 	if err != nil {
-		return err
+		return fmt.Errorf("cannot export properties of %s: %w", bus.SchedulerInterface, err)
 	}
-	if err := conn.Export(introspect.Introspectable(xmlData), bus.SchedulerPath, "org.freedesktop.DBus.Introspectable"); err != nil {
-		return fmt.Errorf("cannot export introspection: %w", err)
+	exported, err := prop.Export(conn, bus.SchedulerPath, pm)
+	if err != nil {
+		return fmt.Errorf("cannot export properties of %s: %w", bus.SchedulerInterface, err)
+	}
+	// Not introspect.NewIntrospectable: it appends a second
+	// org.freedesktop.DBus.Peer when Introspectable comes first in the node
+	// (godbus v5.2.4), which busctl rejects as a duplicate method.
+	data, err := xml.MarshalIndent(node, "", "  ")
+	if err != nil {
+		return fmt.Errorf("cannot encode introspection data: %w", err)
+	}
+	xmlData := introspect.Introspectable(strings.TrimSpace(introspect.IntrospectDeclarationString) + "\n" + string(data))
+	if err := conn.Export(xmlData, bus.SchedulerPath, "org.freedesktop.DBus.Introspectable"); err != nil {
+		return fmt.Errorf("cannot export introspection of %s: %w", bus.SchedulerInterface, err)
 	}
 	// Parents list their child so `busctl tree` finds the object.
 	parts := strings.Split(strings.TrimPrefix(string(bus.SchedulerPath), "/"), "/")
 	for i := range parts {
 		parent := dbus.ObjectPath("/" + strings.Join(parts[:i], "/"))
-		node := introspect.NewIntrospectable(&introspect.Node{Children: []introspect.Node{{Name: parts[i]}}})
-		if err := conn.Export(node, parent, "org.freedesktop.DBus.Introspectable"); err != nil {
+		child := introspect.NewIntrospectable(&introspect.Node{Children: []introspect.Node{{Name: parts[i]}}})
+		if err := conn.Export(child, parent, "org.freedesktop.DBus.Introspectable"); err != nil {
 			return fmt.Errorf("cannot export introspection of %s: %w", parent, err)
 		}
 	}
 
 	s.connMu.Lock()
-	s.conn, s.props = conn, props
+	s.conn, s.props = conn, &properties{conn: conn, p: exported}
 	s.connMu.Unlock()
 	s.publishCounts()
 
@@ -66,28 +83,44 @@ func (s *Service) Export(conn *dbus.Conn) error {
 	return nil
 }
 
-// introspection is units.SchedulerXML as installed, plus the standard
-// interfaces the object also answers.
-func introspection() (string, error) {
-	var extra strings.Builder
-	for _, iface := range []introspect.Interface{introspect.IntrospectData, prop.IntrospectData, introspect.PeerData} {
-		data, err := xml.MarshalIndent(struct {
-			XMLName xml.Name `xml:"interface"`
-			introspect.Interface
-		}{Interface: iface}, "  ", "  ")
-		if err != nil {
-			return "", fmt.Errorf("cannot build introspection data: %w", err)
+// introspectionNode is units.SchedulerXML plus the standard interfaces the
+// object also answers (each once: the XML may list some itself).
+func introspectionNode() (*introspect.Node, error) {
+	var node introspect.Node
+	if err := xml.Unmarshal([]byte(units.SchedulerXML), &node); err != nil {
+		return nil, fmt.Errorf("cannot parse interface XML: %w", err)
+	}
+	node.Name = string(bus.SchedulerPath)
+	for _, std := range []introspect.Interface{prop.IntrospectData, introspect.IntrospectData, introspect.PeerData} {
+		if !slices.ContainsFunc(node.Interfaces, func(i introspect.Interface) bool { return i.Name == std.Name }) {
+			node.Interfaces = append(node.Interfaces, std)
 		}
-		extra.WriteString("  ")
-		extra.Write(data)
-		extra.WriteString("\n")
 	}
-	doc := units.SchedulerXML
-	end := strings.LastIndex(doc, "</node>")
-	if end < 0 {
-		return "", errors.New("cannot build introspection data: units.SchedulerXML has no </node>")
+	return &node, nil
+}
+
+// propertyMap declares the properties of the scheduler interface as the
+// XML lists them. They are read-only and start at zero; publishCounts sets
+// them and emits PropertiesChanged itself, outside any lock.
+func propertyMap(node *introspect.Node) (prop.Map, error) {
+	props := map[string]*prop.Prop{}
+	for _, iface := range node.Interfaces {
+		if iface.Name != bus.SchedulerInterface {
+			continue
+		}
+		for _, p := range iface.Properties {
+			if p.Type != "u" {
+				return nil, fmt.Errorf("property %s has type %s; only u is published", p.Name, p.Type)
+			}
+			props[p.Name] = &prop.Prop{Value: uint32(0), Emit: prop.EmitFalse}
+		}
 	}
-	return doc[:end] + extra.String() + doc[end:], nil
+	for _, name := range []string{"QueueDepth", "Running", "Quarantined"} {
+		if props[name] == nil {
+			return nil, fmt.Errorf("the interface XML has no property %s", name)
+		}
+	}
+	return prop.Map{bus.SchedulerInterface: props}, nil
 }
 
 // schedulerObject is the exported dev.berth.Scheduler1 interface.
@@ -130,13 +163,15 @@ func (o *schedulerObject) ListRuns(sender dbus.Sender, filter map[string]dbus.Va
 			err = dbus.Store([]any{v.Value()}, &f.State)
 		case "agent":
 			err = dbus.Store([]any{v.Value()}, &f.Agent)
+		case "before":
+			err = dbus.Store([]any{v.Value()}, &f.Before)
 		case "limit":
 			var limit uint32
 			if err = dbus.Store([]any{v.Value()}, &limit); err == nil {
-				f.Limit = int(limit)
+				f.Limit = int(min(limit, maxListLimit+1))
 			}
 		default:
-			return nil, bus.NewError(bus.ErrInvalidArgument, "unknown filter key %q (known: state, agent, limit)", key)
+			return nil, bus.NewError(bus.ErrInvalidArgument, "unknown filter key %q (known: state, agent, limit, before)", key)
 		}
 		if err != nil {
 			return nil, bus.NewError(bus.ErrInvalidArgument, "filter %s has type %s: %v", key, v.Signature(), err)
@@ -151,6 +186,17 @@ func (o *schedulerObject) ListRuns(sender dbus.Sender, filter map[string]dbus.Va
 		out = append(out, r.Variants())
 	}
 	return out, nil
+}
+
+func (o *schedulerObject) GetRunOutput(sender dbus.Sender, id, what string, offset uint64) (string, uint64, *dbus.Error) {
+	if derr := readAuthorizer.Check(o.conn, sender); derr != nil {
+		return "", 0, derr
+	}
+	chunk, next, err := o.s.RunOutput(id, what, offset)
+	if err != nil {
+		return "", 0, dbusError(err)
+	}
+	return chunk, next, nil
 }
 
 func (o *schedulerObject) CancelRun(sender dbus.Sender, id string) *dbus.Error {
@@ -197,41 +243,122 @@ func dbusError(err error) *dbus.Error {
 	return bus.NewError(bus.ErrInternal, "%v", err)
 }
 
-// Variants is the run as dev.berth.Scheduler1 returns it (keys in the
-// interface XML).
+// maxFieldBytes bounds each long text GetRun returns and each page of
+// GetRunOutput, so that no reply comes near the bus's message size limit.
+const maxFieldBytes = 1 << 20
+
+func usecVariant(t time.Time) dbus.Variant {
+	if t.IsZero() {
+		return dbus.MakeVariant(uint64(0))
+	}
+	return dbus.MakeVariant(uint64(t.UnixMicro()))
+}
+
+// Variants is the run as dev.berth.Scheduler1.GetRun returns it (keys in
+// the interface XML). Each long text is at most maxFieldBytes; <key>_bytes
+// gives its whole size and <key>_cut says it was cut (GetRunOutput reads the
+// rest). A cut tool_calls is "[]" rather than broken JSON.
 func (r Run) Variants() map[string]dbus.Variant {
 	toolCalls := string(r.ToolCalls)
 	if toolCalls == "" {
 		toolCalls = "[]"
 	}
-	usec := func(t interface{ UnixMicro() int64 }, zero bool) dbus.Variant {
-		if zero {
-			return dbus.MakeVariant(uint64(0))
-		}
-		return dbus.MakeVariant(uint64(t.UnixMicro()))
-	}
-	return map[string]dbus.Variant{
+	m := map[string]dbus.Variant{
 		"id":            dbus.MakeVariant(r.ID),
 		"message_id":    dbus.MakeVariant(r.MessageID),
 		"agent":         dbus.MakeVariant(r.Agent),
 		"state":         dbus.MakeVariant(r.State),
 		"reason":        dbus.MakeVariant(r.Reason),
-		"reply":         dbus.MakeVariant(r.Reply),
-		"error":         dbus.MakeVariant(r.Error),
 		"connector":     dbus.MakeVariant(r.Connector),
 		"channel":       dbus.MakeVariant(r.Channel),
 		"thread":        dbus.MakeVariant(r.Thread),
 		"author":        dbus.MakeVariant(r.Author),
-		"text":          dbus.MakeVariant(r.Text),
 		"attempts":      dbus.MakeVariant(uint32(r.Attempts)),
-		"created_usec":  usec(r.CreatedAt, r.CreatedAt.IsZero()),
-		"started_usec":  usec(r.StartedAt, r.StartedAt.IsZero()),
-		"finished_usec": usec(r.FinishedAt, r.FinishedAt.IsZero()),
+		"created_usec":  usecVariant(r.CreatedAt),
+		"started_usec":  usecVariant(r.StartedAt),
+		"finished_usec": usecVariant(r.FinishedAt),
 		"delivered":     dbus.MakeVariant(r.Delivered),
 		"backend":       dbus.MakeVariant(r.Backend),
-		"tool_calls":    dbus.MakeVariant(toolCalls),
-		"stderr_tail":   dbus.MakeVariant(r.StderrTail),
 	}
+	for _, f := range []struct{ key, text string }{
+		{"text", r.Text}, {"reply", r.Reply}, {"error", r.Error}, {"tool_calls", toolCalls}, {"stderr_tail", r.StderrTail},
+	} {
+		text := cleanText(f.text)
+		cut := len(text) > maxFieldBytes
+		switch {
+		case cut && f.key == "tool_calls":
+			text = "[]"
+		case cut:
+			text = cutUTF8(text, maxFieldBytes)
+		}
+		m[f.key] = dbus.MakeVariant(text)
+		m[f.key+"_bytes"] = dbus.MakeVariant(uint32(len(f.text)))
+		m[f.key+"_cut"] = dbus.MakeVariant(cut)
+	}
+	return m
+}
+
+// Variants is the summary as dev.berth.Scheduler1.ListRuns returns it.
+func (sum Summary) Variants() map[string]dbus.Variant {
+	return map[string]dbus.Variant{
+		"id":            dbus.MakeVariant(sum.ID),
+		"message_id":    dbus.MakeVariant(cleanText(sum.MessageID)),
+		"agent":         dbus.MakeVariant(sum.Agent),
+		"state":         dbus.MakeVariant(sum.State),
+		"reason":        dbus.MakeVariant(cleanText(sum.Reason)),
+		"connector":     dbus.MakeVariant(cleanText(sum.Connector)),
+		"channel":       dbus.MakeVariant(cleanText(sum.Channel)),
+		"thread":        dbus.MakeVariant(cleanText(sum.Thread)),
+		"author":        dbus.MakeVariant(cleanText(sum.Author)),
+		"attempts":      dbus.MakeVariant(uint32(sum.Attempts)),
+		"backend":       dbus.MakeVariant(sum.Backend),
+		"created_usec":  usecVariant(sum.CreatedAt),
+		"started_usec":  usecVariant(sum.StartedAt),
+		"finished_usec": usecVariant(sum.FinishedAt),
+		"delivered":     dbus.MakeVariant(sum.Delivered),
+		"text_preview":  dbus.MakeVariant(cleanText(sum.TextPreview)),
+		"reply_preview": dbus.MakeVariant(cleanText(sum.ReplyPreview)),
+		"text_bytes":    dbus.MakeVariant(uint32(sum.TextBytes)),
+		"reply_bytes":   dbus.MakeVariant(uint32(sum.ReplyBytes)),
+	}
+}
+
+// RunOutput is a page of one of a run's long texts (GetRunOutput): at most
+// maxFieldBytes from offset, ending on a character boundary, and the offset
+// of the next page (0 after the last).
+func (s *Service) RunOutput(id, what string, offset uint64) (string, uint64, error) {
+	r, err := s.GetRun(id)
+	if err != nil {
+		return "", 0, err
+	}
+	var text string
+	switch what {
+	case "text":
+		text = r.Text
+	case "reply":
+		text = r.Reply
+	case "error":
+		text = r.Error
+	case "stderr":
+		text = r.StderrTail
+	case "tool_calls":
+		text = string(r.ToolCalls)
+	default:
+		return "", 0, fmt.Errorf("%w: unknown output %q (known: text, reply, error, stderr, tool_calls)", ErrInvalidArgument, what)
+	}
+	text = cleanText(text)
+	if offset > uint64(len(text)) {
+		return "", 0, fmt.Errorf("%w: offset %d is past the end (%d bytes)", ErrInvalidArgument, offset, len(text))
+	}
+	if offset < uint64(len(text)) && !utf8.RuneStart(text[offset]) {
+		return "", 0, fmt.Errorf("%w: offset %d is inside a character", ErrInvalidArgument, offset)
+	}
+	chunk := cutUTF8(text[offset:], maxFieldBytes)
+	next := offset + uint64(len(chunk))
+	if next >= uint64(len(text)) {
+		next = 0
+	}
+	return chunk, next, nil
 }
 
 // bus returns the connection signals go to, or nil before Export.
@@ -249,7 +376,7 @@ func (s *Service) emitStateChanged(r Run) {
 		return
 	}
 	if err := conn.Emit(bus.SchedulerPath, bus.SchedulerInterface+".RunStateChanged", r.ID, r.Agent, r.State); err != nil {
-		s.log.Debug("cannot emit RunStateChanged", "run", r.ID, "err", err)
+		s.log.Debug("cannot emit RunStateChanged", "run_id", r.ID, "err", err)
 	}
 }
 
@@ -260,27 +387,31 @@ func (s *Service) emitFinished(r Run) {
 		return
 	}
 	if err := conn.Emit(bus.SchedulerPath, bus.SchedulerInterface+".RunFinished", r.ID, r.Agent, r.State, r.Reason); err != nil {
-		s.log.Debug("cannot emit RunFinished", "run", r.ID, "err", err)
+		s.log.Debug("cannot emit RunFinished", "run_id", r.ID, "err", err)
 	}
 }
 
-// counts are the values of the QueueDepth and Running properties.
+// counts are the values of the QueueDepth, Running and Quarantined
+// properties.
 type counts struct {
-	QueueDepth uint32
-	Running    uint32
+	QueueDepth  uint32
+	Running     uint32
+	Quarantined uint32
 }
 
 // publishCounts recomputes the properties and emits PropertiesChanged for
-// those that changed. The lock order is countsMu, then mu.
+// those that changed. It holds no lock across the store or the bus; when two
+// calls race, the one that started last wins.
 func (s *Service) publishCounts() {
-	s.countsMu.Lock()
-	defer s.countsMu.Unlock()
+	gen := s.countsGen.Add(1)
 	var c counts
 	err := s.store.db.View(func(tx *bolt.Tx) error {
 		c.QueueDepth = uint32(queueBucket(tx).Stats().KeyN)
+		c.Quarantined = uint32(quarantineCount(tx))
 		return nil
 	})
 	if err != nil {
+		s.log.Warn("cannot count queued and quarantined runs", "err", err)
 		return
 	}
 	s.mu.Lock()
@@ -293,7 +424,7 @@ func (s *Service) publishCounts() {
 	if props == nil {
 		return
 	}
-	changed := props.set(c)
+	changed := props.set(gen, c)
 	if len(changed) == 0 {
 		return
 	}
@@ -303,56 +434,34 @@ func (s *Service) publishCounts() {
 	}
 }
 
-// properties is org.freedesktop.DBus.Properties of the scheduler object:
-// two read-only counters.
+// properties holds the exported properties and the counts last published.
 type properties struct {
 	conn *dbus.Conn
+	p    *prop.Properties
 	mu   sync.Mutex
+	gen  uint64
 	c    counts
 }
 
-// set stores c and returns the properties that changed.
-func (p *properties) set(c counts) map[string]dbus.Variant {
+// set stores c unless a later call (gen) already did, and returns the
+// properties that changed.
+func (p *properties) set(gen uint64, c counts) map[string]dbus.Variant {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	changed := map[string]dbus.Variant{}
-	if c.QueueDepth != p.c.QueueDepth {
-		changed["QueueDepth"] = dbus.MakeVariant(c.QueueDepth)
+	if gen < p.gen {
+		return nil
 	}
-	if c.Running != p.c.Running {
-		changed["Running"] = dbus.MakeVariant(c.Running)
+	p.gen = gen
+	changed := map[string]dbus.Variant{}
+	for _, v := range []struct {
+		name     string
+		old, new uint32
+	}{{"QueueDepth", p.c.QueueDepth, c.QueueDepth}, {"Running", p.c.Running, c.Running}, {"Quarantined", p.c.Quarantined, c.Quarantined}} {
+		if v.old != v.new {
+			p.p.SetMust(bus.SchedulerInterface, v.name, v.new)
+			changed[v.name] = dbus.MakeVariant(v.new)
+		}
 	}
 	p.c = c
 	return changed
-}
-
-func (p *properties) all() map[string]dbus.Variant {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return map[string]dbus.Variant{
-		"QueueDepth": dbus.MakeVariant(p.c.QueueDepth),
-		"Running":    dbus.MakeVariant(p.c.Running),
-	}
-}
-
-func (p *properties) Get(iface, name string) (dbus.Variant, *dbus.Error) {
-	if iface != bus.SchedulerInterface {
-		return dbus.Variant{}, prop.ErrIfaceNotFound
-	}
-	v, ok := p.all()[name]
-	if !ok {
-		return dbus.Variant{}, prop.ErrPropNotFound
-	}
-	return v, nil
-}
-
-func (p *properties) GetAll(iface string) (map[string]dbus.Variant, *dbus.Error) {
-	if iface != bus.SchedulerInterface {
-		return nil, prop.ErrIfaceNotFound
-	}
-	return p.all(), nil
-}
-
-func (p *properties) Set(iface, name string, _ dbus.Variant) *dbus.Error {
-	return prop.ErrReadOnly
 }

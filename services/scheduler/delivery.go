@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -33,16 +34,18 @@ func (d BusDeliverer) Deliver(ctx context.Context, reply map[string]string) erro
 }
 
 // Delivery back-off: the first retry after minRetryDelay, doubling up to
-// maxRetryDelay.
+// maxRetryDelay. A reply whose Deliver fails as malformed (a wire-format or
+// invalid-args error) maxMalformedAttempts times can never be delivered.
 const (
-	minRetryDelay  = 250 * time.Millisecond
-	maxRetryDelay  = 30 * time.Second
-	deliverTimeout = 30 * time.Second
+	minRetryDelay        = 250 * time.Millisecond
+	maxRetryDelay        = 30 * time.Second
+	deliverTimeout       = 30 * time.Second
+	maxMalformedAttempts = 3
 )
 
 // ReplyOf is what intake gets for a finished run.
 func ReplyOf(r Run) map[string]string {
-	return map[string]string{
+	reply := map[string]string{
 		"run_id":     r.ID,
 		"message_id": r.MessageID,
 		"connector":  r.Connector,
@@ -53,53 +56,69 @@ func ReplyOf(r Run) map[string]string {
 		"text":       replyText(r),
 		"error":      r.Error,
 	}
+	for k, v := range reply { // records written by older builds were not cleaned
+		reply[k] = cleanText(v)
+	}
+	return reply
 }
 
 type retry struct {
-	next  time.Time
-	delay time.Duration
+	next      time.Time
+	delay     time.Duration
+	malformed int // failures that say the reply itself is wrong
 }
 
 // deliverLoop delivers pending replies until ctx is done, each one retried
-// with capped exponential back-off until the Deliverer accepts it.
-func (s *Service) deliverLoop(ctx context.Context) {
+// with capped exponential back-off until the Deliverer accepts it, or until
+// it is clear that it never will. It returns an error when the store fails.
+func (s *Service) deliverLoop(ctx context.Context) error {
 	if s.opts.Deliverer == nil {
 		s.log.Warn("no deliverer: finished runs stay pending")
-		return
+		return nil
 	}
 	retries := map[string]*retry{}
 	for {
 		var ids []string
-		_ = s.store.db.View(func(tx *bolt.Tx) error {
-			ids = pendingDeliveryIDs(tx)
-			return nil
+		err := s.store.db.View(func(tx *bolt.Tx) error {
+			var err error
+			ids, err = pendingDeliveryIDs(tx)
+			return err
 		})
+		if err != nil {
+			return fmt.Errorf("cannot read pending deliveries: %w", err)
+		}
 		var nextWake time.Duration = -1
 		pending := make(map[string]bool, len(ids))
 		for _, id := range ids {
 			if ctx.Err() != nil {
-				return
+				return nil
 			}
 			pending[id] = true
 			rt := retries[id]
-			if rt != nil && time.Now().Before(rt.next) {
-				nextWake = earlier(nextWake, time.Until(rt.next))
+			if rt != nil && s.clock.Now().Before(rt.next) {
+				nextWake = earlier(nextWake, s.clock.Until(rt.next))
 				continue
 			}
-			err := s.deliver(ctx, id)
+			if rt == nil {
+				rt = &retry{}
+			}
+			err, storeErr := s.deliver(ctx, id, rt)
+			if storeErr != nil {
+				return storeErr
+			}
 			if err == nil {
 				delete(retries, id)
 				continue
 			}
-			if rt == nil {
-				rt = &retry{delay: minRetryDelay}
-				retries[id] = rt
+			if rt.delay == 0 {
+				rt.delay = minRetryDelay
 			} else {
 				rt.delay = min(rt.delay*2, maxRetryDelay)
 			}
-			rt.next = time.Now().Add(rt.delay)
+			retries[id] = rt
+			rt.next = s.clock.Now().Add(rt.delay)
 			nextWake = earlier(nextWake, rt.delay)
-			s.log.Warn("cannot deliver reply; will retry", "run", id, "in", rt.delay, "err", err)
+			s.log.Warn("cannot deliver reply; will retry", "run_id", id, "in", rt.delay, "err", err)
 		}
 		for id := range retries {
 			if !pending[id] {
@@ -107,7 +126,7 @@ func (s *Service) deliverLoop(ctx context.Context) {
 			}
 		}
 		if !s.waitForDeliveries(ctx, nextWake) {
-			return
+			return nil
 		}
 	}
 }
@@ -117,9 +136,9 @@ func (s *Service) deliverLoop(ctx context.Context) {
 func (s *Service) waitForDeliveries(ctx context.Context, d time.Duration) bool {
 	var timer <-chan time.Time
 	if d >= 0 {
-		t := time.NewTimer(d)
+		t := s.clock.NewTimer(d)
 		defer t.Stop()
-		timer = t.C
+		timer = t.Chan()
 	}
 	select {
 	case <-ctx.Done():
@@ -137,38 +156,83 @@ func earlier(cur, d time.Duration) time.Duration {
 	return cur
 }
 
-// deliver hands one run to the Deliverer and marks it delivered.
-func (s *Service) deliver(ctx context.Context, id string) error {
+// malformedReply says whether err means the reply itself cannot be sent or
+// taken: godbus refused to encode it, or the callee said its arguments were
+// invalid. Retrying the same reply gives the same answer.
+func malformedReply(err error) bool {
+	var fe dbus.FormatError
+	if errors.As(err, &fe) {
+		return true
+	}
+	var ie dbus.InvalidMessageError
+	if errors.As(err, &ie) {
+		return true
+	}
+	return bus.ErrorName(err) == "org.freedesktop.DBus.Error.InvalidArgs"
+}
+
+// deliver hands one run to the Deliverer and marks it delivered. err is the
+// Deliverer's (retry later); storeErr says the store failed.
+func (s *Service) deliver(ctx context.Context, id string, rt *retry) (err, storeErr error) {
 	r, err := s.GetRun(id)
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil // quarantined or gone: nothing to deliver
+	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !Finished(r.State) || r.Delivered {
-		return nil
+		return nil, nil
 	}
+	undeliverable := ""
 	if r.Connector != "" {
 		dctx, cancel := context.WithTimeout(ctx, deliverTimeout)
 		err = s.opts.Deliverer.Deliver(dctx, ReplyOf(r))
 		cancel()
-		if bus.ErrorName(err) == bus.ErrInvalidArgument {
+		switch {
+		case err == nil:
+		case bus.ErrorName(err) == bus.ErrInvalidArgument:
 			// Intake will never take it (say, the connector was removed):
-			// retrying forever helps nobody. The run keeps its reply.
-			s.log.Error("intake refused the reply for good; it stays in the run record only", "run", id, "connector", r.Connector, "err", err)
-		} else if err != nil {
-			return err
+			// retrying forever helps nobody.
+			undeliverable = fmt.Sprintf("intake refused the reply for good: %v", err)
+		case malformedReply(err):
+			rt.malformed++
+			if rt.malformed < maxMalformedAttempts {
+				return err, nil
+			}
+			undeliverable = fmt.Sprintf("the reply could not be sent in %d attempts: %v", rt.malformed, err)
+		default:
+			return err, nil
 		}
 	}
+	now := s.clock.Now()
+	var final Run
 	err = s.store.db.Update(func(tx *bolt.Tx) error {
 		cur, ok, err := getRun(tx, id)
 		if err != nil || !ok {
 			return err
 		}
 		cur.Delivered = true
+		if undeliverable != "" {
+			// The run keeps its reply; its outcome says why nobody got it.
+			cur.State, cur.Reason, cur.FinishedAt = StateFailed, ReasonUndeliverable, now
+			cur.Error = cleanText(undeliverable)
+		}
+		final = cur
 		return putRun(tx, cur)
 	})
-	if err != nil {
-		return fmt.Errorf("cannot mark run %s delivered: %w", id, err)
+	if c, bad := asCorrupt(err); bad {
+		s.setAside(c)
+		return nil, nil
 	}
-	s.log.Info("reply delivered", "run", id, "connector", r.Connector)
-	return nil
+	if err != nil {
+		return nil, fmt.Errorf("cannot mark run %s delivered: %w", id, err)
+	}
+	if undeliverable != "" {
+		s.log.Error("reply cannot be delivered; the run is failed and keeps its reply", "run_id", id, "agent", r.Agent, "connector", r.Connector, "message_id", r.MessageID, "err", undeliverable)
+		s.emitFinished(final)
+	} else {
+		s.log.Info("reply delivered", "run_id", id, "agent", r.Agent, "connector", r.Connector, "message_id", r.MessageID)
+	}
+	return nil, nil
 }

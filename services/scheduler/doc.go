@@ -11,6 +11,20 @@
 //
 // cmd/berth-scheduler wires it: New, Export, Run until a signal, Close.
 //
+// # Faults it survives
+//
+// Run returns an error (and the daemon exits non-zero) when the store fails;
+// the dispatcher passes at least every 5 s and LastProgress says when it last
+// did, for the watchdog. A record that cannot be decoded is moved to
+// quarantine/ and counted in the Quarantined property, never fatal. The
+// service's mutex guards only in-memory state: no transaction, backend call
+// or bus call happens under it, and every Backend.Kill has a deadline.
+// Texts are made valid UTF-8 without NUL (cleanText) where they enter a run
+// record, so every reply can cross D-Bus; one that still cannot be delivered
+// ends as failed after a bounded number of attempts. Old runs and idle
+// conversations are pruned in the background ([retention]) in transactions
+// of at most 500 deletions.
+//
 // # scheduler.db
 //
 // One bbolt file, opened by this process only:
@@ -18,7 +32,15 @@
 //	meta/
 //	  version      → uint64 big-endian: schema version (see migrations)
 //	runs/
-//	  <run id>     → JSON Run record; run ids sort by creation time
+//	  <run id>     → JSON Run record; run ids sort by creation time. Tool
+//	                 outputs are cut to 16 KiB per call and 256 KiB per run
+//	                 (output_cut, output_bytes); the reply is kept whole
+//	summaries/     (schema version 3)
+//	  <run id>     → JSON Summary: what ListRuns returns (previews, sizes)
+//	by_state/      (schema version 3)
+//	  <state> NUL <run id> → empty: runs by state, oldest first
+//	by_agent/      (schema version 3)
+//	  <agent> NUL <run id> → empty: runs by agent, oldest first
 //	messages/
 //	  <message id> → run id: the idempotency index of Submit
 //	queue/         (NextSequence numbers it)
@@ -28,11 +50,18 @@
 //	deliveries/
 //	  <run id>     → empty: finished runs intake has not acknowledged yet
 //	history/       (schema version 2)
-//	  <connector> NUL <channel> NUL <thread>
-//	               → JSON [{role, text}]: the conversation's earlier turns,
-//	                 appended when a run succeeds, bounded by HistoryMaxTurns
-//	                 and HistoryMaxBytes, passed as Request.History
+//	  <agent> NUL <connector> NUL <channel> NUL <thread>
+//	               → JSON {updated_at, turns: [{role, text}]} (before
+//	                 version 3 the bare turns array): the conversation's
+//	                 earlier turns, appended when a run succeeds, bounded by
+//	                 HistoryMaxTurns and HistoryMaxBytes, passed as
+//	                 Request.History
+//	quarantine/    (schema version 3)
+//	  <bucket>/<key>[#n] → JSON {bucket, key, reason, at, value}: records
+//	                 that could not be decoded, as found
 //
-// A run is in queue/ exactly while its state is queued, and in deliveries/
-// exactly while it is finished and not delivered.
+// A run is in queue/ exactly while its state is queued, in deliveries/
+// exactly while it is finished and not delivered, and in summaries/,
+// by_state/ and by_agent/ exactly while it is in runs/ (putRun keeps them in
+// step; the version 3 migration built them for older files).
 package scheduler

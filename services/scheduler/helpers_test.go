@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
@@ -28,6 +30,7 @@ type gateBackend struct {
 	maxTotal      int
 	agentOverlaps int
 	killed        []string
+	seen          map[string]bool // runs next returned
 }
 
 type gatedRun struct {
@@ -41,7 +44,7 @@ type outcome struct {
 }
 
 func newGateBackend(name string) *gateBackend {
-	return &gateBackend{name: name, started: make(chan *gatedRun, 100), inFlight: map[string]int{}}
+	return &gateBackend{name: name, started: make(chan *gatedRun, 100), inFlight: map[string]int{}, seen: map[string]bool{}}
 }
 
 func (b *gateBackend) Name() string { return b.name }
@@ -99,6 +102,9 @@ func (b *gateBackend) next(t *testing.T) *gatedRun {
 	t.Helper()
 	select {
 	case r := <-b.started:
+		b.mu.Lock()
+		b.seen[r.spec.RunID] = true
+		b.mu.Unlock()
 		return r
 	case <-time.After(10 * time.Second):
 		t.Fatal("no run started within 10s")
@@ -106,13 +112,54 @@ func (b *gateBackend) next(t *testing.T) *gatedRun {
 	}
 }
 
-// none asserts that no run starts for a little while.
-func (b *gateBackend) none(t *testing.T) {
+// none asserts that s started no run the test has not seen start: it waits
+// for a dispatcher pass that began after the call (an event, not a sleep);
+// a run started then is in s.active by the end of that pass.
+func (b *gateBackend) none(t *testing.T, s *Service) {
 	t.Helper()
+	waitPass(t, s)
+	s.mu.Lock()
+	var started []string
+	for id := range s.active {
+		b.mu.Lock()
+		if !b.seen[id] {
+			started = append(started, id)
+		}
+		b.mu.Unlock()
+	}
+	s.mu.Unlock()
+	if len(started) > 0 {
+		t.Fatalf("runs %v started, want none", started)
+	}
 	select {
 	case r := <-b.started:
 		t.Fatalf("run %s of agent %s started, want none", r.spec.RunID, r.spec.AgentID)
-	case <-time.After(200 * time.Millisecond):
+	default:
+	}
+}
+
+// passes signals the dispatcher passes of each test service.
+var passes sync.Map // *Service → chan struct{}
+
+// waitPass waits for a whole dispatcher pass that began after the call.
+func waitPass(t *testing.T, s *Service) {
+	t.Helper()
+	v, ok := passes.Load(s)
+	if !ok {
+		t.Fatal("service was not made by newTestService")
+	}
+	ch := v.(chan struct{})
+	select {
+	case <-ch:
+	default:
+	}
+	for range 2 {
+		wake(s.wakeDispatch)
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the dispatcher did not pass within 10s")
+		}
 	}
 }
 
@@ -136,23 +183,43 @@ func testConfig(maxConcurrent int) *config.Config {
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // newTestService opens a service in stateDir (a new temp dir when empty)
-// with b as its landlock backend. It is closed when the test ends.
-func newTestService(t *testing.T, cfg *config.Config, stateDir string, b *gateBackend, d Deliverer) *Service {
+// with b as its landlock backend. It is closed when the test ends. with
+// changes the options (a fake clock, say).
+func newTestService(t *testing.T, cfg *config.Config, stateDir string, b *gateBackend, d Deliverer, with ...func(*Options)) *Service {
 	t.Helper()
 	if stateDir == "" {
 		stateDir = t.TempDir()
 	}
-	s, err := New(cfg, stateDir, Options{
-		Backends:  map[string]isolation.Backend{"landlock": b},
-		Deliverer: d,
-		Getenv:    func(string) string { return "" },
-		Logger:    quietLog,
-	})
+	opts := Options{
+		Backends: map[string]isolation.Backend{"landlock": b},
+		Getenv:   func(string) string { return "" },
+		Logger:   quietLog,
+	}
+	if d != nil { // a nil *deliveries must stay a nil interface
+		opts.Deliverer = d
+	}
+	for _, f := range with {
+		f(&opts)
+	}
+	s, err := New(cfg, stateDir, opts)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	t.Cleanup(func() { s.Close() })
+	ch := make(chan struct{}, 1)
+	passes.Store(s, ch)
+	s.passed = func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	t.Cleanup(func() { s.Close(); passes.Delete(s) })
 	return s
+}
+
+// withClock runs the service on clock.
+func withClock(clock clockwork.Clock) func(*Options) {
+	return func(o *Options) { o.Clock = clock }
 }
 
 // start runs s until the returned stop is called (or the test ends).

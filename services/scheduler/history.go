@@ -1,8 +1,10 @@
 package scheduler
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -15,10 +17,6 @@ const (
 	HistoryMaxTurns = 20
 	HistoryMaxBytes = 32 << 10
 )
-
-var bucketHistory = []byte("history")
-
-func historyBucket(tx *bolt.Tx) *bolt.Bucket { return tx.Bucket(bucketHistory) }
 
 // migrateHistory (schema version 2) adds history/.
 func migrateHistory(tx *bolt.Tx) error {
@@ -35,39 +33,75 @@ func historyKey(r Run) []byte {
 	return []byte(r.Agent + "\x00" + r.Connector + "\x00" + r.Channel + "\x00" + r.Thread)
 }
 
+// conversation is a history/ value. Before schema version 3 the value was
+// the bare turns array; such a value reads with a zero UpdatedAt.
+type conversation struct {
+	UpdatedAt time.Time         `json:"updated_at"`
+	Turns     []agentproto.Turn `json:"turns"`
+}
+
+// decodeConversation reads a history/ value of either format.
+func decodeConversation(key, v []byte) (conversation, error) {
+	var c conversation
+	var err error
+	if t := bytes.TrimLeft(v, " \t\r\n"); len(t) > 0 && t[0] == '[' {
+		err = json.Unmarshal(v, &c.Turns)
+	} else {
+		err = json.Unmarshal(v, &c)
+	}
+	if err != nil {
+		return conversation{}, &corruptRecord{bucket: bucketHistory, key: bytes.Clone(key), err: err}
+	}
+	return c, nil
+}
+
 // loadHistory returns the earlier turns of r's conversation, oldest first.
+// An undecodable conversation is a *corruptRecord error.
 func loadHistory(tx *bolt.Tx, r Run) ([]agentproto.Turn, error) {
-	v := historyBucket(tx).Get(historyKey(r))
+	key := historyKey(r)
+	v := historyBucket(tx).Get(key)
 	if v == nil {
 		return nil, nil
 	}
-	var turns []agentproto.Turn
-	if err := json.Unmarshal(v, &turns); err != nil {
-		return nil, fmt.Errorf("cannot decode history of run %s: %w", r.ID, err)
-	}
-	return turns, nil
+	c, err := decodeConversation(key, v)
+	return c.Turns, err
 }
 
 // appendHistory adds a succeeded run's message and reply to its
 // conversation and trims the oldest turns to the bounds. Runs without a
-// channel (none come from a chat) keep no history.
-func appendHistory(tx *bolt.Tx, r Run) error {
+// channel (none come from a chat) keep no history. A conversation that
+// cannot be decoded is quarantined and started afresh.
+func appendHistory(tx *bolt.Tx, r Run, now time.Time) error {
 	if r.Channel == "" || r.Reply == "" {
 		return nil
 	}
 	turns, err := loadHistory(tx, r)
+	if c, bad := asCorrupt(err); bad {
+		if err := quarantineRecord(tx, c.bucket, c.key, c.Error(), now); err != nil {
+			return err
+		}
+		turns, err = nil, nil
+	}
 	if err != nil {
 		return err
 	}
 	turns = boundHistory(append(turns,
 		agentproto.Turn{Role: "user", Text: r.Text},
 		agentproto.Turn{Role: "assistant", Text: r.Reply}))
-	data, err := json.Marshal(turns)
-	if err != nil {
-		return fmt.Errorf("cannot encode history: %w", err)
-	}
-	if err := historyBucket(tx).Put(historyKey(r), data); err != nil {
+	if err := putConversation(tx, historyKey(r), conversation{UpdatedAt: now, Turns: turns}); err != nil {
 		return fmt.Errorf("cannot store history of run %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+// putConversation writes one history/ value.
+func putConversation(tx *bolt.Tx, key []byte, c conversation) error {
+	data, err := json.Marshal(c)
+	if err != nil {
+		return fmt.Errorf("cannot encode conversation: %w", err)
+	}
+	if err := historyBucket(tx).Put(key, data); err != nil {
+		return fmt.Errorf("cannot store conversation: %w", err)
 	}
 	return nil
 }
@@ -93,7 +127,8 @@ func boundHistory(turns []agentproto.Turn) []agentproto.Turn {
 }
 
 // history reads r's conversation for its request; a store error only
-// costs the agent its memory of the thread.
+// costs the agent its memory of the thread, and an undecodable
+// conversation is quarantined.
 func (s *Service) history(r Run) []agentproto.Turn {
 	var turns []agentproto.Turn
 	err := s.store.db.View(func(tx *bolt.Tx) error {
@@ -101,8 +136,10 @@ func (s *Service) history(r Run) []agentproto.Turn {
 		turns, err = loadHistory(tx, r)
 		return err
 	})
-	if err != nil {
-		s.log.Error("cannot read conversation history", "run", r.ID, "err", err)
+	if c, bad := asCorrupt(err); bad {
+		s.setAside(c)
+	} else if err != nil {
+		s.log.Error("cannot read conversation history", "run_id", r.ID, "agent", r.Agent, "err", err)
 	}
 	return turns
 }

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"reflect"
@@ -23,7 +24,7 @@ func TestAVersion1DatabaseGainsHistoryAndKeepsItsRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		return putRun(tx, Run{ID: "r1", Agent: "alpha", State: StateSucceeded, Reply: "old", Delivered: true})
+		return putRunV2(tx, Run{ID: "r1", Agent: "alpha", State: StateSucceeded, Reply: "old", Delivered: true})
 	})
 	db.Close()
 	if err != nil {
@@ -39,8 +40,8 @@ func TestAVersion1DatabaseGainsHistoryAndKeepsItsRuns(t *testing.T) {
 		if historyBucket(tx) == nil {
 			t.Error("history bucket missing after migration")
 		}
-		if v, _ := boltstore.Version(tx); v != 2 {
-			t.Errorf("version = %d, want 2", v)
+		if v, _ := boltstore.Version(tx); v != schemaVersion() {
+			t.Errorf("version = %d, want %d", v, schemaVersion())
 		}
 		r, ok, err := getRun(tx, "r1")
 		if err != nil || !ok || r.Reply != "old" {
@@ -132,7 +133,7 @@ func TestARemoteProviderWithoutNetworkFailsClosed(t *testing.T) {
 	if r.Reason != ReasonProviderNeedsNetwork || !strings.Contains(r.Error, `set file_access.allow_network = true for agent "alpha"`) {
 		t.Errorf("run = reason %q, error %q", r.Reason, r.Error)
 	}
-	b.none(t)
+	b.none(t, s)
 
 	id = submit(t, s, "m2", "online")
 	run := b.next(t)
@@ -157,4 +158,30 @@ func TestAChannelReboundToAnotherAgentDoesNotHandOverItsHistory(t *testing.T) {
 	if h := b.next(t).spec.Request.History; len(h) != 0 {
 		t.Fatalf("agent beta got agent alpha's history in the same thread: %+v", h)
 	}
+}
+
+// putRunV2 writes r as schema versions 1 and 2 did: runs/, queue/ and
+// deliveries/, no summaries or indexes.
+func putRunV2(tx *bolt.Tx, r Run) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketRuns).Put([]byte(r.ID), data); err != nil {
+		return err
+	}
+	if r.State == StateQueued {
+		if err := tx.Bucket(bucketQueue).Put(u64(r.Seq), []byte(r.ID)); err != nil {
+			return err
+		}
+	}
+	if Finished(r.State) && !r.Delivered {
+		if err := tx.Bucket(bucketDeliveries).Put([]byte(r.ID), nil); err != nil {
+			return err
+		}
+	}
+	if r.MessageID != "" {
+		return tx.Bucket(bucketMessages).Put([]byte(r.MessageID), []byte(r.ID))
+	}
+	return nil
 }

@@ -2,9 +2,12 @@ package scheduler
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/config"
@@ -50,20 +53,47 @@ func TestReplyRefusedForGoodByIntakeIsNotRetriedForever(t *testing.T) {
 	start(t, s)
 	id := submit(t, s, "gone/m1", "alpha", "connector", "gone")
 	b.next(t).reply("done")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if r, err := s.GetRun(id); err == nil && r.Delivered {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a reply intake refused for good stayed pending")
-		}
-		time.Sleep(10 * time.Millisecond)
+	r := waitDelivered(t, s, id)
+	if r.State != StateFailed || r.Reason != ReasonUndeliverable || r.Reply != "done" || !strings.Contains(r.Error, "unknown connector") {
+		t.Fatalf("run refused by intake = state %q reason %q reply %q error %q; want failed, %q, the reply kept, intake's answer", r.State, r.Reason, r.Reply, r.Error, ReasonUndeliverable)
 	}
-	time.Sleep(600 * time.Millisecond) // past the first retry delays (250ms, 500ms)
+	// Nothing is left to retry: the run is out of deliveries/.
+	if pending := pendingDeliveries(t, s); len(pending) != 0 {
+		t.Fatalf("deliveries still pending after a refusal for good: %v", pending)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.calls != 1 {
 		t.Fatalf("Deliver called %d times for a reply refused for good, want 1", d.calls)
 	}
+}
+
+// waitDelivered waits until run id is marked delivered and returns it.
+func waitDelivered(t *testing.T, s *Service, id string) Run {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if r, err := s.GetRun(id); err == nil && r.Delivered {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s was not marked delivered within 10s", id)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// pendingDeliveries lists the runs deliveries/ still holds.
+func pendingDeliveries(t *testing.T, s *Service) []string {
+	t.Helper()
+	var ids []string
+	err := s.store.db.View(func(tx *bolt.Tx) error {
+		var err error
+		ids, err = pendingDeliveryIDs(tx)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }

@@ -1,8 +1,8 @@
 package scheduler
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/godbus/dbus/v5"
+	"github.com/jonboulle/clockwork"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/internal/config"
@@ -30,6 +31,7 @@ var (
 
 // Reasons the scheduler itself gives a run (the backends' are in isolation).
 const (
+	ReasonUndeliverable        = "reply cannot be delivered"
 	ReasonContainerUnavailable = "container isolation is not available in this build"
 	ReasonInterruptedTwice     = "interrupted twice by scheduler restarts"
 	ReasonAgentNotConfigured   = "agent is not configured"
@@ -44,8 +46,17 @@ var (
 	errShutdown       = errors.New("scheduler is stopping")
 )
 
-// maxStderrTail bounds the stderr kept in a run record.
-const maxStderrTail = 8 << 10
+// Loop timing.
+const (
+	// progressInterval is the longest the dispatcher waits between passes
+	// when idle; LastProgress never lags more than this behind a healthy loop.
+	progressInterval = 5 * time.Second
+	// killTimeout bounds each Backend.Kill: an engine that never answers must
+	// not hold a CancelRun or a start forever.
+	killTimeout = 30 * time.Second
+	// cancelWait bounds how long CancelRun waits for a running run to end.
+	cancelWait = 2 * time.Minute
+)
 
 // Options are the scheduler's side effects and seams.
 type Options struct {
@@ -62,6 +73,9 @@ type Options struct {
 	ConfigDir string
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// Clock is the time of everything the scheduler times: run records,
+	// retries, retention, the dispatcher's pace. Nil means the real clock.
+	Clock clockwork.Clock
 }
 
 // Service is berth-scheduler: the store, the dispatcher, the deliveries and
@@ -72,26 +86,33 @@ type Service struct {
 	store    *store
 	cfg      atomic.Pointer[config.Config]
 	log      *slog.Logger
+	clock    clockwork.Clock
 
-	// mu guards active and stopping, and is held across a claim or a cancel
-	// and its transaction so the two never disagree about a run.
+	// mu guards active and stopping only: it is never held across a
+	// transaction, a backend call or a bus call.
 	mu       sync.Mutex
 	active   map[string]*activeRun // run id → a run this process is running
 	stopping bool
 	runs     sync.WaitGroup
 	warming  atomic.Bool // Run keeps warm pools (warm.go)
 
+	lastProgress atomic.Int64      // unix nanoseconds of the dispatcher's last pass
+	failed       chan error        // the first store failure of a running Run
+	passed       func()            // tests: called after each dispatcher pass
+	retained     chan retainReport // tests: each retention pass's outcome
+
 	wakeDispatch chan struct{}
 	wakeDeliver  chan struct{}
 
-	countsMu sync.Mutex // serializes publishCounts
-	connMu   sync.Mutex // guards conn and props; taken last
-	conn     *dbus.Conn
-	props    *properties
+	countsGen atomic.Uint64 // orders publishCounts calls (dbus.go)
+	connMu    sync.Mutex    // guards conn and props; taken last
+	conn      *dbus.Conn
+	props     *properties
 }
 
 type activeRun struct {
 	agent  string
+	ctx    context.Context // the run's; canceled with errShutdown or errCanceledByUser
 	cancel context.CancelCauseFunc
 	done   chan struct{}
 }
@@ -107,6 +128,9 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Clock == nil {
+		opts.Clock = clockwork.NewRealClock()
+	}
 	st, err := openStore(filepath.Join(stateDir, DBName))
 	if err != nil {
 		return nil, fmt.Errorf("cannot create scheduler: %w", err)
@@ -116,11 +140,14 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 		stateDir:     stateDir,
 		store:        st,
 		log:          opts.Logger,
+		clock:        opts.Clock,
 		active:       make(map[string]*activeRun),
+		failed:       make(chan error, 1),
 		wakeDispatch: make(chan struct{}, 1),
 		wakeDeliver:  make(chan struct{}, 1),
 	}
 	s.cfg.Store(cfg)
+	s.markProgress()
 	return s, nil
 }
 
@@ -145,41 +172,93 @@ func (s *Service) Close() error {
 	return nil
 }
 
-// Run reconciles what an earlier process left behind, then dispatches runs
-// and delivers replies until ctx is done. On stop it cancels the running runs
-// and puts them back in the queue, waits for them, and returns.
+// LastProgress is when the dispatcher last completed a pass. A healthy
+// dispatcher passes at least every 5 seconds, idle or not, so a daemon pings
+// its watchdog only while LastProgress is recent.
+func (s *Service) LastProgress() time.Time {
+	return time.Unix(0, s.lastProgress.Load())
+}
+
+func (s *Service) markProgress() { s.lastProgress.Store(s.clock.Now().UnixNano()) }
+
+// fail reports a store failure that ends Run (the first one wins).
+func (s *Service) fail(err error) {
+	select {
+	case s.failed <- err:
+	default:
+	}
+}
+
+// Run reconciles what an earlier process left behind, then dispatches runs,
+// delivers replies and prunes old records until ctx is done. On stop it
+// cancels the running runs and puts them back in the queue, waits for them,
+// and returns nil. When its work cannot go on (the store fails), it stops
+// the same way and returns the reason: the daemon must exit, not go on
+// answering as if it were working.
 func (s *Service) Run(ctx context.Context) error {
 	s.mu.Lock()
 	s.stopping = false
 	s.mu.Unlock()
+	select { // a failure of an earlier Run is not this one's
+	case <-s.failed:
+	default:
+	}
 	if err := s.reconcile(ctx); err != nil {
 		return fmt.Errorf("cannot reconcile runs: %w", err)
 	}
+	s.markProgress()
 	s.sweepOrphans(ctx)
 	s.warming.Store(true)
 	s.warmPools()
-	var deliveries sync.WaitGroup
-	deliveries.Go(func() { s.deliverLoop(ctx) })
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	defer stopLoops()
+	var loops sync.WaitGroup
+	loops.Go(func() {
+		if err := s.deliverLoop(loopCtx); err != nil {
+			s.fail(err)
+		}
+	})
+	loops.Go(func() { s.retentionLoop(loopCtx) })
 	s.publishCounts()
+	ticker := s.clock.NewTicker(progressInterval)
+	defer ticker.Stop()
+	var runErr error
+loop:
 	for {
-		s.dispatch()
+		if err := s.dispatch(); err != nil {
+			runErr = fmt.Errorf("cannot dispatch runs: %w", err)
+			break
+		}
+		s.markProgress()
+		if s.passed != nil {
+			s.passed()
+		}
 		select {
 		case <-s.wakeDispatch:
+		case <-ticker.Chan():
+		case err := <-s.failed:
+			runErr = err
+			break loop
 		case <-ctx.Done():
-			s.mu.Lock()
-			s.stopping = true
-			for _, a := range s.active {
-				a.cancel(errShutdown)
-			}
-			s.mu.Unlock()
-			s.runs.Wait()
-			s.warming.Store(false)
-			s.drainPools()
-			deliveries.Wait()
-			s.publishCounts()
-			return nil
+			break loop
 		}
 	}
+	if runErr != nil {
+		s.log.Error("the scheduler cannot go on; stopping", "err", runErr)
+	}
+	stopLoops()
+	s.mu.Lock()
+	s.stopping = true
+	for _, a := range s.active {
+		a.cancel(errShutdown)
+	}
+	s.mu.Unlock()
+	s.runs.Wait()
+	s.warming.Store(false)
+	s.drainPools()
+	loops.Wait()
+	s.publishCounts()
+	return runErr
 }
 
 func wake(ch chan struct{}) {
@@ -191,6 +270,8 @@ func wake(ch chan struct{}) {
 
 // Submit queues msg (keys of dev.berth.Scheduler1.Submit) and returns its run
 // id once the run is committed. The same message id returns the same run.
+// Texts are stored made valid (cleanText), so that whatever the run gives
+// back can cross D-Bus.
 func (s *Service) Submit(msg map[string]string) (string, error) {
 	id, agent := msg["id"], msg["agent"]
 	if id == "" {
@@ -201,7 +282,7 @@ func (s *Service) Submit(msg map[string]string) (string, error) {
 	}
 	cfg := s.cfg.Load()
 	known := cfg.AgentIDs()
-	now := time.Now()
+	now := s.clock.Now()
 	var r Run
 	created := false
 	err := s.store.db.Update(func(tx *bolt.Tx) error {
@@ -221,14 +302,14 @@ func (s *Service) Submit(msg map[string]string) (string, error) {
 		}
 		r = Run{
 			ID:          newRunID(now),
-			MessageID:   id,
+			MessageID:   cleanText(id),
 			Agent:       agent,
-			Connector:   msg["connector"],
-			Channel:     msg["channel"],
-			ChannelName: msg["channel_name"],
-			Thread:      msg["thread"],
-			Author:      msg["author"],
-			Text:        msg["text"],
+			Connector:   cleanText(msg["connector"]),
+			Channel:     cleanText(msg["channel"]),
+			ChannelName: cleanText(msg["channel_name"]),
+			Thread:      cleanText(msg["thread"]),
+			Author:      cleanText(msg["author"]),
+			Text:        cleanText(msg["text"]),
 			State:       StateQueued,
 			CreatedAt:   now,
 			Seq:         seq,
@@ -246,7 +327,7 @@ func (s *Service) Submit(msg map[string]string) (string, error) {
 		return "", fmt.Errorf("cannot store run: %w", err)
 	}
 	if created {
-		s.log.Info("run queued", "run", r.ID, "agent", agent, "message", id, "connector", r.Connector)
+		s.log.Info("run queued", "run_id", r.ID, "agent", agent, "message_id", id, "connector", r.Connector)
 		s.emitStateChanged(r)
 		s.publishCounts()
 		wake(s.wakeDispatch)
@@ -254,7 +335,8 @@ func (s *Service) Submit(msg map[string]string) (string, error) {
 	return r.ID, nil
 }
 
-// GetRun returns one run.
+// GetRun returns one run. A run whose record cannot be decoded is
+// quarantined and reported as not found.
 func (s *Service) GetRun(id string) (Run, error) {
 	var r Run
 	err := s.store.db.View(func(tx *bolt.Tx) error {
@@ -266,106 +348,242 @@ func (s *Service) GetRun(id string) (Run, error) {
 		}
 		return err
 	})
+	if c, bad := asCorrupt(err); bad {
+		s.setAside(c)
+		return Run{}, fmt.Errorf("%w: run %q could not be read and was quarantined", ErrNotFound, id)
+	}
 	return r, err
 }
 
-// RunFilter selects runs for ListRuns; empty fields match everything.
-type RunFilter struct {
-	State string
-	Agent string
-	Limit int // 0 means 50
-}
-
-// ListRuns returns the runs matching f, newest first.
-func (s *Service) ListRuns(f RunFilter) ([]Run, error) {
-	if f.Limit <= 0 {
-		f.Limit = 50
+// setAside moves undecodable records to quarantine/ and says so in the log;
+// the scheduler goes on without them.
+func (s *Service) setAside(bad ...*corruptRecord) {
+	if len(bad) == 0 {
+		return
 	}
-	var out []Run
-	err := s.store.db.View(func(tx *bolt.Tx) error {
-		c := runsBucket(tx).Cursor()
-		for k, v := c.Last(); k != nil && len(out) < f.Limit; k, v = c.Prev() {
-			var r Run
-			if err := json.Unmarshal(v, &r); err != nil {
-				return fmt.Errorf("cannot decode run %s: %w", k, err)
-			}
-			if (f.State == "" || r.State == f.State) && (f.Agent == "" || r.Agent == f.Agent) {
-				out = append(out, r)
+	now := s.clock.Now()
+	err := s.store.db.Update(func(tx *bolt.Tx) error {
+		for _, c := range bad {
+			if err := quarantineRecord(tx, c.bucket, c.key, c.Error(), now); err != nil {
+				return err
 			}
 		}
 		return nil
 	})
-	return out, err
+	for _, c := range bad {
+		attrs := []any{"bucket", string(c.bucket), "key", string(c.key), "err", c.err}
+		if bytes.Equal(c.bucket, bucketRuns) || bytes.Equal(c.bucket, bucketSummaries) {
+			attrs = append(attrs, "run_id", string(c.key))
+		}
+		if err != nil {
+			s.log.Error("cannot quarantine an undecodable record", append(attrs, "quarantine_err", err)...)
+		} else {
+			s.log.Error("quarantined an undecodable record; see berthctl status", attrs...)
+		}
+	}
+	s.publishCounts()
+}
+
+// RunFilter selects runs for ListRuns; empty fields match everything.
+type RunFilter struct {
+	State  string
+	Agent  string
+	Limit  int    // 0 means 50; at most 500
+	Before string // a run id: only runs older than it (the next page)
+}
+
+// List bounds.
+const (
+	defaultListLimit = 50
+	maxListLimit     = 500
+)
+
+// ListRuns returns the summaries of the runs matching f, newest first. It
+// reads the state index when f has a state, the agent index when it has
+// only an agent, and never a full run record.
+func (s *Service) ListRuns(f RunFilter) ([]Summary, error) {
+	if f.Limit <= 0 {
+		f.Limit = defaultListLimit
+	}
+	if f.Limit > maxListLimit {
+		return nil, fmt.Errorf("%w: limit %d is above %d", ErrInvalidArgument, f.Limit, maxListLimit)
+	}
+	if f.State != "" && !slices.Contains(states, f.State) {
+		return nil, fmt.Errorf("%w: unknown state %q (known: %s)", ErrInvalidArgument, f.State, strings.Join(states, ", "))
+	}
+	// A broken summary is set aside (and rebuilt from its run when that is
+	// sound), then the page is read again, once.
+	for attempt := 0; ; attempt++ {
+		out, bad, err := s.listOnce(f)
+		s.setAside(bad...)
+		if err != nil {
+			return nil, fmt.Errorf("cannot list runs: %w", err)
+		}
+		if len(bad) == 0 || attempt == 1 {
+			return out, nil
+		}
+	}
+}
+
+func (s *Service) listOnce(f RunFilter) ([]Summary, []*corruptRecord, error) {
+	var out []Summary
+	var bad []*corruptRecord
+	err := s.store.db.View(func(tx *bolt.Tx) error {
+		out, bad = out[:0], bad[:0]
+		var c *bolt.Cursor
+		var prefix []byte
+		switch {
+		case f.State != "":
+			c, prefix = byStateBucket(tx).Cursor(), indexKey(f.State, "")
+		case f.Agent != "":
+			c, prefix = byAgentBucket(tx).Cursor(), indexKey(f.Agent, "")
+		default:
+			c = summariesBucket(tx).Cursor()
+		}
+		for k := newestBefore(c, prefix, f.Before); k != nil && bytes.HasPrefix(k, prefix) && len(out) < f.Limit; k, _ = c.Prev() {
+			sum, ok, err := getSummary(tx, k[len(prefix):])
+			if cr, isBad := asCorrupt(err); isBad {
+				bad = append(bad, cr)
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if !ok || (f.State != "" && sum.State != f.State) || (f.Agent != "" && sum.Agent != f.Agent) {
+				continue
+			}
+			out = append(out, sum)
+		}
+		return nil
+	})
+	return out, bad, err
+}
+
+// newestBefore positions c on the last key with prefix that sorts before
+// prefix+before (the last key with prefix when before is "").
+func newestBefore(c *bolt.Cursor, prefix []byte, before string) []byte {
+	var k []byte
+	if before != "" {
+		k, _ = c.Seek(append(bytes.Clone(prefix), before...))
+	} else if len(prefix) > 0 {
+		// 0xFF sorts after every id character.
+		k, _ = c.Seek(append(bytes.Clone(prefix), 0xFF))
+	} else {
+		k, _ = c.Last()
+		return k
+	}
+	if k == nil {
+		k, _ = c.Last()
+		return k
+	}
+	k, _ = c.Prev()
+	return k
 }
 
 // CancelRun ends a queued or running run with state canceled. A running run's
 // sandbox is killed by its backend; CancelRun returns once it has ended.
 func (s *Service) CancelRun(id string) error {
-	s.mu.Lock()
-	if a, ok := s.active[id]; ok {
-		a.cancel(errCanceledByUser)
-		s.mu.Unlock()
-		<-a.done
-		r, err := s.GetRun(id)
-		if err != nil {
+	killed := false
+	for range 4 {
+		if a := s.activeRun(id); a != nil {
+			a.cancel(errCanceledByUser)
+			select {
+			case <-a.done:
+			case <-s.clock.After(cancelWait):
+				return fmt.Errorf("run %s did not stop within %s of being canceled", id, cancelWait)
+			}
+			r, err := s.GetRun(id)
+			if err != nil {
+				return err
+			}
+			if r.State != StateCanceled {
+				return fmt.Errorf("%w: run %s already %s", ErrInvalidArgument, id, r.State)
+			}
+			return nil
+		}
+		r, err := s.cancelInactive(id, killed)
+		var orphan *needsKill
+		switch {
+		case errors.Is(err, errBecameActive):
+			continue
+		case errors.As(err, &orphan):
+			// Left running by an earlier process and not reconciled yet.
+			s.killOrphan(context.Background(), orphan.run)
+			killed = true
+			continue
+		case err != nil:
 			return err
 		}
-		if r.State != StateCanceled {
-			return fmt.Errorf("%w: run %s already %s", ErrInvalidArgument, id, r.State)
-		}
+		s.log.Info("run canceled", "run_id", id, "agent", r.Agent)
+		s.emitFinished(r)
+		s.publishCounts()
+		wake(s.wakeDeliver)
 		return nil
 	}
-	r, err := s.cancelInactive(id)
-	s.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	s.log.Info("run canceled", "run", id, "agent", r.Agent)
-	s.emitFinished(r)
-	s.publishCounts()
-	wake(s.wakeDeliver)
-	return nil
+	return fmt.Errorf("run %s changed state too often while being canceled; try again", id)
 }
 
-// cancelInactive cancels a run no goroutine of this process runs; s.mu is held.
-func (s *Service) cancelInactive(id string) (Run, error) {
-	r, err := s.GetRun(id)
-	if err != nil {
-		return Run{}, err
-	}
-	if Finished(r.State) {
-		return Run{}, fmt.Errorf("%w: run %s already %s", ErrInvalidArgument, id, r.State)
-	}
-	if r.State == StateRunning {
-		// Left running by an earlier process and not reconciled yet.
-		s.killOrphan(context.Background(), r)
-	}
-	err = s.store.db.Update(func(tx *bolt.Tx) error {
+// activeRun is the run this process runs as id, or nil.
+func (s *Service) activeRun(id string) *activeRun {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.active[id]
+}
+
+var errBecameActive = errors.New("run was started while being canceled")
+
+// needsKill says a run must have its sandbox killed before it is canceled.
+type needsKill struct{ run Run }
+
+func (e *needsKill) Error() string { return "run " + e.run.ID + " has a sandbox to kill first" }
+
+// cancelInactive cancels a run no goroutine of this process runs, in one
+// transaction; killed says its orphaned sandbox was killed already.
+func (s *Service) cancelInactive(id string, killed bool) (Run, error) {
+	var r Run
+	now := s.clock.Now()
+	err := s.store.db.Update(func(tx *bolt.Tx) error {
 		cur, ok, err := getRun(tx, id)
 		if err != nil {
 			return err
 		}
-		if !ok || Finished(cur.State) {
-			return fmt.Errorf("%w: run %s changed while being canceled", ErrInvalidArgument, id)
+		if !ok {
+			return fmt.Errorf("%w: no run %q", ErrNotFound, id)
 		}
-		finish(&cur, StateCanceled, isolation.ReasonCanceled, "canceled before it finished")
+		if Finished(cur.State) {
+			return fmt.Errorf("%w: run %s already %s", ErrInvalidArgument, id, cur.State)
+		}
+		if cur.State == StateRunning {
+			if s.activeRun(id) != nil {
+				return errBecameActive
+			}
+			if !killed && cur.Handle != "" {
+				return &needsKill{run: cur}
+			}
+		}
+		finish(&cur, StateCanceled, isolation.ReasonCanceled, "canceled before it finished", now)
 		r = cur
 		return putRun(tx, cur)
 	})
+	if c, bad := asCorrupt(err); bad {
+		s.setAside(c)
+		return Run{}, fmt.Errorf("%w: run %q could not be read and was quarantined", ErrNotFound, id)
+	}
 	return r, err
 }
 
 // finish moves r to a final state. Runs nobody is waiting for (no connector,
 // e.g. `berthctl send`) count as delivered.
-func finish(r *Run, state, reason, errText string) {
+func finish(r *Run, state, reason, errText string, now time.Time) {
 	r.State = state
-	r.Reason = reason
-	r.Error = errText
-	r.FinishedAt = time.Now()
+	r.Reason = cleanText(reason)
+	r.Error = cleanText(errText)
+	r.FinishedAt = now
 	r.Delivered = r.Connector == ""
 }
 
-// killOrphan kills the sandbox an earlier process left behind for r.
+// killOrphan kills the sandbox an earlier process left behind for r, giving
+// the backend killTimeout.
 func (s *Service) killOrphan(ctx context.Context, r Run) {
 	if r.Handle == "" {
 		return
@@ -373,42 +591,51 @@ func (s *Service) killOrphan(ctx context.Context, r Run) {
 	b := s.opts.Backends[r.Backend]
 	if b == nil {
 		s.log.Warn("cannot kill sandbox of interrupted run: backend not available",
-			"run", r.ID, "backend", r.Backend, "handle", r.Handle)
+			"run_id", r.ID, "agent", r.Agent, "backend", r.Backend, "handle", r.Handle)
 		return
 	}
+	ctx, cancel := context.WithTimeout(ctx, killTimeout)
+	defer cancel()
 	if err := b.Kill(ctx, r.Handle); err != nil {
-		s.log.Warn("cannot kill sandbox of interrupted run", "run", r.ID, "handle", r.Handle, "err", err)
+		s.log.Warn("cannot kill sandbox of interrupted run", "run_id", r.ID, "agent", r.Agent, "backend", r.Backend, "handle", r.Handle, "err", err)
 	}
 }
 
 // reconcile handles runs an earlier process left running: their sandboxes are
 // killed and they are queued again at the front of their agent's line (they
-// keep their seq), unless this was their second start.
+// keep their seq), unless this was their second start. It reads only the
+// runs the state index lists as running.
 func (s *Service) reconcile(ctx context.Context) error {
 	var orphans []Run
+	var bad []*corruptRecord
 	err := s.store.db.View(func(tx *bolt.Tx) error {
-		return runsBucket(tx).ForEach(func(k, v []byte) error {
-			var r Run
-			if err := json.Unmarshal(v, &r); err != nil {
-				return fmt.Errorf("cannot decode run %s: %w", k, err)
+		orphans, bad = orphans[:0], bad[:0]
+		for _, id := range runIDsInState(tx, StateRunning) {
+			r, ok, err := getRun(tx, id)
+			if c, isBad := asCorrupt(err); isBad {
+				bad = append(bad, c)
+				continue
 			}
-			if r.State == StateRunning {
+			if err != nil {
+				return err
+			}
+			if ok && r.State == StateRunning {
 				orphans = append(orphans, r)
 			}
-			return nil
-		})
+		}
+		return nil
 	})
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.setAside(bad...)
 	var changed []Run
 	for _, r := range orphans {
-		if _, mine := s.active[r.ID]; mine {
+		if s.activeRun(r.ID) != nil {
 			continue
 		}
 		s.killOrphan(ctx, r)
+		now := s.clock.Now()
 		err := s.store.db.Update(func(tx *bolt.Tx) error {
 			cur, ok, err := getRun(tx, r.ID)
 			if err != nil || !ok || cur.State != StateRunning {
@@ -419,15 +646,19 @@ func (s *Service) reconcile(ctx context.Context) error {
 				cur.Handle = ""
 			} else {
 				finish(&cur, StateFailed, ReasonInterruptedTwice,
-					fmt.Sprintf("the scheduler stopped during each of the %d attempts", cur.Attempts))
+					fmt.Sprintf("the scheduler stopped during each of the %d attempts", cur.Attempts), now)
 			}
 			r = cur
 			return putRun(tx, cur)
 		})
+		if c, isBad := asCorrupt(err); isBad {
+			s.setAside(c)
+			continue
+		}
 		if err != nil {
 			return err
 		}
-		s.log.Warn("run was interrupted by a scheduler restart", "run", r.ID, "agent", r.Agent, "attempts", r.Attempts, "state", r.State)
+		s.log.Warn("run was interrupted by a scheduler restart", "run_id", r.ID, "agent", r.Agent, "attempts", r.Attempts, "state", r.State)
 		changed = append(changed, r)
 	}
 	for _, r := range changed {
@@ -449,12 +680,4 @@ func replyText(r Run) string {
 		return fmt.Sprintf("Sorry, this request failed: %s.", r.Reason)
 	}
 	return r.Reply
-}
-
-// trimTail keeps the last n bytes of s.
-func trimTail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
 }

@@ -1,9 +1,11 @@
 package scheduler
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -22,6 +24,11 @@ var (
 	bucketMessages   = []byte("messages")
 	bucketQueue      = []byte("queue")
 	bucketDeliveries = []byte("deliveries")
+	bucketHistory    = []byte("history")
+	bucketSummaries  = []byte("summaries")
+	bucketByState    = []byte("by_state")
+	bucketByAgent    = []byte("by_agent")
+	bucketQuarantine = []byte("quarantine")
 
 	keyVersion = []byte("version") // written by boltstore
 )
@@ -33,6 +40,12 @@ const (
 	StateSucceeded = "succeeded"
 	StateFailed    = "failed"
 	StateCanceled  = "canceled"
+)
+
+// states lists every run state; finishedStates the final ones.
+var (
+	states         = []string{StateQueued, StateRunning, StateSucceeded, StateFailed, StateCanceled}
+	finishedStates = []string{StateSucceeded, StateFailed, StateCanceled}
 )
 
 // Finished reports whether state is final.
@@ -67,6 +80,57 @@ type Run struct {
 	Seq         uint64          `json:"seq"` // key in queue/
 }
 
+// Summary is what ListRuns returns of a run, stored in summaries/ so that a
+// list never reads (or decodes) full texts and tool outputs.
+type Summary struct {
+	ID           string    `json:"id"`
+	MessageID    string    `json:"message_id"`
+	Agent        string    `json:"agent"`
+	State        string    `json:"state"`
+	Reason       string    `json:"reason,omitempty"`
+	Connector    string    `json:"connector,omitempty"`
+	Channel      string    `json:"channel,omitempty"`
+	Thread       string    `json:"thread,omitempty"`
+	Author       string    `json:"author,omitempty"`
+	Attempts     int       `json:"attempts"`
+	Backend      string    `json:"backend,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
+	StartedAt    time.Time `json:"started_at,omitzero"`
+	FinishedAt   time.Time `json:"finished_at,omitzero"`
+	Delivered    bool      `json:"delivered"`
+	TextPreview  string    `json:"text_preview,omitempty"`
+	ReplyPreview string    `json:"reply_preview,omitempty"`
+	TextBytes    int       `json:"text_bytes"`
+	ReplyBytes   int       `json:"reply_bytes"`
+}
+
+// previewChars bounds text_preview and reply_preview (in characters).
+const previewChars = 200
+
+// summaryOf is r's Summary.
+func summaryOf(r Run) Summary {
+	return Summary{
+		ID: r.ID, MessageID: r.MessageID, Agent: r.Agent, State: r.State, Reason: r.Reason,
+		Connector: r.Connector, Channel: r.Channel, Thread: r.Thread, Author: r.Author,
+		Attempts: r.Attempts, Backend: r.Backend,
+		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, Delivered: r.Delivered,
+		TextPreview: preview(r.Text), ReplyPreview: preview(r.Reply),
+		TextBytes: len(r.Text), ReplyBytes: len(r.Reply),
+	}
+}
+
+// preview is the first previewChars characters of s.
+func preview(s string) string {
+	n := 0
+	for i := range s {
+		if n == previewChars {
+			return s[:i]
+		}
+		n++
+	}
+	return s
+}
+
 // migrations are applied in order; append, never edit a released one.
 var migrations = []boltstore.Migration{
 	{Version: 1, Apply: func(tx *bolt.Tx) error {
@@ -78,10 +142,77 @@ var migrations = []boltstore.Migration{
 		return nil
 	}},
 	{Version: 2, Apply: migrateHistory},
+	{Version: 3, Apply: migrateIndexes},
 }
 
 // schemaVersion is the version this build writes.
 func schemaVersion() int { return migrations[len(migrations)-1].Version }
+
+// migrateIndexes (schema version 3) adds summaries/, by_state/, by_agent/
+// and quarantine/, and fills the first three from runs/. A run that cannot be
+// decoded is quarantined instead of failing the migration.
+func migrateIndexes(tx *bolt.Tx) error {
+	for _, name := range [][]byte{bucketSummaries, bucketByState, bucketByAgent, bucketQuarantine} {
+		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+			return fmt.Errorf("cannot create bucket %s: %w", name, err)
+		}
+	}
+	var bad [][]byte
+	var good []Run
+	flush := func() error {
+		for _, r := range good {
+			if err := indexRun(tx, r); err != nil {
+				return err
+			}
+		}
+		good = good[:0]
+		return nil
+	}
+	err := runsBucket(tx).ForEach(func(k, v []byte) error {
+		var r Run
+		if err := json.Unmarshal(v, &r); err != nil || r.ID != string(k) {
+			bad = append(bad, bytes.Clone(k))
+			return nil
+		}
+		good = append(good, r)
+		if len(good) == 1000 {
+			// Index buckets are not runs/: writing them while walking is safe.
+			return flush()
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("cannot index runs: %w", err)
+	}
+	if err := flush(); err != nil {
+		return fmt.Errorf("cannot index runs: %w", err)
+	}
+	for _, k := range bad {
+		if err := quarantineRecord(tx, bucketRuns, k, "undecodable run record found while indexing (schema version 3)", time.Time{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// indexRun writes r's summary and index entries (used by the migration,
+// where none exist yet).
+func indexRun(tx *bolt.Tx, r Run) error {
+	data, err := json.Marshal(summaryOf(r))
+	if err != nil {
+		return fmt.Errorf("cannot encode summary of run %s: %w", r.ID, err)
+	}
+	if err := summariesBucket(tx).Put([]byte(r.ID), data); err != nil {
+		return fmt.Errorf("cannot store summary of run %s: %w", r.ID, err)
+	}
+	if err := byStateBucket(tx).Put(indexKey(r.State, r.ID), nil); err != nil {
+		return fmt.Errorf("cannot index run %s by state: %w", r.ID, err)
+	}
+	if err := byAgentBucket(tx).Put(indexKey(r.Agent, r.ID), nil); err != nil {
+		return fmt.Errorf("cannot index run %s by agent: %w", r.ID, err)
+	}
+	return nil
+}
 
 // store is scheduler.db.
 type store struct {
@@ -106,8 +237,39 @@ func runsBucket(tx *bolt.Tx) *bolt.Bucket       { return tx.Bucket(bucketRuns) }
 func messagesBucket(tx *bolt.Tx) *bolt.Bucket   { return tx.Bucket(bucketMessages) }
 func queueBucket(tx *bolt.Tx) *bolt.Bucket      { return tx.Bucket(bucketQueue) }
 func deliveriesBucket(tx *bolt.Tx) *bolt.Bucket { return tx.Bucket(bucketDeliveries) }
+func historyBucket(tx *bolt.Tx) *bolt.Bucket    { return tx.Bucket(bucketHistory) }
+func summariesBucket(tx *bolt.Tx) *bolt.Bucket  { return tx.Bucket(bucketSummaries) }
+func byStateBucket(tx *bolt.Tx) *bolt.Bucket    { return tx.Bucket(bucketByState) }
+func byAgentBucket(tx *bolt.Tx) *bolt.Bucket    { return tx.Bucket(bucketByAgent) }
+func quarantineBucket(tx *bolt.Tx) *bolt.Bucket { return tx.Bucket(bucketQuarantine) }
 
-// getRun reads one run; ok is false when there is none.
+// indexKey is a by_state/ or by_agent/ key: the value, NUL, the run id (no
+// state, agent id or run id contains NUL).
+func indexKey(value, id string) []byte { return []byte(value + "\x00" + id) }
+
+// corruptRecord is a value that cannot be decoded. Readers skip it and the
+// service moves it to quarantine/ (Service.setAside).
+type corruptRecord struct {
+	bucket []byte
+	key    []byte
+	err    error
+}
+
+func (e *corruptRecord) Error() string {
+	return fmt.Sprintf("cannot decode %s/%s: %v", e.bucket, e.key, e.err)
+}
+
+func (e *corruptRecord) Unwrap() error { return e.err }
+
+// asCorrupt returns the corrupt record in err's chain, if any.
+func asCorrupt(err error) (*corruptRecord, bool) {
+	var c *corruptRecord
+	ok := errors.As(err, &c)
+	return c, ok
+}
+
+// getRun reads one run; ok is false when there is none. An undecodable
+// record is a *corruptRecord error.
 func getRun(tx *bolt.Tx, id string) (Run, bool, error) {
 	v := runsBucket(tx).Get([]byte(id))
 	if v == nil {
@@ -115,23 +277,61 @@ func getRun(tx *bolt.Tx, id string) (Run, bool, error) {
 	}
 	var r Run
 	if err := json.Unmarshal(v, &r); err != nil {
-		return Run{}, false, fmt.Errorf("cannot decode run %s: %w", id, err)
+		return Run{}, false, &corruptRecord{bucket: bucketRuns, key: []byte(id), err: err}
 	}
 	return r, true, nil
 }
 
-// putRun writes r and keeps queue/ and deliveries/ in step with its state.
+// getSummary reads one run's summary; ok is false when there is none.
+func getSummary(tx *bolt.Tx, id []byte) (Summary, bool, error) {
+	v := summariesBucket(tx).Get(id)
+	if v == nil {
+		return Summary{}, false, nil
+	}
+	var sum Summary
+	if err := json.Unmarshal(v, &sum); err != nil {
+		return Summary{}, false, &corruptRecord{bucket: bucketSummaries, key: bytes.Clone(id), err: err}
+	}
+	return sum, true, nil
+}
+
+// putRun writes r and keeps summaries/, the indexes, queue/ and deliveries/
+// in step with it. The old summary (small) says which index entries to move.
 func putRun(tx *bolt.Tx, r Run) error {
 	data, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("cannot encode run %s: %w", r.ID, err)
 	}
-	if err := runsBucket(tx).Put([]byte(r.ID), data); err != nil {
+	id := []byte(r.ID)
+	appendOnly(tx)
+	old, hadOld, oldErr := getSummary(tx, id)
+	if err := runsBucket(tx).Put(id, data); err != nil {
 		return fmt.Errorf("cannot store run %s: %w", r.ID, err)
+	}
+	switch {
+	case oldErr != nil:
+		// The summary is what is broken; the record replaces it.
+		if err := unindexRun(tx, r.ID, ""); err != nil {
+			return err
+		}
+	case hadOld:
+		if old.State != r.State {
+			if err := byStateBucket(tx).Delete(indexKey(old.State, r.ID)); err != nil {
+				return fmt.Errorf("cannot update state index of run %s: %w", r.ID, err)
+			}
+		}
+		if old.Agent != r.Agent {
+			if err := byAgentBucket(tx).Delete(indexKey(old.Agent, r.ID)); err != nil {
+				return fmt.Errorf("cannot update agent index of run %s: %w", r.ID, err)
+			}
+		}
+	}
+	if err := indexRun(tx, r); err != nil {
+		return err
 	}
 	seq := u64(r.Seq)
 	if r.State == StateQueued {
-		err = queueBucket(tx).Put(seq, []byte(r.ID))
+		err = queueBucket(tx).Put(seq, id)
 	} else if q := queueBucket(tx).Get(seq); q != nil && string(q) == r.ID {
 		err = queueBucket(tx).Delete(seq)
 	}
@@ -139,9 +339,9 @@ func putRun(tx *bolt.Tx, r Run) error {
 		return fmt.Errorf("cannot update queue for run %s: %w", r.ID, err)
 	}
 	if Finished(r.State) && !r.Delivered {
-		err = deliveriesBucket(tx).Put([]byte(r.ID), nil)
+		err = deliveriesBucket(tx).Put(id, nil)
 	} else {
-		err = deliveriesBucket(tx).Delete([]byte(r.ID))
+		err = deliveriesBucket(tx).Delete(id)
 	}
 	if err != nil {
 		return fmt.Errorf("cannot update deliveries for run %s: %w", r.ID, err)
@@ -149,23 +349,166 @@ func putRun(tx *bolt.Tx, r Run) error {
 	return nil
 }
 
+// appendOnly fills pages of the buckets keyed by run id (or prefix and run
+// id) to 90% instead of bbolt's 50%: run ids grow with time, so new keys
+// come last and a half-filled page would stay half empty.
+func appendOnly(tx *bolt.Tx) {
+	for _, b := range []*bolt.Bucket{runsBucket(tx), summariesBucket(tx), byStateBucket(tx), byAgentBucket(tx)} {
+		b.FillPercent = 0.9
+	}
+}
+
+// unindexRun removes a run's summary, index entries, queue and delivery
+// entries (not runs/ or messages/). agent may be "" when unknown.
+func unindexRun(tx *bolt.Tx, id, agent string) error {
+	if err := summariesBucket(tx).Delete([]byte(id)); err != nil {
+		return fmt.Errorf("cannot remove summary of run %s: %w", id, err)
+	}
+	for _, st := range states {
+		if err := byStateBucket(tx).Delete(indexKey(st, id)); err != nil {
+			return fmt.Errorf("cannot remove run %s from the state index: %w", id, err)
+		}
+	}
+	if agent != "" {
+		if err := byAgentBucket(tx).Delete(indexKey(agent, id)); err != nil {
+			return fmt.Errorf("cannot remove run %s from the agent index: %w", id, err)
+		}
+	}
+	if err := deliveriesBucket(tx).Delete([]byte(id)); err != nil {
+		return fmt.Errorf("cannot remove run %s from deliveries: %w", id, err)
+	}
+	var stale [][]byte
+	err := queueBucket(tx).ForEach(func(k, v []byte) error {
+		if string(v) == id {
+			stale = append(stale, bytes.Clone(k))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("cannot read queue: %w", err)
+	}
+	for _, k := range stale {
+		if err := queueBucket(tx).Delete(k); err != nil {
+			return fmt.Errorf("cannot remove run %s from the queue: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// deleteRun removes a finished run and everything that points at it,
+// including its message id (retention: a platform retry that late is not
+// expected).
+func deleteRun(tx *bolt.Tx, sum Summary) error {
+	if err := unindexRun(tx, sum.ID, sum.Agent); err != nil {
+		return err
+	}
+	if err := runsBucket(tx).Delete([]byte(sum.ID)); err != nil {
+		return fmt.Errorf("cannot delete run %s: %w", sum.ID, err)
+	}
+	if v := messagesBucket(tx).Get([]byte(sum.MessageID)); v != nil && string(v) == sum.ID {
+		if err := messagesBucket(tx).Delete([]byte(sum.MessageID)); err != nil {
+			return fmt.Errorf("cannot delete message id of run %s: %w", sum.ID, err)
+		}
+	}
+	return nil
+}
+
+// quarantined is a record kept aside in quarantine/.
+type quarantined struct {
+	Bucket string    `json:"bucket"`
+	Key    string    `json:"key"`
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at,omitzero"`
+	Value  []byte    `json:"value"` // the bytes as found (base64 in JSON)
+}
+
+// quarantineRecord moves bucket/key to quarantine/ with reason. A run taken
+// out of runs/ leaves the indexes, the queue and deliveries too; a broken
+// summary is rebuilt from its run when that one is sound.
+func quarantineRecord(tx *bolt.Tx, bucket, key []byte, reason string, now time.Time) error {
+	b := tx.Bucket(bucket)
+	if b == nil {
+		return fmt.Errorf("cannot quarantine %s/%s: no such bucket", bucket, key)
+	}
+	v := b.Get(key)
+	if v == nil {
+		return nil // already handled
+	}
+	data, err := json.Marshal(quarantined{Bucket: string(bucket), Key: string(key), Reason: reason, At: now, Value: v})
+	if err != nil {
+		return fmt.Errorf("cannot encode quarantined %s/%s: %w", bucket, key, err)
+	}
+	qkey := append(append(bytes.Clone(bucket), '/'), key...)
+	for n := 2; quarantineBucket(tx).Get(qkey) != nil; n++ {
+		qkey = fmt.Appendf(nil, "%s/%s#%d", bucket, key, n)
+	}
+	if err := quarantineBucket(tx).Put(qkey, data); err != nil {
+		return fmt.Errorf("cannot quarantine %s/%s: %w", bucket, key, err)
+	}
+	if err := b.Delete(key); err != nil {
+		return fmt.Errorf("cannot remove quarantined %s/%s: %w", bucket, key, err)
+	}
+	switch {
+	case bytes.Equal(bucket, bucketRuns):
+		agent := ""
+		if sum, ok, err := getSummary(tx, key); err == nil && ok {
+			agent = sum.Agent
+		}
+		return unindexRun(tx, string(key), agent)
+	case bytes.Equal(bucket, bucketSummaries):
+		r, ok, err := getRun(tx, string(key))
+		if c, bad := asCorrupt(err); bad {
+			return quarantineRecord(tx, c.bucket, c.key, reason+" (its summary was undecodable too)", now)
+		}
+		if err != nil {
+			return err
+		}
+		if err := unindexRun(tx, string(key), r.Agent); err != nil || !ok {
+			return err
+		}
+		return putRun(tx, r)
+	}
+	return nil
+}
+
+// quarantineCount is the number of records in quarantine/.
+func quarantineCount(tx *bolt.Tx) int { return quarantineBucket(tx).Stats().KeyN }
+
 // queuedRunIDs lists the queued runs in FIFO order.
-func queuedRunIDs(tx *bolt.Tx) []string {
+func queuedRunIDs(tx *bolt.Tx) ([]string, error) {
 	var ids []string
-	_ = queueBucket(tx).ForEach(func(_, v []byte) error {
+	err := queueBucket(tx).ForEach(func(_, v []byte) error {
 		ids = append(ids, string(v))
 		return nil
 	})
-	return ids
+	if err != nil {
+		return nil, fmt.Errorf("cannot read queue: %w", err)
+	}
+	return ids, nil
 }
 
 // pendingDeliveryIDs lists the finished runs intake has not acknowledged.
-func pendingDeliveryIDs(tx *bolt.Tx) []string {
+func pendingDeliveryIDs(tx *bolt.Tx) ([]string, error) {
 	var ids []string
-	_ = deliveriesBucket(tx).ForEach(func(k, _ []byte) error {
+	err := deliveriesBucket(tx).ForEach(func(k, _ []byte) error {
 		ids = append(ids, string(k))
 		return nil
 	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot read deliveries: %w", err)
+	}
+	return ids, nil
+}
+
+// runIDsInState lists the ids of the runs in state, oldest first, reading
+// only the state index.
+func runIDsInState(tx *bolt.Tx, state string) []string {
+	var ids []string
+	prefix := indexKey(state, "")
+	c := byStateBucket(tx).Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		ids = append(ids, string(k[len(prefix):]))
+	}
 	return ids
 }
 
