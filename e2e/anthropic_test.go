@@ -330,23 +330,18 @@ func (s *suite) ask(t *testing.T, channel, thread, text string) map[string]any {
 	return s.sink.wait(t, 60*time.Second, id)[id]
 }
 
-// runRecord returns the run of a reply as ListRuns shows it.
+// runRecord returns the full run record of a reply.
 func (s *suite) runRecord(t *testing.T, reply map[string]any) map[string]dbus.Variant {
 	t.Helper()
 	runID, _ := reply["run_id"].(string)
-	for _, r := range s.listRuns(t, map[string]dbus.Variant{"limit": dbus.MakeVariant(uint32(100))}) {
-		if str(r["id"]) == runID {
-			return r
-		}
-	}
-	t.Fatalf("no run %q in ListRuns", runID)
-	return nil
+	return s.getRun(t, runID)
 }
 
 // noKeyInRuns fails the test if any run record readable over D-Bus carries a key.
 func (s *suite) noKeyInRuns(t *testing.T, keys ...string) {
 	t.Helper()
-	for _, r := range s.listRuns(t, map[string]dbus.Variant{"limit": dbus.MakeVariant(uint32(100))}) {
+	for _, summary := range s.listRuns(t, map[string]dbus.Variant{"limit": dbus.MakeVariant(uint32(100))}) {
+		r := s.getRun(t, str(summary["id"]))
 		for k, v := range r {
 			for _, key := range keys {
 				if strings.Contains(fmt.Sprint(v.Value()), key) {

@@ -256,6 +256,16 @@ func (s *suite) listRuns(t *testing.T, filter map[string]dbus.Variant) []map[str
 	return runs
 }
 
+// getRun is the full run record as GetRun returns it (ListRuns gives summaries).
+func (s *suite) getRun(t *testing.T, id string) map[string]dbus.Variant {
+	t.Helper()
+	var run map[string]dbus.Variant
+	if err := s.conn(t).Object(bus.SchedulerName, bus.SchedulerPath).Call(bus.SchedulerInterface+".GetRun", 0, id).Store(&run); err != nil {
+		t.Fatalf("GetRun %s: %v", id, err)
+	}
+	return run
+}
+
 func (s *suite) berthctl(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(binDir, "berthctl"), args...)

@@ -168,7 +168,8 @@ func TestAConfinedAgentTalksToAnOpenAIServerAndFollowsTheThread(t *testing.T) {
 
 	// Nothing an admin can read over D-Bus — replies, errors, tool calls, the
 	// agent's log tail — carries the key.
-	for _, r := range s.listRuns(t, map[string]dbus.Variant{"limit": dbus.MakeVariant(uint32(100))}) {
+	for _, summary := range s.listRuns(t, map[string]dbus.Variant{"limit": dbus.MakeVariant(uint32(100))}) {
+		r := s.getRun(t, str(summary["id"]))
 		for k, v := range r {
 			if strings.Contains(fmt.Sprint(v.Value()), fakeKey) {
 				t.Errorf("run %s exposes the provider key in %s", str(r["id"]), k)

@@ -86,7 +86,27 @@ func TestRepeatedMessageIDRunsOnce(t *testing.T) {
 		}
 	}
 	s.sink.wait(t, time.Minute, "dup-1")
-	time.Sleep(time.Second) // a second run, if any, would have replied by now
+	// Once intake has nothing left to hand on or to deliver, a second run
+	// could only come from a second inbox or outbox entry: there is none.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pending := 0
+		for _, prop := range []string{"InboxPending", "OutboxPending"} {
+			v, err := s.conn(t).Object(bus.IntakeName, bus.IntakePath).GetProperty(bus.IntakeInterface + "." + prop)
+			if err != nil {
+				t.Fatalf("%s: %v", prop, err)
+			}
+			n, _ := v.Value().(uint32)
+			pending += int(n)
+		}
+		if pending == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("intake still has %d pending entries 30s after the reply", pending)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if n := s.sink.replies("dup-1"); n != 1 {
 		t.Fatalf("%d replies for one message id, want 1", n)
 	}

@@ -34,8 +34,10 @@ Commands:
   runs show RUN_ID [--json]
   runs cancel RUN_ID
   send [--timeout D] AGENT TEXT               submit TEXT to AGENT and wait for the reply
-  providers test [--config FILE] [NAME]       call each provider (or NAME) once from this host: reachability, auth, model, latency
-  sandbox explain [--config FILE] AGENT       how AGENT is isolated: backend, image, limits, network, mounts, user, and why
+  providers test [NAME]                       the scheduler calls each provider (or NAME) once with its own environment: reachability, auth, model, latency
+  sandbox explain [--json] AGENT              the plan the scheduler would use for AGENT: backend, image, limits, network, mounts, user, and why
+  container build [--agent ID] [--no-cache]   build an agent's images (default: [image_config]) and follow the build
+  container status | images [--json] | clean [--all] | dockerfile [--agent ID] | rm TAG
 
 The bus is the system bus, or DBUS_SYSTEM_BUS_ADDRESS when set.
 `
@@ -72,6 +74,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = c.providers(args[1:])
 	case "sandbox":
 		err = c.sandbox(args[1:])
+	case "container":
+		err = c.container(args[1:])
 	default:
 		err = usageError("unknown command %q", args[0])
 	}
@@ -172,6 +176,7 @@ func (c *cli) status(args []string) error {
 	}{
 		{"scheduler", bus.SchedulerName, bus.SchedulerPath, []string{"QueueDepth", "Running", "Quarantined"}},
 		{"intake", bus.IntakeName, bus.IntakePath, []string{"InboxPending", "OutboxPending"}},
+		{"images", bus.ImagesName, bus.ImagesPath, []string{"Building", "ImageCount"}},
 	} {
 		// NoAutoStart: asking for status must not start a service.
 		call := conn.Object(svc.name, svc.path).Call("org.freedesktop.DBus.Properties.GetAll", dbus.FlagNoAutoStart, svc.name)
@@ -200,6 +205,11 @@ func (c *cli) status(args []string) error {
 			}
 		}
 		fmt.Fprintf(c.out, "%-10s running  %s\n", svc.label+":", strings.Join(parts, " "))
+		if v, ok := props["Connectors"]; ok && svc.name == bus.IntakeName {
+			if err := writeConnectors(c.out, v); err != nil {
+				return err
+			}
+		}
 		if n, ok := props["Quarantined"].Value().(uint32); ok && n > 0 {
 			fmt.Fprintf(c.out, "%-10s %d undecodable record(s) quarantined: kept aside in bucket quarantine of the service's database; the journal says which\n", "", n)
 		}
