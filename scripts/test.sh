@@ -17,6 +17,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 ensure_packages dbus-daemon:dbus systemd-socket-activate:systemd busctl:systemd
 ensure_docker; ensure_packages busybox:busybox-static  # container tests: engine + static busybox for the agent image
+echo "==> base image (berth-base:bookworm, debootstrapped once and cached)"
+scripts/base-image.sh
 
 echo "==> go vet"
 go vet ./...

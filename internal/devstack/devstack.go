@@ -30,7 +30,7 @@ import (
 )
 
 // Binaries are the programs Build produces.
-var Binaries = []string{"berth-intake", "berth-scheduler", "berth-agent", "berthctl"}
+var Binaries = []string{"berth-intake", "berth-scheduler", "berth-imaged", "berth-agent", "berthctl"}
 
 // Build compiles the suite into binDir (created 0755 so unprivileged agent
 // users can execute berth-agent). repoRoot is the module root.
