@@ -18,13 +18,21 @@ import (
 	"github.com/berth-dev/berth/internal/agentproto"
 )
 
-// agentBinary is berth-agent built once, statically, for all tests.
-var agentBinary string
+// agentBinary is berth-agent built once, statically, for all tests;
+// probeBinary is testdata/probe, what a hostile tool runs. Both live in
+// testDir, which every user may enter.
+var agentBinary, probeBinary, testDir string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "berth-agent-test-")
+	dir, err := testenv.OpenDir("berth-agent-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	testDir = dir
+	if probeBinary, err = testenv.Build(dir, "probe", "./testdata/probe"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
 		os.Exit(1)
 	}
 	agentBinary = filepath.Join(dir, "berth-agent")

@@ -29,7 +29,23 @@
 // rights of the highest Landlock ABI the kernel offers; it needs ABI 1 for
 // files and ABI 4 when network is false (TCP bind and connect denied except
 // connect to ConnectPorts). Denied paths are carved out of allowed
-// directories by confine.Plan. The test-only environment variable
+// directories by confine.Plan. The agent also grants itself read and
+// execute on its own executable.
+//
+// Tools cannot read the agent: berth-agent makes itself non-dumpable before
+// it reads stdin, and every tool process runs in a nested Landlock domain —
+// the agent's policy without the agent's own /proc entry — that it enters
+// by exec'ing berth-agent as the tool launcher (confine.Launcher, see
+// docs/adr/0009). From a tool, reading /proc/<agent pid>/mem, environ,
+// cmdline, status or fd/, and ptrace-attaching to the agent, all fail, for
+// root too. In-process tools refuse paths into the agent's /proc entry.
+// Unrestricted runs keep only the non-dumpable flag.
+//
+// Every text of the response (reply, error, tool calls) is valid UTF-8
+// without NUL: invalid bytes and NUL become U+FFFD, so a reply can always
+// cross D-Bus.
+//
+// The test-only environment variable
 // BERTH_TEST_LANDLOCK_ABI=N caps the ABI the agent believes the kernel has;
 // it can only lower it, so it can only make a run fail.
 //

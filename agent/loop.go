@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/berth-dev/berth/agent/confine"
 	"github.com/berth-dev/berth/agent/provider"
 	"github.com/berth-dev/berth/agent/skills"
 	"github.com/berth-dev/berth/agent/tools"
@@ -22,8 +23,9 @@ import (
 const promptFileLimit = 256 << 10
 
 // run enters the workspace and runs the model/tool loop. It is called only
-// once the process is confined (or deliberately unrestricted).
-func run(ctx context.Context, req agentproto.Request, log *slog.Logger) (agentproto.Response, int) {
+// once the process is confined (or deliberately unrestricted); tool
+// processes start through launcher (nil when unrestricted).
+func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher, log *slog.Logger) (agentproto.Response, int) {
 	resp := agentproto.Response{Version: agentproto.Version, RunID: req.RunID}
 	fail := func(code int, reply string, err error) (agentproto.Response, int) {
 		resp.Reply, resp.Error = reply, err.Error()
@@ -44,7 +46,7 @@ func run(ctx context.Context, req agentproto.Request, log *slog.Logger) (agentpr
 		return fail(agentproto.ExitAgentError, "The agent has no usable model provider.", err)
 	}
 	ensureSoul(req, log)
-	env := tools.Env{Workspace: req.Workspace, TmpDir: tmp, Network: req.Policy.Network}
+	env := tools.Env{Workspace: req.Workspace, TmpDir: tmp, Network: req.Policy.Network, Processes: launcher}
 	set := tools.Filter(tools.Builtin(env), req.Agent.Tools.Allow, req.Agent.Tools.Deny)
 	all, errs := skills.Load(req.Workspace)
 	for _, err := range errs {

@@ -13,8 +13,10 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"syscall"
+	"unicode/utf8"
 
 	"github.com/berth-dev/berth/agent/confine"
+	"github.com/berth-dev/berth/agent/tools"
 	"github.com/berth-dev/berth/internal/agentproto"
 )
 
@@ -28,6 +30,12 @@ const DefaultMaxIterations = 20
 // code (see the package documentation).
 func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 	log := newLogger(stderr)
+	// Before the request and its provider key are read: from then on no
+	// process of the same uid can read or trace this one.
+	if err := confine.NonDumpable(); err != nil {
+		log.Error("refusing to run", "reason", err.Error())
+		return agentproto.ExitConfinement
+	}
 
 	req, err := readRequest(stdin)
 	if err != nil {
@@ -36,12 +44,13 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	log = log.With("run_id", req.RunID, "agent", req.Agent.ID)
 
+	var launcher *confine.Launcher
 	if req.Policy.Unrestricted {
 		log.Warn("running UNRESTRICTED: no Landlock confinement, as the admin configured")
 	} else {
 		abi, err := confine.EffectiveABI()
 		if err == nil {
-			err = confine.Enforce(req.Policy, abi, log)
+			launcher, err = confine.Enforce(req.Policy, abi, log)
 		}
 		if err != nil {
 			log.Error("refusing to run: confinement failed", "reason", err.Error())
@@ -51,8 +60,8 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	resp, code := runSafely(ctx, req, log)
-	if err := json.NewEncoder(stdout).Encode(resp); err != nil {
+	resp, code := runSafely(ctx, req, launcher, log)
+	if err := json.NewEncoder(stdout).Encode(deliverable(resp)); err != nil {
 		log.Error("cannot write response", "err", err.Error())
 		return agentproto.ExitInternal
 	}
@@ -60,7 +69,7 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 }
 
 // runSafely runs the request and turns a panic into an internal error response.
-func runSafely(ctx context.Context, req agentproto.Request, log *slog.Logger) (resp agentproto.Response, code int) {
+func runSafely(ctx context.Context, req agentproto.Request, launcher *confine.Launcher, log *slog.Logger) (resp agentproto.Response, code int) {
 	defer func() {
 		if p := recover(); p != nil {
 			log.Error("panic", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
@@ -69,7 +78,60 @@ func runSafely(ctx context.Context, req agentproto.Request, log *slog.Logger) (r
 			code = agentproto.ExitInternal
 		}
 	}()
-	return run(ctx, req, log)
+	return run(ctx, req, launcher, log)
+}
+
+// deliverable cleans every text of the response the scheduler passes on
+// over D-Bus (reply, error, tool calls): valid UTF-8 without NUL.
+func deliverable(resp agentproto.Response) agentproto.Response {
+	resp.Reply, resp.Error = tools.CleanText(resp.Reply), tools.CleanText(resp.Error)
+	calls := make([]agentproto.ToolCall, len(resp.ToolCalls))
+	for i, c := range resp.ToolCalls {
+		calls[i] = agentproto.ToolCall{Name: tools.CleanText(c.Name), Args: cleanArgs(c.Args),
+			Output: tools.CleanText(c.Output), Error: tools.CleanText(c.Error)}
+	}
+	if resp.ToolCalls != nil {
+		resp.ToolCalls = calls
+	}
+	return resp
+}
+
+// cleanArgs makes recorded tool arguments decode to clean text: JSON whose
+// strings hold invalid UTF-8 or NUL (raw or as \u0000) is decoded, cleaned
+// and encoded again; anything else is kept byte for byte.
+func cleanArgs(args json.RawMessage) json.RawMessage {
+	if len(args) == 0 || (utf8.Valid(args) && !bytes.Contains(args, []byte{0}) && !bytes.Contains(args, []byte(`\u0000`))) {
+		return args
+	}
+	var v any
+	if err := json.Unmarshal(args, &v); err != nil {
+		quoted, _ := json.Marshal(tools.CleanText(string(args)))
+		return quoted
+	}
+	out, err := json.Marshal(cleanValue(v))
+	if err != nil {
+		quoted, _ := json.Marshal(tools.CleanText(string(args)))
+		return quoted
+	}
+	return out
+}
+
+func cleanValue(v any) any {
+	switch v := v.(type) {
+	case string:
+		return tools.CleanText(v)
+	case []any:
+		for i := range v {
+			v[i] = cleanValue(v[i])
+		}
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, e := range v {
+			out[tools.CleanText(k)] = cleanValue(e)
+		}
+		return out
+	}
+	return v
 }
 
 func newLogger(stderr io.Writer) *slog.Logger {

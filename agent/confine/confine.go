@@ -1,10 +1,13 @@
 // Package confine restricts the berth-agent process with Landlock before it
-// opens a file or starts a tool. It fails closed: when the kernel cannot
-// enforce what the policy asks, Enforce returns an error and the caller must
-// not run anything.
+// opens a file or starts a tool, and its tool processes further still: they
+// start through a launcher into a nested Landlock domain that cannot reach
+// the agent's /proc entry nor trace it (Launcher). It fails closed: when the kernel cannot enforce what
+// the policy asks, Enforce returns an error and the caller must not run
+// anything.
 package confine
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/landlock-lsm/go-landlock/landlock"
 	ll "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/agentproto"
 )
@@ -59,26 +63,64 @@ func EffectiveABI() (int, error) {
 }
 
 // Enforce confines the calling process (all its threads, and every process it
-// starts) to policy, using the full rights of the given Landlock ABI. It also
-// sets no_new_privs. It refuses, without restricting anything, when abi is 0,
-// or below MinNetworkABI while the policy forbids network access.
-func Enforce(policy agentproto.Policy, abi int, log *slog.Logger) error {
+// starts) to policy, using the full rights of the given Landlock ABI, and
+// sets no_new_privs. It refuses, without restricting anything, when abi is
+// 0, or below MinNetworkABI while the policy forbids network access.
+//
+// The agent also gets read and execute on its own executable, wherever it
+// is installed: tool processes start by re-executing it (see Launcher).
+//
+// It returns the Launcher that starts tool processes in their own, stricter
+// domain (ToolPolicy): nothing a tool runs can read or trace the agent.
+func Enforce(policy agentproto.Policy, abi int, log *slog.Logger) (*Launcher, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("cannot find berth-agent's executable: %w", err)
+	}
+	agentPolicy := policy
+	agentPolicy.AllowRead = append(append([]string(nil), policy.AllowRead...), self)
+	cfg, rules, pathRules, err := ruleset(agentPolicy, abi, log)
+	if err != nil {
+		return nil, err
+	}
+	toolCfg, toolRules, toolPathRules, err := ruleset(ToolPolicy(policy, os.Getpid()), abi, log)
+	if err != nil {
+		return nil, fmt.Errorf("cannot plan the tools' confinement: %w", err)
+	}
+	toolFD, toolFlags, err := toolCfg.NewRulesetFD(toolRules...)
+	if err == nil && toolFD < 0 {
+		err = errors.New("the ruleset restricts nothing")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot build the tools' Landlock ruleset: %w", err)
+	}
+	if err := cfg.Restrict(rules...); err != nil {
+		unix.Close(toolFD)
+		return nil, fmt.Errorf("cannot enforce Landlock ABI %d: %w", abi, err)
+	}
+	log.Info("confined with Landlock", "abi", abi, "path_rules", pathRules,
+		"network", policy.Network, "connect_ports", policy.ConnectPorts, "tool_path_rules", toolPathRules)
+	return newLauncher(os.NewFile(uintptr(toolFD), "tools-landlock-ruleset"), toolFlags), nil
+}
+
+// ruleset is the Landlock config and rules that enforce policy at abi.
+func ruleset(policy agentproto.Policy, abi int, log *slog.Logger) (cfg landlock.Config, rules []landlock.Rule, pathRules int, err error) {
 	if abi < 1 {
-		return fmt.Errorf("cannot enforce file_access: kernel has no Landlock (ABI %d); refusing to run unconfined", abi)
+		return cfg, nil, 0, fmt.Errorf("cannot enforce file_access: kernel has no Landlock (ABI %d); refusing to run unconfined", abi)
 	}
 	if !policy.Network && abi < MinNetworkABI {
-		return fmt.Errorf("cannot enforce network=false: kernel Landlock ABI %d cannot restrict TCP (needs ABI %d); refusing to run unconfined", abi, MinNetworkABI)
+		return cfg, nil, 0, fmt.Errorf("cannot enforce network=false: kernel Landlock ABI %d cannot restrict TCP (needs ABI %d); refusing to run unconfined", abi, MinNetworkABI)
 	}
-	cfg := configs[min(abi, len(configs)-1)]
+	cfg = configs[min(abi, len(configs)-1)]
 	if policy.Network {
 		cfg.HandledAccessNet = 0
 	}
 
 	planned, err := Plan(policy.AllowRead, policy.AllowReadWrite, policy.Deny, log)
 	if err != nil {
-		return err
+		return cfg, nil, 0, err
 	}
-	rules := make([]landlock.Rule, 0, len(planned)+len(policy.ConnectPorts))
+	rules = make([]landlock.Rule, 0, len(planned)+len(policy.ConnectPorts))
 	for _, r := range planned {
 		rules = append(rules, landlock.PathAccess(rights(r, cfg.HandledAccessFS), r.Path))
 	}
@@ -87,12 +129,7 @@ func Enforce(policy agentproto.Policy, abi int, log *slog.Logger) error {
 			rules = append(rules, landlock.ConnectTCP(port))
 		}
 	}
-	if err := cfg.Restrict(rules...); err != nil {
-		return fmt.Errorf("cannot enforce Landlock ABI %d: %w", abi, err)
-	}
-	log.Info("confined with Landlock", "abi", abi, "path_rules", len(planned),
-		"network", policy.Network, "connect_ports", policy.ConnectPorts)
-	return nil
+	return cfg, rules, len(planned), nil
 }
 
 const (

@@ -218,8 +218,8 @@ func TestEnforceRefusesWithoutEnoughABI(t *testing.T) {
 			t.Parallel()
 			// Both refusals happen before anything is restricted, so the test
 			// process stays unconfined.
-			err := Enforce(agentproto.Policy{AllowRead: []string{"/usr"}, Network: tc.network}, tc.abi, quiet)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
+			thread, err := Enforce(agentproto.Policy{AllowRead: []string{"/usr"}, Network: tc.network}, tc.abi, quiet)
+			if thread != nil || err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Enforce error = %v, want one containing %q", err, tc.want)
 			}
 		})

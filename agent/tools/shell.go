@@ -73,10 +73,14 @@ func (s shell) Call(ctx context.Context, raw json.RawMessage) (string, error) {
 	stdout, stderr := &capped{limit: ShellOutputLimit}, &capped{limit: ShellOutputLimit}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	procs := s.env.processes()
+	cmd.Cancel = func() error { return procs.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = shellWaitDelay
 
-	err := cmd.Run()
+	err := procs.Start(cmd)
+	if err == nil {
+		err = cmd.Wait()
+	}
 	res := ShellResult{ExitCode: 0}
 	var exitErr *exec.ExitError
 	switch {
@@ -95,7 +99,7 @@ func (s shell) Call(ctx context.Context, raw json.RawMessage) (string, error) {
 		res.TimedOut = true
 		fmt.Fprintf(stderr, "\n[timed out after %s; process group killed]", timeout)
 	}
-	res.Stdout, res.Stderr = stdout.String(), stderr.String()
+	res.Stdout, res.Stderr = CleanText(stdout.String()), CleanText(stderr.String())
 	out, err := json.Marshal(res)
 	if err != nil {
 		return "", fmt.Errorf("cannot encode shell result: %w", err)

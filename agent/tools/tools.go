@@ -14,9 +14,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/berth-dev/berth/agent/provider"
 )
@@ -39,6 +42,28 @@ type Env struct {
 	// refuses at once without it instead of timing out in an empty
 	// network namespace).
 	Network bool
+	// Processes, when set, starts and signals every process a tool runs:
+	// berth-agent's confine.Launcher puts them in the tools' stricter
+	// Landlock domain. Unset, they start as they are.
+	Processes Processes
+}
+
+// Processes starts tool processes and signals them (pid < 0: a process group).
+type Processes interface {
+	Start(cmd *exec.Cmd) error
+	Kill(pid int, sig syscall.Signal) error
+}
+
+type plainProcesses struct{}
+
+func (plainProcesses) Start(cmd *exec.Cmd) error              { return cmd.Start() }
+func (plainProcesses) Kill(pid int, sig syscall.Signal) error { return syscall.Kill(pid, sig) }
+
+func (e Env) processes() Processes {
+	if e.Processes == nil {
+		return plainProcesses{}
+	}
+	return e.Processes
 }
 
 // Builtin returns every tool of this build, in a stable order.
@@ -126,7 +151,11 @@ func (e Env) resolve(path string) (string, error) {
 		return "", errors.New("bad arguments: path is empty")
 	}
 	if filepath.IsAbs(path) {
-		return resolveExisting(filepath.Clean(path))
+		full, err := resolveExisting(filepath.Clean(path))
+		if err != nil {
+			return "", err
+		}
+		return refuseOwnProc(full)
 	}
 	ws, err := resolveExisting(e.Workspace)
 	if err != nil {
@@ -139,7 +168,18 @@ func (e Env) resolve(path string) (string, error) {
 	if full != ws && !strings.HasPrefix(full, ws+string(filepath.Separator)) {
 		return "", fmt.Errorf("relative path %q leads outside the workspace; use an absolute path", path)
 	}
-	return full, nil
+	return refuseOwnProc(full)
+}
+
+// refuseOwnProc refuses berth-agent's own /proc entry (where /proc/self
+// leads): in-process tools run with the agent's rights, which include it,
+// and nothing a tool needs is in there.
+func refuseOwnProc(path string) (string, error) {
+	own := fmt.Sprintf("/proc/%d", os.Getpid())
+	if path == own || strings.HasPrefix(path, own+"/") {
+		return "", fmt.Errorf("%s is berth-agent's own /proc entry: tools may not use it", path)
+	}
+	return path, nil
 }
 
 // resolveExisting resolves symlinks in the longest existing prefix of path
