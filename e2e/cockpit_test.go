@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -176,6 +175,7 @@ func cockpitAgents() []agentSpec {
 
 func TestCockpitPageAsAnAdminShowsLiveCountsRunsAndRepliesAndMayCancel(t *testing.T) {
 	s := start(t, cockpitAgents())
+	stopImaged(t, s)
 	c := openCockpit(t, s, "") // root: berth's policy admits it
 	c.open("/")
 
@@ -267,7 +267,6 @@ func TestCockpitPageAsAnAdminShowsLiveCountsRunsAndRepliesAndMayCancel(t *testin
 }
 
 func TestCockpitPageForAUserThePolicyRefusesDisablesAdminActionsAndShowsTheRefusal(t *testing.T) {
-	needImaged(t)
 	s := start(t, cockpitAgents())
 	stopImaged(t, s)
 	c := openCockpit(t, s, "nobody")
@@ -326,26 +325,6 @@ func TestCockpitPageForAUserThePolicyRefusesDisablesAdminActionsAndShowsTheRefus
 	c.noReload()
 }
 
-// needImaged makes sure the suite's bus can activate berth-imaged: the
-// activation file points into binDir, and the suite's build may not include
-// it yet.
-func needImaged(t *testing.T) {
-	t.Helper()
-	if buildErr != nil {
-		t.Fatalf("cannot build berth: %v", buildErr)
-	}
-	path := filepath.Join(binDir, "berth-imaged")
-	if _, err := os.Stat(path); err == nil {
-		return
-	}
-	_, file, _, _ := runtime.Caller(0)
-	cmd := exec.Command("go", "build", "-trimpath", "-o", path, "./cmd/berth-imaged")
-	cmd.Dir = filepath.Join(filepath.Dir(file), "..")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("cannot build berth-imaged: %v\n%s", err, out)
-	}
-}
-
 // stopImaged ends an activated berth-imaged before the suite stops (the
 // suite knows only intake and the scheduler).
 func stopImaged(t *testing.T, s *suite) {
@@ -358,7 +337,6 @@ func stopImaged(t *testing.T, s *suite) {
 
 func TestCockpitImagesPagePreviewsBuildsWithLiveProgressAndRemoves(t *testing.T) {
 	testdocker.Engine(t)
-	needImaged(t)
 	s := start(t, cockpitAgents())
 	stopImaged(t, s)
 	c := openCockpit(t, s, "")
