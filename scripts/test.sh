@@ -17,6 +17,16 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 ensure_packages dbus-daemon:dbus systemd-socket-activate:systemd busctl:systemd
 ensure_docker; ensure_packages busybox:busybox-static  # container tests: engine + static busybox for the agent image
+# Cockpit page tests: Debian's Cockpit and Chromium (cockpit-ws lives in /usr/lib/cockpit).
+ensure_packages chromium:chromium cockpit-bridge:cockpit-bridge
+cockpit_missing=()
+[ -x /usr/lib/cockpit/cockpit-ws ] || cockpit_missing+=(cockpit-ws)
+[ -e /usr/share/cockpit/shell/manifest.json ] || cockpit_missing+=(cockpit-system)
+if ((${#cockpit_missing[@]})); then
+  echo "==> installing ${cockpit_missing[*]}" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${cockpit_missing[@]}" >/dev/null
+fi
 echo "==> base image (berth-base:bookworm, debootstrapped once and cached)"
 scripts/base-image.sh
 

@@ -249,7 +249,7 @@ func (s *Stack) KillService(name string, sig syscall.Signal) error {
 
 // Stop ends intake, the services the bus activated, and the bus.
 func (s *Stack) Stop() {
-	for _, name := range []string{bus.IntakeName, bus.SchedulerName} {
+	for _, name := range []string{bus.IntakeName, bus.SchedulerName, bus.ImagesName} {
 		if s.Bus != nil {
 			if pid, _ := s.ServicePID(name); pid > 0 {
 				_ = syscall.Kill(pid, syscall.SIGTERM)
