@@ -93,17 +93,15 @@ func TestForwarderRetriesUntilTheSchedulerAppears(t *testing.T) {
 		}
 	}
 	eventually(t, "every message has failed to submit at least twice", func() bool {
-		msgs, _ := s.store.pendingMessages()
-		for _, m := range msgs {
-			if m.Attempts < 2 {
+		for _, id := range ids {
+			if n, _ := s.submitFailures("hooks", id); n < 2 {
 				return false
 			}
 		}
-		return len(msgs) == len(ids)
+		return true
 	})
-	msgs, _ := s.store.pendingMessages()
-	if !strings.Contains(msgs[0].LastError, "dev.berth.Scheduler1") {
-		t.Errorf("last_error = %q, want it to name the scheduler", msgs[0].LastError)
+	if _, lastErr := s.submitFailures("hooks", ids[0]); !strings.Contains(lastErr, "dev.berth.Scheduler1") {
+		t.Errorf("last error = %q, want it to name the scheduler", lastErr)
 	}
 	if n := pendingProperty(t, client, "InboxPending"); n != uint32(len(ids)) {
 		t.Fatalf("InboxPending = %d while nobody owns the scheduler name, want %d", n, len(ids))

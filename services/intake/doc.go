@@ -6,7 +6,7 @@
 //
 //	platform event ─▶ connector ─▶ Sink.Accept ─▶ route, dedup ─▶ inbox (fsynced) ─▶ event acknowledged
 //	POST /hooks/{connector} (webhook) ─▶ inbox (fsynced) ─▶ 202 {"id"}
-//	inbox pending ─▶ forwarder (one worker per connector) ─▶ dev.berth.Scheduler1.Submit ─▶ inbox submitted (run_id)
+//	inbox pending ─▶ forwarder (one worker per connector, up to 64 Submits in flight) ─▶ dev.berth.Scheduler1.Submit ─▶ inbox submitted (run_id)
 //	dev.berth.Intake1.Deliver ─▶ outbox (fsynced) ─▶ return
 //	outbox pending ─▶ deliverer (one worker per connector) ─▶ Connector.Send / POST reply_url ─▶ outbox delivered | failed
 //
@@ -14,7 +14,24 @@
 // scheduler's idempotency key is "<connector>/<message id>", the outbox's is
 // the run id), so a crash anywhere loses nothing and runs nothing twice.
 // Each connector has its own forward and reply worker, so a platform (or a
-// Submit) that never answers holds up only its own connector. A Submit that
+// Submit) that never answers holds up only its own connector.
+//
+// # Commits
+//
+// Every write to intake.db goes through one group committer (groupcommit.go):
+// writes that arrive while a commit is on its way to disk share the next
+// transaction and its fsync, and each caller (a webhook POST, a platform
+// event, a Deliver, a submitted mark) returns only after the commit that
+// holds its write; a failed commit fails every write it held. There is no
+// batching timer: a lone write is committed at once. A message costs one
+// shared commit to be accepted and one to be marked submitted. A failed
+// Submit writes nothing: its attempts and error are kept in memory (a
+// restart tries every pending message at once); when no Submit of a pass
+// gets through, the connector's worker pauses with back-off and starts
+// again at its oldest message, so a scheduler that is down costs no fsync
+// and a pass reads only the few messages it tries. The forwarder keeps up
+// to 64 Submits in flight per connector; messages handed on together may be
+// queued by the scheduler in a different order within that window. A Submit that
 // can never succeed (the scheduler's InvalidArgument, the bus refusing the
 // arguments, a string D-Bus cannot carry) refuses the message and queues an
 // error reply; a reply the platform refuses for good is marked failed.
@@ -55,7 +72,8 @@
 //	│   ╰── <connector>/<message id> : JSON inboxEntry
 //	│         connector, id, channel, channel_name, server, thread, author,
 //	│         text, meta, agent, received_at, state (pending|submitted|refused),
-//	│         run_id, attempts, last_error, done_at, seq
+//	│         run_id, attempts (Submits it took, written when it ends),
+//	│         last_error (why it was refused), done_at, seq
 //	├── pending
 //	│   ╰── <connector> NUL <seq: uint64, big-endian> : <connector>/<message id>
 //	╰── done

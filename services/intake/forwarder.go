@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/godbus/dbus/v5"
@@ -70,42 +71,186 @@ func (s *Service) forwardPass(context.Context) (time.Duration, bool) {
 	return 0, false
 }
 
-// forwardConnector submits every pending message of one connector that is
-// due and returns when the next one is due. Retry times live in memory:
-// after a restart every pending message is tried at once, which is what a
-// restart is for.
+// submitWindow is how many Submits one connector's worker keeps in flight.
+// The scheduler takes them concurrently and their marks in intake.db share
+// commits, so a backlog drains at the speed of many Submits, not one.
+// Messages handed on together may be queued by the scheduler in an order
+// that differs within the window.
+const submitWindow = 64
+
+// readWindow is how many due messages one read of the pending index returns.
+const readWindow = 256
+
+// forwardLane is one connector's retry state. It is kept in memory only: a
+// failed Submit writes nothing, so a scheduler that stays down costs no
+// fsync (the durable facts are "accepted" and "submitted"). After a restart
+// every pending message is tried at once, which is what a restart is for.
+type forwardLane struct {
+	mu          sync.Mutex
+	waiting     map[string]retryState // message key → its failed Submits
+	failures    int                   // passes in a row in which no Submit got through
+	pausedUntil time.Time
+}
+
+type retryState struct {
+	attempts int
+	due      time.Time // zero: due at the lane's next pass
+	lastErr  string
+}
+
+func (s *Service) forwardLaneOf(connectorID string) *forwardLane {
+	if l, ok := s.forwardLanes.Load(connectorID); ok {
+		return l.(*forwardLane)
+	}
+	l, _ := s.forwardLanes.LoadOrStore(connectorID, &forwardLane{waiting: map[string]retryState{}})
+	return l.(*forwardLane)
+}
+
+// notYet reports whether key waits for a retry due after now.
+func (l *forwardLane) notYet(key string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st, ok := l.waiting[key]
+	return ok && now.Before(st.due)
+}
+
+func (l *forwardLane) attempts(key string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waiting[key].attempts
+}
+
+func (l *forwardLane) retry(key string, attempts int, due time.Time, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.waiting[key] = retryState{attempts: attempts, due: due, lastErr: err.Error()}
+}
+
+func (l *forwardLane) forget(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.waiting, key)
+}
+
+// submitFailures returns how many Submits of a pending message have failed
+// and the last error.
+func (s *Service) submitFailures(connectorID, id string) (int, string) {
+	l := s.forwardLaneOf(connectorID)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := l.waiting[messageKey(connectorID, id)]
+	return st.attempts, st.lastErr
+}
+
+// forwardConnector submits the pending messages of one connector that are
+// due, oldest first, up to submitWindow at a time, and returns when to pass
+// again. It reads the pending index a window at a time and skips messages
+// that wait for a retry without reading them. When more Submits fail than
+// succeed it stops starting new ones; when none got through (the scheduler
+// is down) the whole lane pauses with back-off and its next pass starts
+// again at the oldest message, so a pass reads only the few it tries.
 func (s *Service) forwardConnector(ctx context.Context, connectorID string) (time.Duration, bool) {
 	box := s.submitter.Load()
 	if box == nil {
 		return 0, false
 	}
-	pending, err := s.store.pendingMessagesOf(connectorID)
-	if err != nil {
-		s.log.Error("cannot forward messages", "connector", connectorID, "err", err)
+	lane := s.forwardLaneOf(connectorID)
+	lane.mu.Lock()
+	paused := lane.pausedUntil
+	lane.mu.Unlock()
+	if now := s.clock.Now(); now.Before(paused) {
+		return paused.Sub(now), true
+	}
+
+	var (
+		wg             sync.WaitGroup
+		window         = make(chan struct{}, s.submitWindow)
+		mu             sync.Mutex // guards succeeded, failed, failedKeys
+		succeeded      int
+		failedKeys     []string
+		after          []byte
+		stopped, ended bool
+		readErr        error
+	)
+	tooManyFailures := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(failedKeys) > succeeded
+	}
+read:
+	for ctx.Err() == nil {
+		now := s.clock.Now()
+		batch, last, end, err := s.store.dueMessages(connectorID, after, readWindow,
+			func(key string) bool { return lane.notYet(key, now) })
+		if err != nil {
+			readErr = err
+			break
+		}
+		after = last
+		for _, m := range batch {
+			window <- struct{}{}
+			if ctx.Err() != nil || tooManyFailures() {
+				<-window
+				stopped = true
+				break read
+			}
+			wg.Go(func() {
+				defer func() { <-window }()
+				ok := s.forward(ctx, box.Submitter, m, lane)
+				mu.Lock()
+				if ok {
+					succeeded++
+				} else {
+					failedKeys = append(failedKeys, m.Key())
+				}
+				mu.Unlock()
+			})
+		}
+		if end {
+			ended = true
+			break
+		}
+	}
+	wg.Wait()
+	if readErr != nil {
+		s.log.Error("cannot forward messages", "connector", connectorID, "err", readErr)
 		return s.backoff.max, true
 	}
+
+	now := s.clock.Now()
+	lane.mu.Lock()
+	defer lane.mu.Unlock()
+	if succeeded == 0 && len(failedKeys) > 0 {
+		// Nothing got through: pause the lane and start at the oldest
+		// message again, instead of trying every message on its own timer.
+		lane.failures++
+		for _, key := range failedKeys {
+			if st, ok := lane.waiting[key]; ok {
+				st.due = time.Time{}
+				lane.waiting[key] = st
+			}
+		}
+		delay := s.backoff.delay(lane.failures)
+		lane.pausedUntil = now.Add(delay)
+		return delay, true
+	}
+	lane.failures, lane.pausedUntil = 0, time.Time{}
+	if ctx.Err() != nil {
+		return 0, false
+	}
+	if stopped || !ended {
+		return 0, true // pass again at once for the rest
+	}
 	var next time.Time
-	for _, m := range pending {
-		if ctx.Err() != nil {
-			return 0, false
-		}
-		key := m.Key()
-		if due, ok := s.notBefore.Load(key); ok && s.clock.Now().Before(due.(time.Time)) {
-			next = earliest(next, due.(time.Time))
-			continue
-		}
-		due, retry := s.forward(ctx, box.Submitter, m)
-		if retry {
-			s.notBefore.Store(key, due)
-			next = earliest(next, due)
-		} else {
-			s.notBefore.Delete(key)
+	for _, st := range lane.waiting {
+		if !st.due.IsZero() {
+			next = earliest(next, st.due)
 		}
 	}
 	if next.IsZero() {
 		return 0, false
 	}
-	return max(next.Sub(s.clock.Now()), 0), true
+	return max(next.Sub(now), 0), true
 }
 
 // submitCanNeverSucceed reports whether a Submit error is the same on every
@@ -127,12 +272,16 @@ func submitCanNeverSucceed(err error) bool {
 	return false
 }
 
-// forward submits one message and reports when to retry it if that failed.
-func (s *Service) forward(ctx context.Context, sub Submitter, m inboxEntry) (time.Time, bool) {
+// forward submits one message and records the outcome: submitted, refused
+// for good (with an error reply), or a retry in memory. It reports whether
+// the scheduler took it (or refused it for good).
+func (s *Service) forward(ctx context.Context, sub Submitter, m inboxEntry, lane *forwardLane) bool {
 	// The call is not cut short by shutdown: a finished Submit is recorded
 	// instead of repeated after the restart.
 	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callTimeout)
 	defer cancel()
+	key := m.Key()
+	attempts := lane.attempts(key) + 1
 	log := s.log.With("connector", m.Connector, "message_id", m.ID, "agent", m.Agent)
 	runID, err := sub.Submit(callCtx, submission(m))
 	now := s.clock.Now()
@@ -141,7 +290,7 @@ func (s *Service) forward(ctx context.Context, sub Submitter, m inboxEntry) (tim
 		// field the bus cannot carry): tell the sender instead.
 		log.Error("scheduler cannot take this message, ever; sending an error reply", "err", err)
 		reply := outboxEntry{
-			RunID:     "refused-" + m.Key(),
+			RunID:     "refused-" + key,
 			MessageID: m.ID,
 			Connector: m.Connector,
 			Agent:     m.Agent,
@@ -152,32 +301,33 @@ func (s *Service) forward(ctx context.Context, sub Submitter, m inboxEntry) (tim
 			Text:      "Sorry, berth could not run this message.",
 			Error:     validText(dbusErrorText(err)),
 		}
-		if err := s.store.refuseMessage(m.Key(), err, reply, now); err != nil {
-			log.Error("cannot record refused message", "err", err)
-			return now.Add(s.backoff.delay(m.Attempts + 1)), true
+		if serr := s.store.refuseMessage(key, err, reply, attempts, now); serr != nil {
+			log.Error("cannot record refused message", "err", serr)
+			lane.retry(key, attempts, now.Add(s.backoff.delay(attempts)), serr)
+			return false
 		}
+		lane.forget(key)
 		s.refreshCounters()
 		s.pokeDeliver(m.Connector)
-		return time.Time{}, false
+		return true
 	}
 	if err != nil {
-		attempts := m.Attempts + 1
 		delay := s.backoff.delay(attempts)
 		log.Warn("scheduler did not take message; will retry", "attempts", attempts, "retry_in", delay, "err", err)
-		if err := s.store.recordSubmitFailure(m.Key(), err, now); err != nil {
-			log.Error("cannot record failed submit", "err", err)
-		}
-		return now.Add(delay), true
+		lane.retry(key, attempts, now.Add(delay), err)
+		return false
 	}
-	if err := s.store.markSubmitted(m.Key(), runID, now); err != nil {
+	if err := s.store.markSubmitted(key, runID, attempts, now); err != nil {
 		// The scheduler has the run; a retry returns the same run id.
 		log.Error("cannot record submitted message", "run_id", runID, "err", err)
-		return now.Add(s.backoff.delay(1)), true
+		lane.retry(key, attempts, now.Add(s.backoff.delay(1)), err)
+		return false
 	}
+	lane.forget(key)
 	log.Info("message submitted", "run_id", runID)
 	s.refreshCounters()
 	s.startTyping(m)
-	return time.Time{}, false
+	return true
 }
 
 func earliest(a, b time.Time) time.Time {

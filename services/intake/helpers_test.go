@@ -177,6 +177,16 @@ func (c *countingSubmitter) Submit(_ context.Context, msg map[string]string) (st
 	return run, nil
 }
 
+func (c *countingSubmitter) totalCalls() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, calls := range c.calls {
+		n += calls
+	}
+	return n
+}
+
 func (c *countingSubmitter) callsFor(id string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

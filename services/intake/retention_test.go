@@ -112,7 +112,7 @@ func TestPruningABacklogTakesSmallTransactions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.markSubmitted(fresh.Key(), "run-fresh", time.Now()); err != nil {
+	if err := st.markSubmitted(fresh.Key(), "run-fresh", 1, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	var rounds, total int

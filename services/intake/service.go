@@ -46,13 +46,14 @@ type Service struct {
 	factories   map[string]ConnectorFactory
 	conns       connectors
 
-	wakeForward chan struct{}
-	wakeDeliver chan struct{}
-	wakePublish chan struct{}
-	forwardOn   atomic.Pointer[lanes] // per-connector Submit workers, while Run runs
-	deliverOn   atomic.Pointer[lanes] // per-connector reply workers, while Run runs
-	notBefore   sync.Map              // message key → time.Time of its next Submit
-	typing      typingSet
+	wakeForward  chan struct{}
+	wakeDeliver  chan struct{}
+	wakePublish  chan struct{}
+	forwardOn    atomic.Pointer[lanes] // per-connector Submit workers, while Run runs
+	deliverOn    atomic.Pointer[lanes] // per-connector reply workers, while Run runs
+	submitWindow int                   // Submits in flight per connector (submitWindow; benchmarks change it)
+	forwardLanes sync.Map              // connector id → *forwardLane (retry state, in memory)
+	typing       typingSet
 
 	// Unix nanoseconds of the last pass of the forward and deliver loops.
 	forwardPassed, deliverPassed atomic.Int64
@@ -100,15 +101,16 @@ func New(cfg *config.Config, stateDir string, opts ...Option) (*Service, error) 
 		return nil, errors.New("cannot create intake service: no configuration")
 	}
 	s := &Service{
-		log:         slog.Default(),
-		httpClient:  &http.Client{Timeout: 30 * time.Second},
-		backoff:     defaultBackoff,
-		callTimeout: 30 * time.Second,
-		clock:       clockwork.NewRealClock(),
-		factories:   maps.Clone(platformFactories),
-		wakeForward: make(chan struct{}, 1),
-		wakeDeliver: make(chan struct{}, 1),
-		wakePublish: make(chan struct{}, 1),
+		log:          slog.Default(),
+		httpClient:   &http.Client{Timeout: 30 * time.Second},
+		backoff:      defaultBackoff,
+		callTimeout:  30 * time.Second,
+		submitWindow: submitWindow,
+		clock:        clockwork.NewRealClock(),
+		factories:    maps.Clone(platformFactories),
+		wakeForward:  make(chan struct{}, 1),
+		wakeDeliver:  make(chan struct{}, 1),
+		wakePublish:  make(chan struct{}, 1),
 	}
 	for _, o := range opts {
 		o(s)

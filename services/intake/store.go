@@ -207,10 +207,12 @@ func doneKeyTime(k []byte) time.Time {
 	return time.Unix(0, int64(binary.BigEndian.Uint64(k)))
 }
 
-// store is intake.db. It is safe for concurrent use; bbolt serialises writers.
+// store is intake.db. It is safe for concurrent use; every write goes
+// through one group committer.
 type store struct {
 	db *bolt.DB
-	// The pending counts, kept up to date after each commit so that the
+	w  *groupCommit // every write goes through it
+	// The pending counts, changed by each commit (tx.OnCommit) so that the
 	// D-Bus counters and the idle check never walk the pending indexes.
 	inboxPending, outboxPending atomic.Int64
 }
@@ -222,7 +224,7 @@ func openStore(path string) (*store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &store{db: db}
+	s := &store{db: db, w: newGroupCommit(db)}
 	err = db.View(func(tx *bolt.Tx) error {
 		_, in, _ := inboxBuckets(tx)
 		_, out, _ := outboxBuckets(tx)
@@ -231,13 +233,28 @@ func openStore(path string) (*store, error) {
 		return nil
 	})
 	if err != nil {
-		db.Close()
+		s.Close()
 		return nil, fmt.Errorf("cannot count pending entries: %w", err)
 	}
 	return s, nil
 }
 
-func (s *store) Close() error { return s.db.Close() }
+// Close commits the writes already queued and closes the database; a
+// second Close is harmless.
+func (s *store) Close() error {
+	s.w.close()
+	return s.db.Close()
+}
+
+// write runs fn in a transaction shared with concurrent writers and returns
+// once it is committed (see groupCommit.write).
+func (s *store) write(fn func(*bolt.Tx) error) error { return s.w.write(fn) }
+
+// commitStats returns how many commits (fsyncs) the store made and how many
+// writes they held.
+func (s *store) commitStats() (commits, writes uint64) {
+	return s.w.commits.Load(), s.w.writes.Load()
+}
 
 func u64(v uint64) []byte { return boltstore.U64(v) }
 
@@ -415,18 +432,20 @@ func outboxQueue(tx *bolt.Tx) queue {
 // commit is on disk.
 func (s *store) accept(m inboxEntry) (inboxEntry, bool, error) {
 	var created bool
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	var stored inboxEntry
+	err := s.write(func(tx *bolt.Tx) error {
 		var err error
-		created, err = enqueue(inboxQueue(tx), &m)
+		stored = m
+		created, err = enqueue(inboxQueue(tx), &stored)
+		if created {
+			tx.OnCommit(func() { s.inboxPending.Add(1) })
+		}
 		return err
 	})
 	if err != nil {
 		return inboxEntry{}, false, fmt.Errorf("cannot store message in inbox: %w", err)
 	}
-	if created {
-		s.inboxPending.Add(1)
-	}
-	return m, created, nil
+	return stored, created, nil
 }
 
 // pendingMessages returns the messages not yet submitted, oldest first per
@@ -472,23 +491,67 @@ func (s *store) pendingMessagesOf(connector string) (out []inboxEntry, err error
 	return out, nil
 }
 
-func (s *store) updateMessage(key string, now time.Time, change func(*inboxEntry)) error {
-	var left bool
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		var err error
-		left, err = update(inboxQueue(tx), key, now, change)
-		return err
+// dueMessages returns up to limit pending messages of connector, oldest
+// first, starting after the pending index key after (nil: at the start of
+// its range). Entries for which waiting reports true are skipped without
+// being read. It returns the index key to continue after and whether the
+// range ended.
+func (s *store) dueMessages(connector string, after []byte, limit int, waiting func(key string) bool) (out []inboxEntry, last []byte, end bool, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		out, last, end = nil, after, false
+		q := inboxQueue(tx)
+		prefix := pendingPrefix(connector)
+		c := q.pending.Cursor()
+		k, key := c.Seek(prefix)
+		if after != nil {
+			k, key = c.Seek(after)
+			if bytes.Equal(k, after) {
+				k, key = c.Next()
+			}
+		}
+		for ; k != nil && bytes.HasPrefix(k, prefix); k, key = c.Next() {
+			if len(out) == limit {
+				return nil
+			}
+			last = bytes.Clone(k)
+			if waiting(string(key)) {
+				continue
+			}
+			v := q.items.Get(key)
+			if v == nil {
+				return fmt.Errorf("pending index names missing entry %q", key)
+			}
+			var m inboxEntry
+			if err := json.Unmarshal(v, &m); err != nil {
+				return fmt.Errorf("entry %q: %w", key, err)
+			}
+			out = append(out, m)
+		}
+		end = true
+		return nil
 	})
-	if err == nil && left {
-		s.inboxPending.Add(-1)
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("cannot read pending inbox: %w", err)
 	}
-	return err
+	return out, last, end, nil
 }
 
-func (s *store) markSubmitted(key, runID string, now time.Time) error {
+func (s *store) updateMessage(key string, now time.Time, change func(*inboxEntry)) error {
+	return s.write(func(tx *bolt.Tx) error {
+		left, err := update(inboxQueue(tx), key, now, change)
+		if left {
+			tx.OnCommit(func() { s.inboxPending.Add(-1) })
+		}
+		return err
+	})
+}
+
+// markSubmitted records the scheduler's run id for a message that took
+// attempts Submits (failed ones are counted in memory, not written).
+func (s *store) markSubmitted(key, runID string, attempts int, now time.Time) error {
 	err := s.updateMessage(key, now, func(m *inboxEntry) {
 		m.State, m.RunID, m.LastError = stateSubmitted, runID, ""
-		m.Attempts++
+		m.Attempts = max(m.Attempts+1, attempts)
 	})
 	if err != nil {
 		return fmt.Errorf("cannot mark message submitted: %w", err)
@@ -499,39 +562,29 @@ func (s *store) markSubmitted(key, runID string, now time.Time) error {
 // refuseMessage ends a message the scheduler will never take (unknown agent,
 // bad input) and, in the same transaction, queues an error reply for its
 // sender, so the user hears why instead of waiting forever.
-func (s *store) refuseMessage(key string, cause error, reply outboxEntry, now time.Time) error {
-	var left, created bool
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		var err error
-		left, err = update(inboxQueue(tx), key, now, func(m *inboxEntry) {
+func (s *store) refuseMessage(key string, cause error, reply outboxEntry, attempts int, now time.Time) error {
+	err := s.write(func(tx *bolt.Tx) error {
+		left, err := update(inboxQueue(tx), key, now, func(m *inboxEntry) {
 			m.State, m.LastError = stateRefused, cause.Error()
-			m.Attempts++
+			m.Attempts = max(m.Attempts+1, attempts)
 		})
 		if err != nil {
 			return err
 		}
-		created, err = enqueue(outboxQueue(tx), &reply)
+		r := reply
+		created, err := enqueue(outboxQueue(tx), &r)
+		tx.OnCommit(func() {
+			if left {
+				s.inboxPending.Add(-1)
+			}
+			if created {
+				s.outboxPending.Add(1)
+			}
+		})
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("cannot record refused message: %w", err)
-	}
-	if left {
-		s.inboxPending.Add(-1)
-	}
-	if created {
-		s.outboxPending.Add(1)
-	}
-	return nil
-}
-
-func (s *store) recordSubmitFailure(key string, cause error, now time.Time) error {
-	err := s.updateMessage(key, now, func(m *inboxEntry) {
-		m.Attempts++
-		m.LastError = cause.Error()
-	})
-	if err != nil {
-		return fmt.Errorf("cannot record submit failure: %w", err)
 	}
 	return nil
 }
@@ -540,16 +593,17 @@ func (s *store) recordSubmitFailure(key string, cause error, now time.Time) erro
 // it reports whether r was new and returns after the commit is on disk.
 func (s *store) addReply(r outboxEntry) (bool, error) {
 	var created bool
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.write(func(tx *bolt.Tx) error {
 		var err error
-		created, err = enqueue(outboxQueue(tx), &r)
+		e := r
+		created, err = enqueue(outboxQueue(tx), &e)
+		if created {
+			tx.OnCommit(func() { s.outboxPending.Add(1) })
+		}
 		return err
 	})
 	if err != nil {
 		return false, fmt.Errorf("cannot store reply in outbox: %w", err)
-	}
-	if created {
-		s.outboxPending.Add(1)
 	}
 	return created, nil
 }
@@ -585,16 +639,13 @@ func (s *store) pendingRepliesOf(connector string) (out []outboxEntry, err error
 }
 
 func (s *store) updateReply(runID string, now time.Time, change func(*outboxEntry)) error {
-	var left bool
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		var err error
-		left, err = update(outboxQueue(tx), runID, now, change)
+	return s.write(func(tx *bolt.Tx) error {
+		left, err := update(outboxQueue(tx), runID, now, change)
+		if left {
+			tx.OnCommit(func() { s.outboxPending.Add(-1) })
+		}
 		return err
 	})
-	if err == nil && left {
-		s.outboxPending.Add(-1)
-	}
-	return err
 }
 
 func (s *store) markDelivered(runID string, at time.Time) error {
@@ -646,7 +697,20 @@ const pruneBatch = 256
 // finished before cutoff, oldest first, in one transaction. It reports how
 // many it deleted and whether older ones remain.
 func (s *store) pruneFinished(cutoff time.Time) (deleted int, more bool, err error) {
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	// Most hours nothing is due: look before taking a commit (an fsync).
+	var due bool
+	err = s.db.View(func(tx *bolt.Tx) error {
+		for _, q := range []queue{inboxQueue(tx), outboxQueue(tx)} {
+			if k, _ := q.done.Cursor().First(); k != nil && doneKeyTime(k).Before(cutoff) {
+				due = true
+			}
+		}
+		return nil
+	})
+	if err != nil || !due {
+		return 0, false, err
+	}
+	err = s.write(func(tx *bolt.Tx) error {
 		deleted, more = 0, false
 		for _, q := range []queue{inboxQueue(tx), outboxQueue(tx)} {
 			c := q.done.Cursor()
