@@ -29,6 +29,10 @@ type Result struct {
 	ExitCode int
 	// Stderr is the tail of the agent's stderr (its logs), kept in the run record.
 	Stderr string
+	// Egress are the decisions of the run's egress proxy, oldest first (at
+	// most MaxEgressDecisions; EgressDropped counts those left out).
+	Egress        []EgressDecision
+	EgressDropped int
 }
 
 // Backend runs agent requests in one kind of sandbox.

@@ -57,9 +57,13 @@ type Plan struct {
 	// Mounts are the container's binds, the workspace first.
 	Mounts    []Mount       `json:"mounts,omitempty"`
 	Container ContainerPlan `json:"container,omitzero"`
-	// Providers is the provider chain, keys included: they travel only in
-	// the request on the agent's stdin.
+	// Providers is the provider chain, keys included. With Egress the keys
+	// stay with the egress proxy and the request carries none; without it
+	// (a direct network the admin opted into) they travel only on stdin.
 	Providers []agentproto.Provider `json:"providers"`
+	// Egress is the run's way out through berth's egress proxy; nil when the
+	// run needs none (local provider, no rules) or has a direct network.
+	Egress *EgressPlan `json:"egress,omitempty"`
 	// Timeout ends the run; KillGrace bounds how long the agent's output is
 	// drained once it ended.
 	Timeout   time.Duration `json:"timeout"`
@@ -119,6 +123,15 @@ func (p Plan) Redacted() Plan {
 		providers[i] = pr
 	}
 	p.Providers = providers
+	if p.Egress != nil && len(p.Egress.Secrets) > 0 {
+		e := *p.Egress
+		e.Secrets = make([]EgressSecret, len(p.Egress.Secrets))
+		for i, s := range p.Egress.Secrets {
+			s.Value = ""
+			e.Secrets[i] = s
+		}
+		p.Egress = &e
+	}
 	return p
 }
 
@@ -165,6 +178,20 @@ type Spec struct {
 	// kill orphans; when it cannot (an error), the run is ended at once
 	// rather than left unkillable. May be nil.
 	OnStart func(handle string) error
+	// EgressToken is the run's token at its egress proxy (with Plan.Egress):
+	// a secret, like the keys, that travels only on stdin.
+	EgressToken string
+}
+
+// throughEgress is a provider as an agent behind the egress proxy calls it:
+// no key, its base URL the in-sandbox proxy.
+func throughEgress(pr agentproto.Provider, e *EgressPlan) agentproto.Provider {
+	pr.Key = ""
+	if pr.Kind != "local" {
+		pr.Proxied, pr.Endpoint = true, pr.BaseURL
+		pr.BaseURL = ProviderProxyURL(e.ProxyAddr, pr.Name)
+	}
+	return pr
 }
 
 // Input is the request as the agent reads it on stdin: the plan's run id,
@@ -185,6 +212,16 @@ func (s Spec) Input() ([]byte, error) {
 	}
 	if len(s.Providers) > 0 && req.Provider == (agentproto.Provider{}) {
 		req.Provider, req.Fallback = s.Providers[0], s.Providers[1:]
+	}
+	if s.Egress != nil {
+		// The proxy holds the keys: the agent calls its providers through it.
+		req.Provider = throughEgress(req.Provider, s.Egress)
+		fallback := make([]agentproto.Provider, len(req.Fallback))
+		for i, pr := range req.Fallback {
+			fallback[i] = throughEgress(pr, s.Egress)
+		}
+		req.Fallback = fallback
+		req.Egress = &agentproto.Egress{ProxyAddr: s.Egress.ProxyAddr, Socket: s.Egress.SandboxSocket, Token: s.EgressToken, CABundle: s.Egress.SandboxCABundle}
 	}
 	data, err := json.Marshal(req)
 	if err != nil {

@@ -2,12 +2,15 @@ package isolation
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/berth-dev/berth/internal/agentproto"
 )
 
 // Sandbox is one started run, as its backend sees it. Supervise drives it;
@@ -68,7 +71,70 @@ const (
 // records the handle, enforces the timeout and cancellation, kills and
 // drains, and maps what happened to the run's Result or *RunError. It is the
 // one place those decisions are made for every backend.
+//
+// Known secrets (the plan's provider keys, the run's egress token) are
+// replaced by "[redacted]" in what it returns: reply, tool calls, errors and
+// the stderr tail, so a tool that printed a key does not put it into the run
+// record, the reply or a log.
 func Supervise(ctx context.Context, spec Spec, start StartFunc) (Result, error) {
+	res, err := supervise(ctx, spec, start)
+	return redact(spec, res, err)
+}
+
+// Redacted replaces a secret berth knows of.
+const Redacted = "[redacted]"
+
+// minSecret: shorter values are not redacted (they would match everywhere).
+const minSecret = 8
+
+func redact(spec Spec, res Result, err error) (Result, error) {
+	var secrets []string
+	for _, pr := range spec.Providers {
+		if len(pr.Key) >= minSecret {
+			secrets = append(secrets, pr.Key)
+		}
+	}
+	if len(spec.EgressToken) >= minSecret {
+		secrets = append(secrets, spec.EgressToken)
+	}
+	if spec.Egress != nil {
+		for _, s := range spec.Egress.Secrets {
+			if len(s.Value) >= minSecret {
+				secrets = append(secrets, s.Value)
+			}
+		}
+	}
+	if len(secrets) == 0 {
+		return res, err
+	}
+	clean := func(s string) string {
+		for _, secret := range secrets {
+			s = strings.ReplaceAll(s, secret, Redacted)
+		}
+		return s
+	}
+	r := &res.Response
+	r.Reply, r.Error = clean(r.Reply), clean(r.Error)
+	if len(r.ToolCalls) > 0 {
+		calls := make([]agentproto.ToolCall, len(r.ToolCalls))
+		for i, tc := range r.ToolCalls {
+			tc.Output, tc.Error = clean(tc.Output), clean(tc.Error)
+			if len(tc.Args) > 0 {
+				tc.Args = json.RawMessage(clean(string(tc.Args)))
+			}
+			calls[i] = tc
+		}
+		r.ToolCalls = calls
+	}
+	res.Stderr = clean(res.Stderr)
+	var re *RunError
+	if errors.As(err, &re) {
+		re.Detail = clean(re.Detail)
+	}
+	return res, err
+}
+
+func supervise(ctx context.Context, spec Spec, start StartFunc) (Result, error) {
 	input, err := spec.Input()
 	if err != nil {
 		return Result{}, err

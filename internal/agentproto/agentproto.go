@@ -3,8 +3,10 @@
 // scheduler (which builds the request) and the agent (which runs inside a
 // sandbox), so it carries a version and nothing host-specific.
 //
-// Secrets (the provider key) travel only in Request.Provider.Key: never in the
-// environment, argv, labels or files.
+// Secrets travel only in the request: a provider key only for runs with a
+// direct network (otherwise the egress proxy holds it and Provider.Key is
+// empty), the run's egress token; never in the environment, argv, labels or
+// files.
 package agentproto
 
 import (
@@ -37,6 +39,26 @@ type Request struct {
 	Policy    Policy     `json:"policy"`
 	Workspace string     `json:"workspace"` // absolute path of the workspace as the agent sees it
 	History   []Turn     `json:"history,omitempty"`
+	// Egress is the run's way out when it has no network of its own: the
+	// agent serves an HTTP proxy on ProxyAddr (loopback) for its provider
+	// calls and its tools, forwarding to Socket with Token. Providers then
+	// carry no key.
+	Egress *Egress `json:"egress,omitempty"`
+}
+
+// Egress is where a sandboxed agent reaches berth's egress proxy.
+type Egress struct {
+	// ProxyAddr is 127.0.0.1:<port> inside the sandbox's own network namespace.
+	ProxyAddr string `json:"proxy_addr"`
+	// Socket is the run's Unix socket as the sandbox sees it.
+	Socket string `json:"socket"`
+	// Token authenticates this run at the proxy (Proxy-Authorization:
+	// Bearer); a secret, valid only while the run lasts.
+	Token string `json:"token"`
+	// CABundle, when set, is the CA bundle tools must trust (the system's
+	// roots and the run's CA, which the proxy intercepts the hosts of
+	// [[egress.secrets]] with): SSL_CERT_FILE and friends point to it.
+	CABundle string `json:"ca_bundle,omitempty"`
 }
 
 // Agent is the agent's effective settings for this run.
@@ -74,6 +96,12 @@ type Provider struct {
 	Model     string `json:"model,omitempty"`
 	MaxTokens int    `json:"max_tokens,omitempty"`
 	Key       string `json:"key,omitempty"` // secret: never log, never pass on
+	// Proxied says BaseURL is the in-sandbox egress proxy (Request.Egress),
+	// which adds the key: Key is empty. Endpoint is then the provider's
+	// configured base_url ("" means the kind's official endpoint), for the
+	// agent to know which API dialect it talks; it never connects there.
+	Proxied  bool   `json:"proxied,omitempty"`
+	Endpoint string `json:"endpoint,omitempty"`
 }
 
 // Policy is the confinement berth-agent applies to itself before it opens a

@@ -132,6 +132,9 @@ func (c *Config) writeAgent(w io.Writer, a Agent) {
 	t.val("allow_home_dotfiles", a.FileAccess.AllowHomeDotfiles)
 	t.val("allow_network", a.FileAccess.AllowNetwork)
 
+	t.table(table + ".egress")
+	t.list("allow", a.EgressAllow)
+
 	t.table(table + ".image_config")
 	t.val("enabled", a.Image.Enabled)
 	t.str("image", a.Image.Image)

@@ -49,6 +49,12 @@ type connectorEntry struct {
 	self loc
 }
 
+type secretEntry struct {
+	s    EgressSecret
+	at   fieldLocs
+	self loc
+}
+
 type bindingEntry struct {
 	b    Binding
 	at   fieldLocs
@@ -68,11 +74,14 @@ type tree struct {
 	intake        Intake
 	connectors    []*connectorEntry
 	bindings      []*bindingEntry
+	secrets       []*secretEntry
 
 	maxConcurrentRuns     int
 	defaultTimeoutSeconds int
 	runAs                 string
 	agentBinary           string
+	egressBinary          string
+	egressUser            string
 
 	image ImageSettings // [image_config], keys in at like "image_config.packages"
 
@@ -302,6 +311,24 @@ func (d *decoder) document(raw map[string]any) *tree {
 				t.connectors = append(t.connectors, e)
 			})
 		},
+		"egress": func(p keyPath, v any) {
+			d.table(p, v, map[string]field{
+				"secrets": func(p keyPath, v any) {
+					d.tables(p, v, func(p keyPath, v any) {
+						e := &secretEntry{at: fieldLocs{}, self: d.loc(p)}
+						d.table(p, v, map[string]field{
+							"name":   d.str(e.at, "name", &e.s.Name),
+							"env":    d.str(e.at, "env", &e.s.Env),
+							"file":   d.str(e.at, "file", &e.s.File),
+							"hosts":  d.strs(e.at, "hosts", &e.s.Hosts),
+							"header": d.str(e.at, "header", &e.s.Header),
+							"format": d.str(e.at, "format", &e.s.Format),
+						}, nil)
+						t.secrets = append(t.secrets, e)
+					})
+				},
+			}, nil)
+		},
 		"bindings": func(p keyPath, v any) {
 			d.tables(p, v, func(p keyPath, v any) {
 				e := &bindingEntry{at: fieldLocs{}, self: d.loc(p)}
@@ -321,6 +348,8 @@ func (d *decoder) document(raw map[string]any) *tree {
 				"default_timeout_seconds": d.integer(t.at, "scheduler.default_timeout_seconds", &t.defaultTimeoutSeconds),
 				"run_as":                  d.str(t.at, "scheduler.run_as", &t.runAs),
 				"agent_binary":            d.str(t.at, "scheduler.agent_binary", &t.agentBinary),
+				"egress_binary":           d.str(t.at, "scheduler.egress_binary", &t.egressBinary),
+				"egress_user":             d.str(t.at, "scheduler.egress_user", &t.egressUser),
 			}, nil)
 		},
 		"image_config": func(p keyPath, v any) { d.imageConfig(t.at, p, v, &t.image) },
@@ -422,6 +451,22 @@ func (d *decoder) providers(t *tree, p keyPath, v any) {
 	})
 }
 
+// secretsEnvKeys are MeepaGateway's keys that handed secrets to the
+// sandbox's environment; berth adds secrets on the way out instead.
+var secretsEnvKeys = []string{"inject_secrets_env", "inject_credentials_env"}
+
+// refuseSecretsEnv is an agent table's handler of keys it does not know: it
+// explains MeepaGateway's secret keys and reports any other as unknown.
+func (d *decoder) refuseSecretsEnv(fields map[string]field) func(name string, p keyPath, v any) {
+	return func(name string, p keyPath, v any) {
+		if slices.Contains(secretsEnvKeys, name) {
+			d.fail(p, "berth never puts secrets into a sandbox's environment: bind the secret to its hosts in [[egress.secrets]] and the egress proxy adds it on the way out")
+			return
+		}
+		d.fail(p, "unknown key (known keys: %s)", strings.Join(slices.Sorted(maps.Keys(fields)), ", "))
+	}
+}
+
 // agent decodes [agent_defaults] (withID false) or one [[agents]] element.
 func (d *decoder) agent(p keyPath, v any, withID bool) agentEntry {
 	e := agentEntry{at: fieldLocs{}, self: d.loc(p)}
@@ -440,7 +485,7 @@ func (d *decoder) agent(p keyPath, v any, withID bool) agentEntry {
 		},
 		"container_mode": func(p keyPath, v any) {
 			c := &s.ContainerMode
-			d.table(p, v, map[string]field{
+			cf := map[string]field{
 				"enabled":         d.boolPtr(e.at, "container_mode.enabled", &c.Enabled),
 				"image":           d.str(e.at, "container_mode.image", &c.Image),
 				"memory_limit":    d.str(e.at, "container_mode.memory_limit", &c.MemoryLimit),
@@ -450,7 +495,8 @@ func (d *decoder) agent(p keyPath, v any, withID bool) agentEntry {
 				"warm":            d.intPtr(e.at, "container_mode.warm", &c.Warm),
 				"binds":           d.strs(e.at, "container_mode.binds", &c.Binds),
 				"security_opt":    d.strs(e.at, "container_mode.security_opt", &c.SecurityOpt),
-			}, nil)
+			}
+			d.table(p, v, cf, d.refuseSecretsEnv(cf))
 		},
 		"file_access": func(p keyPath, v any) {
 			f := &s.FileAccess
@@ -463,11 +509,16 @@ func (d *decoder) agent(p keyPath, v any, withID bool) agentEntry {
 				"allow_network":       d.boolPtr(e.at, "file_access.allow_network", &f.AllowNetwork),
 			}, nil)
 		},
+		"egress": func(p keyPath, v any) {
+			d.table(p, v, map[string]field{
+				"allow": d.strs(e.at, "egress.allow", &s.Egress.Allow),
+			}, nil)
+		},
 	}
 	if withID {
 		fields["id"] = d.str(e.at, "id", &s.ID)
 		fields["image_config"] = func(p keyPath, v any) { d.imageConfig(e.at, p, v, &s.ImageConfig) }
 	}
-	d.table(p, v, fields, nil)
+	d.table(p, v, fields, d.refuseSecretsEnv(fields))
 	return e
 }

@@ -26,6 +26,7 @@ const (
 	defaultTimeout           = 300 * time.Second
 	defaultRunAs             = "berth-agent"
 	defaultAgentBinary       = "/usr/libexec/berth/berth-agent"
+	defaultEgressUser        = "berth-egress"
 	localProvider            = "local"
 	// DefaultBaseImage is image_config's base_image when none is set: the
 	// Debian 12 image scripts/base-image.sh builds offline.
@@ -156,6 +157,8 @@ func (t *tree) merge(src *tree) {
 	take(&t.defaultTimeoutSeconds, src.defaultTimeoutSeconds, "scheduler.default_timeout_seconds", t.at, src.at)
 	take(&t.runAs, src.runAs, "scheduler.run_as", t.at, src.at)
 	take(&t.agentBinary, src.agentBinary, "scheduler.agent_binary", t.at, src.at)
+	take(&t.egressBinary, src.egressBinary, "scheduler.egress_binary", t.at, src.at)
+	take(&t.egressUser, src.egressUser, "scheduler.egress_user", t.at, src.at)
 	take(&t.finishedRunsDays, src.finishedRunsDays, "retention.finished_runs_days", t.at, src.at)
 	take(&t.runsPerAgent, src.runsPerAgent, "retention.runs_per_agent", t.at, src.at)
 	take(&t.deliveredHours, src.deliveredHours, "retention.delivered_hours", t.at, src.at)
@@ -220,6 +223,7 @@ func (t *tree) merge(src *tree) {
 	}
 
 	t.bindings = append(t.bindings, src.bindings...)
+	t.secrets = append(t.secrets, src.secrets...)
 }
 
 func mergeAgent(d, s *agentEntry) {
@@ -248,6 +252,7 @@ func mergeAgent(d, s *agentEntry) {
 	take(&df.Deny, sf.Deny, "file_access.deny", d.at, s.at)
 	take(&df.AllowHomeDotfiles, sf.AllowHomeDotfiles, "file_access.allow_home_dotfiles", d.at, s.at)
 	take(&df.AllowNetwork, sf.AllowNetwork, "file_access.allow_network", d.at, s.at)
+	take(&d.s.Egress.Allow, s.s.Egress.Allow, "egress.allow", d.at, s.at)
 	mergeImage(&d.s.ImageConfig, &s.s.ImageConfig, d.at, s.at)
 }
 
@@ -286,6 +291,8 @@ func (t *tree) config() *Config {
 			DefaultTimeout:    time.Duration(t.defaultTimeoutSeconds) * time.Second,
 			RunAs:             t.runAs,
 			AgentBinary:       t.agentBinary,
+			EgressBinary:      t.egressBinary,
+			EgressUser:        t.egressUser,
 		},
 	}
 	for _, name := range t.providerNames {
@@ -304,6 +311,16 @@ func (t *tree) config() *Config {
 	for _, b := range t.bindings {
 		c.Bindings = append(c.Bindings, b.b)
 	}
+	for _, e := range t.secrets {
+		s := e.s
+		if s.Header == "" {
+			s.Header = "Authorization"
+		}
+		if s.Format == "" {
+			s.Format = "Bearer {}"
+		}
+		c.EgressSecrets = append(c.EgressSecrets, s)
+	}
 	if _, ok := t.at["scheduler.max_concurrent_runs"]; !ok {
 		c.Scheduler.MaxConcurrentRuns = defaultMaxConcurrentRuns
 	}
@@ -315,6 +332,12 @@ func (t *tree) config() *Config {
 	}
 	if c.Scheduler.AgentBinary == "" {
 		c.Scheduler.AgentBinary = defaultAgentBinary
+	}
+	if c.Scheduler.EgressBinary == "" {
+		c.Scheduler.EgressBinary = filepath.Join(filepath.Dir(c.Scheduler.AgentBinary), "berth-egress")
+	}
+	if c.Scheduler.EgressUser == "" {
+		c.Scheduler.EgressUser = defaultEgressUser
 	}
 	c.Retention = t.retention()
 	return c

@@ -75,8 +75,9 @@ func (c *Config) Agent(id string) (Agent, error) {
 			AllowHomeDotfiles: firstSet(false, sf.AllowHomeDotfiles, df.AllowHomeDotfiles),
 			AllowNetwork:      firstSet(false, sf.AllowNetwork, df.AllowNetwork),
 		},
-		Timeout: time.Duration(firstSet(0, sc.TimeoutSeconds, dc.TimeoutSeconds)) * time.Second,
-		Image:   c.image(&s.ImageConfig),
+		EgressAllow: firstList(s.Egress.Allow, d.Egress.Allow),
+		Timeout:     time.Duration(firstSet(0, sc.TimeoutSeconds, dc.TimeoutSeconds)) * time.Second,
+		Image:       c.image(&s.ImageConfig),
 	}
 	if a.Timeout == 0 {
 		a.Timeout = schedulerTimeout

@@ -10,6 +10,9 @@ type Config struct {
 	Intake        Intake
 	Connectors    []Connector
 	Bindings      []Binding
+	// EgressSecrets are [[egress.secrets]]: credentials the egress proxy
+	// adds on the way out, for their hosts only.
+	EgressSecrets []EgressSecret
 	Scheduler     Scheduler
 	Retention     Retention
 	// ImageConfig is the global [image_config]; an agent's
@@ -50,6 +53,26 @@ type AgentSettings struct {
 	ContainerMode ContainerSettings
 	FileAccess    FileAccessSettings
 	ImageConfig   ImageSettings // [agents.image_config]; never set in [agent_defaults]
+	Egress        EgressSettings
+}
+
+// EgressSecret is one [[egress.secrets]] entry. The value comes from the
+// scheduler's environment (Env) or a file (File: absolute, or relative to
+// $CREDENTIALS_DIRECTORY); it never enters a sandbox.
+type EgressSecret struct {
+	Name   string
+	Env    string
+	File   string
+	Hosts  []string // exact host names
+	Header string   // default "Authorization"
+	Format string   // "{}" is replaced by the value; default "Bearer {}"
+}
+
+// EgressSettings is [agents.egress] (or [agent_defaults.egress]).
+type EgressSettings struct {
+	// Allow are rules "[METHOD[,METHOD…] ]host[:port]", parsed by
+	// isolation.ParseEgressRule.
+	Allow []string
 }
 
 // ImageSettings is [image_config] or [agents.image_config], before
@@ -99,6 +122,9 @@ type Agent struct {
 	Tools         ToolsSettings
 	Container     Container
 	FileAccess    FileAccess
+	// EgressAllow are the agent's egress rules: what its tools may reach
+	// through berth's egress proxy when it has no direct network.
+	EgressAllow []string
 	// Isolation is the backend that runs this agent: "container" when
 	// container_mode.enabled, "unrestricted" when file_access.unrestricted,
 	// else "landlock".
@@ -232,6 +258,11 @@ type Scheduler struct {
 	DefaultTimeout    time.Duration // default_timeout_seconds; default 300s
 	RunAs             string        // unprivileged user for host runs; default "berth-agent"
 	AgentBinary       string        // default /usr/libexec/berth/berth-agent
+	// EgressBinary is the egress proxy; default berth-egress beside AgentBinary.
+	EgressBinary string
+	// EgressUser is the unprivileged user the egress proxy runs as; default
+	// "berth-egress". Never the run user: the proxy holds the keys.
+	EgressUser string
 }
 
 // Retention is the [retention] table: how long finished work is kept. Every

@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/berth-dev/berth/isolation"
 )
 
 // idPattern is what agent and connector ids must match: they become path
@@ -72,6 +74,48 @@ func (c *checks) strs(at fieldLocs, name string, values []string, check func(str
 			}
 		}
 	}
+}
+
+// egressSecret checks one [[egress.secrets]] entry.
+func (c *checks) egressSecret(e *secretEntry, seen map[string]loc) {
+	s := &e.s
+	if _, ok := e.at["name"]; !ok {
+		c.fail(where(e.at, e.self, "name"), "is required")
+	} else if first, dup := seen[s.Name]; dup {
+		c.fail(e.at["name"], "secret %q is already defined on line %d", s.Name, first.line)
+	} else {
+		seen[s.Name] = e.at["name"]
+	}
+	c.str(e.at, "name", s.Name, nonEmpty)
+	_, hasEnv := e.at["env"]
+	_, hasFile := e.at["file"]
+	if hasEnv == hasFile {
+		c.fail(e.self, "set exactly one of env and file (where the secret's value is read)")
+	}
+	c.str(e.at, "env", s.Env, nonEmpty)
+	c.str(e.at, "file", s.File, nonEmpty)
+	if _, ok := e.at["hosts"]; !ok || len(s.Hosts) == 0 {
+		c.fail(where(e.at, e.self, "hosts"), "name at least one host the secret is for")
+	}
+	c.strs(e.at, "hosts", s.Hosts, func(h string) string {
+		r, err := isolation.ParseEgressRule(h)
+		if err != nil || r.Port != 0 || len(r.Methods) > 0 || strings.Contains(r.Host, "*") {
+			return fmt.Sprintf("%q is not a host name (exact, no glob, no port)", h)
+		}
+		return ""
+	})
+	c.str(e.at, "header", s.Header, func(h string) string {
+		if h == "" || strings.ContainsAny(h, " :\r\n") {
+			return fmt.Sprintf("%q is not a header name", h)
+		}
+		return ""
+	})
+	c.str(e.at, "format", s.Format, func(f string) string {
+		if strings.Count(f, "{}") != 1 || strings.ContainsAny(f, "\r\n") {
+			return fmt.Sprintf("%q must hold \"{}\" once, where the value goes", f)
+		}
+		return ""
+	})
 }
 
 func nonEmpty(s string) string {
@@ -172,6 +216,11 @@ func (t *tree) validateValues() Errors {
 		c.connectorValues(e)
 	}
 
+	seenSecret := map[string]loc{}
+	for _, e := range t.secrets {
+		c.egressSecret(e, seenSecret)
+	}
+
 	for _, b := range t.bindings {
 		c.str(b.at, "server_id", b.b.ServerID, nonEmpty)
 		c.str(b.at, "channel_id", b.b.ChannelID, nonEmpty)
@@ -199,6 +248,13 @@ func (t *tree) validateValues() Errors {
 		return ""
 	})
 	c.str(t.at, "scheduler.agent_binary", t.agentBinary, absolutePath)
+	c.str(t.at, "scheduler.egress_binary", t.egressBinary, absolutePath)
+	c.str(t.at, "scheduler.egress_user", t.egressUser, func(v string) string {
+		if v == "root" || v == "0" {
+			return "must not be root: the egress proxy parses what sandboxes send"
+		}
+		return nonEmpty(v)
+	})
 
 	c.within(t.at, "retention.finished_runs_days", t.finishedRunsDays, 1, maxRetentionDays, "")
 	c.within(t.at, "retention.runs_per_agent", t.runsPerAgent, 1, maxRunsPerAgent, "")
@@ -259,6 +315,12 @@ func (c *checks) agentValues(a *agentEntry) {
 	}
 	c.str(a.at, "container_mode.network", s.ContainerMode.Network, CheckNetwork)
 	c.containerValues(a)
+	c.strs(a.at, "egress.allow", s.Egress.Allow, func(v string) string {
+		if _, err := isolation.ParseEgressRule(v); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
 	c.strs(a.at, "file_access.allow_read", s.FileAccess.AllowRead, absolutePath)
 	c.strs(a.at, "file_access.allow_read_write", s.FileAccess.AllowReadWrite, absolutePath)
 	c.strs(a.at, "file_access.deny", s.FileAccess.Deny, absolutePath)

@@ -13,12 +13,12 @@ package runplan
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -26,7 +26,8 @@ import (
 // Reasons a run is refused at compile time (before anything starts).
 const (
 	// ReasonProviderNeedsNetwork: the agent's model is reached over the
-	// network while the agent has none (docs/adr/0004-providers-need-network.md).
+	// network while the agent has none and no egress proxy can serve it
+	// (docs/adr/0011-egress-gateway.md).
 	ReasonProviderNeedsNetwork = "provider needs network"
 	// ReasonAgentNotConfigured: the run's agent is not in the config.
 	ReasonAgentNotConfigured = "agent is not configured"
@@ -62,6 +63,15 @@ type HostFacts struct {
 	// Getenv reads provider keys (api_key_env) in the scheduler's own
 	// environment.
 	Getenv func(string) string
+	// EgressDir holds the runs' egress sockets (one directory per run);
+	// "" is <StateDir>/egress.
+	EgressDir string
+	// EgressUser is [scheduler] egress_user looked up, when the scheduler
+	// is root (nil otherwise: the proxy then runs as the scheduler's user).
+	EgressUser *isolation.RunUser
+	// EgressUnavailable says why no egress proxy can be started here (the
+	// binary or the user is missing); nil when one can.
+	EgressUnavailable error
 }
 
 // Explanation is a plan with the reason for each decision, and what would
@@ -184,9 +194,9 @@ func compile(cfg *config.Config, agentID, runID string, host HostFacts) (compile
 		p.Network = isolation.Network{Allowed: fa.AllowNetwork, Mode: "none"}
 		if fa.AllowNetwork {
 			p.Network.Mode = "host"
-			c.why["network"] = "allowed (file_access.allow_network = true)"
+			c.why["network"] = "DIRECT and unfiltered (file_access.allow_network = true, an admin's opt-in, logged on every run): the agent and its tools reach any host, and provider keys travel on stdin"
 		} else {
-			c.why["network"] = "none — an empty network namespace and Landlock TCP deny (file_access.allow_network = false)"
+			c.why["network"] = "none — an empty network namespace and Landlock TCP deny (file_access.allow_network = false); the only way out is the run's egress socket"
 		}
 		c.why["policy"] = "the workspace read-write, the system set read-only (/usr, /bin, /lib*, a few /etc files; never /etc/shadow), file_access paths, and berth's config, state and other agents' workspaces denied"
 		if host.Systemd {
@@ -197,6 +207,7 @@ func compile(cfg *config.Config, agentID, runID string, host HostFacts) (compile
 	}
 
 	providers(&c, cfg, a, host)
+	egressPlan(&c, cfg, a, host)
 	return c, nil
 }
 
@@ -225,9 +236,9 @@ func containerPlan(c *compiled, a config.Agent) error {
 	}
 	p.Container = isolation.ContainerPlan{Image: cm.Image, Runtime: cm.Runtime, SecurityOpt: cm.SecurityOpt, Warm: cm.Warm}
 	if cm.Network == "none" {
-		c.why["network"] = "none — no interface but loopback; Landlock denies TCP as well (container_mode.network)"
+		c.why["network"] = "none — no interface but loopback; Landlock denies TCP as well (container_mode.network); the only way out is the run's egress socket"
 	} else {
-		c.why["network"] = fmt.Sprintf("%s — outbound through the engine's bridge; no published ports (container_mode.network)", cm.Network)
+		c.why["network"] = fmt.Sprintf("%s — DIRECT and unfiltered through the engine's bridge (container_mode.network, an admin's opt-in, logged on every run); no published ports; provider keys travel on stdin", cm.Network)
 	}
 	if cm.Image != "" {
 		c.why["image"] = fmt.Sprintf("%s (container_mode.image; must be in the engine, no registry is used)", cm.Image)
@@ -277,34 +288,212 @@ func providers(c *compiled, cfg *config.Config, a config.Agent, host HostFacts) 
 	for _, pr := range chain {
 		names = append(names, pr.Name+" ("+pr.Kind+")")
 	}
-	c.why["providers"] = strings.Join(names, ", then ") + ": the agent's provider, then [providers] fallback; keys are read from api_key_env in the scheduler's environment and travel only on the agent's stdin"
-	if err := checkProviderNetwork(a, c.plan, chain); err != nil {
-		c.problems = append(c.problems, err)
-	}
+	c.why["providers"] = strings.Join(names, ", then ") + ": the agent's provider, then [providers] fallback; keys are read from api_key_env in the scheduler's environment"
 }
 
-// checkProviderNetwork fails closed, before anything starts, when a provider
-// of the agent's chain needs the network and the agent's sandbox has none:
-// the run would otherwise spend its retries on connection errors. Only the
-// "local" provider works offline; a base_url on 127.0.0.1 is no exception,
-// since a cut-off agent has its own empty network namespace.
-func checkProviderNetwork(a config.Agent, p isolation.Plan, chain []agentproto.Provider) *isolation.RunError {
-	if p.Network.Allowed {
-		return nil
+// Default endpoints of the provider kinds, where the proxy sends a provider
+// without base_url.
+var defaultEndpoints = map[string]string{
+	"openai":    "https://api.openai.com/v1",
+	"anthropic": "https://api.anthropic.com",
+}
+
+// egressPlan gives a run without a network of its own its way out: the
+// run's socket, its allow rules and its providers' endpoints. A run with a
+// direct network (an admin's opt-in) or with nothing to reach gets none.
+func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts) {
+	p := &c.plan
+	if p.Network.Allowed || p.Backend == isolation.BackendUnrestricted {
+		if p.Backend == isolation.BackendUnrestricted {
+			c.why["egress"] = "none: an unrestricted run uses the host's network directly"
+		} else {
+			c.why["egress"] = "none: the run has a direct network (see network); provider keys travel on stdin"
+		}
+		return
 	}
-	for _, pr := range chain {
+	var endpoints []isolation.EgressProvider
+	for _, pr := range p.Providers {
 		if pr.Kind == "local" {
 			continue
 		}
-		setting := fmt.Sprintf("set file_access.allow_network = true for agent %q", a.ID)
-		if p.Backend == isolation.BackendContainer {
-			setting = fmt.Sprintf("set container_mode.network = \"bridge\" for agent %q", a.ID)
+		base := pr.BaseURL
+		if base == "" {
+			base = defaultEndpoints[pr.Kind]
 		}
-		return isolation.Errorf(ReasonProviderNeedsNetwork,
-			"agent %q uses provider %q (%s), which is reached over the network, but the agent has no network access: %s, or use provider \"local\"",
-			a.ID, pr.Name, pr.Kind, setting)
+		endpoints = append(endpoints, isolation.EgressProvider{Name: pr.Name, Kind: pr.Kind, BaseURL: base, Model: pr.Model})
 	}
-	return nil
+	var rules []isolation.EgressRule
+	for _, s := range a.EgressAllow {
+		r, err := isolation.ParseEgressRule(s)
+		if err != nil {
+			c.problems = append(c.problems, isolation.Errorf(isolation.ReasonStart, "agent %q: egress.allow: %v", a.ID, err))
+			continue
+		}
+		rules = append(rules, r)
+	}
+	secrets := egressSecrets(c, cfg, a, rules, host)
+	if len(endpoints) == 0 && len(rules) == 0 {
+		c.why["egress"] = "none: the agent calls no remote provider and [agents.egress] allow is empty, so nothing leaves the sandbox"
+		return
+	}
+	dir := host.EgressDir
+	if dir == "" {
+		dir = filepath.Join(host.StateDir, "egress")
+	}
+	runDir := filepath.Join(dir, p.RunID)
+	if p.RunID == "" {
+		runDir = filepath.Join(dir, "<run id>")
+	}
+	e := &isolation.EgressPlan{
+		Socket:    filepath.Join(runDir, isolation.EgressSocketName),
+		ProxyAddr: fmt.Sprintf("127.0.0.1:%d", isolation.EgressProxyPort),
+		Allow:     rules,
+		Providers: endpoints,
+		Proxy:     isolation.EgressProxyProcess{Binary: cfg.Scheduler.EgressBinary},
+	}
+	e.SandboxSocket = e.Socket
+	if len(secrets) > 0 {
+		e.Secrets = secrets
+		e.CABundle = filepath.Join(runDir, isolation.EgressCABundleName)
+		e.SandboxCABundle = e.CABundle
+		if p.Backend != isolation.BackendContainer {
+			// Tools read the bundle where it is: under the protected state dir.
+			p.Policy = isolation.KeepReadable(p.Policy, runDir)
+		}
+	}
+	if p.Backend == isolation.BackendContainer {
+		e.SandboxSocket = filepath.Join(isolation.SandboxEgressDir, isolation.EgressSocketName)
+		if e.CABundle != "" {
+			e.SandboxCABundle = filepath.Join(isolation.SandboxEgressDir, isolation.EgressCABundleName)
+		}
+		p.Mounts = append(p.Mounts, isolation.Mount{Source: runDir, Target: isolation.SandboxEgressDir})
+	}
+	if host.EgressUser != nil {
+		e.Proxy.User = host.EgressUser.Name
+		if host.RunUser != nil && host.EgressUser.UID == host.RunUser.UID {
+			c.problems = append(c.problems, isolation.Errorf(isolation.ReasonStart,
+				"[scheduler] egress_user %q is the run user: the proxy holds the provider keys and must be another user", host.EgressUser.Name))
+		}
+	}
+	// The agent and its tools may connect to the in-sandbox proxy only.
+	p.Policy.ConnectPorts = append(slices.Clone(p.Policy.ConnectPorts), isolation.EgressProxyPort)
+	p.Egress = e
+	var names []string
+	for _, ep := range endpoints {
+		names = append(names, fmt.Sprintf("%s at %s with model %q", ep.Name, ep.BaseURL, ep.Model))
+	}
+	why := fmt.Sprintf("through the run's socket %s: berth-agent serves it on %s for its provider calls and its tools (HTTP_PROXY/HTTPS_PROXY); the egress proxy checks the run's token, adds the provider key on the way out (the sandbox holds none) and records each decision", e.Socket, e.ProxyAddr)
+	if len(names) > 0 {
+		why += "; providers: " + strings.Join(names, ", ")
+	}
+	if len(rules) > 0 {
+		var raw []string
+		for _, r := range rules {
+			raw = append(raw, r.Raw)
+		}
+		why += "; [agents.egress] allow: " + strings.Join(raw, ", ") + " (loopback, private and link-local destinations only when a rule names the host)"
+	} else {
+		why += "; [agents.egress] allow is empty: nothing else passes"
+	}
+	for _, s := range secrets {
+		why += fmt.Sprintf("; secret %s is added as %s for %s (TLS intercepted with the run's own CA, which the sandbox trusts through %s; other hosts are never intercepted)",
+			s.Name, s.Header, strings.Join(s.Hosts, ", "), e.SandboxCABundle)
+	}
+	c.why["egress"] = why
+	if host.EgressUnavailable != nil {
+		if len(endpoints) > 0 {
+			c.problems = append(c.problems, providerNeedsNetwork(a, *p, endpoints[0], host.EgressUnavailable))
+		} else {
+			c.problems = append(c.problems, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "the egress proxy is not available", Err: host.EgressUnavailable})
+		}
+	}
+}
+
+// egressSecrets are the [[egress.secrets]] that apply to a run: those whose
+// hosts the agent's allow rules let it reach (CONNECT to 443). A value that
+// cannot be read is a problem: the run would fail at that host.
+func egressSecrets(c *compiled, cfg *config.Config, a config.Agent, rules []isolation.EgressRule, host HostFacts) []isolation.EgressSecret {
+	getenv := host.Getenv
+	if getenv == nil {
+		getenv = func(string) string { return "" }
+	}
+	var out []isolation.EgressSecret
+	for _, s := range cfg.EgressSecrets {
+		var hosts []string
+		for _, h := range s.Hosts {
+			if reachable(rules, h) {
+				hosts = append(hosts, h)
+			}
+		}
+		if len(hosts) == 0 {
+			continue
+		}
+		value, err := secretValue(s, getenv)
+		if err != nil {
+			c.problems = append(c.problems, &isolation.RunError{Reason: isolation.ReasonStart, Detail: fmt.Sprintf("egress secret %s", s.Name), Err: err})
+			continue
+		}
+		out = append(out, isolation.EgressSecret{Name: s.Name, Hosts: hosts, Header: s.Header, Format: s.Format, Value: value})
+	}
+	return out
+}
+
+// reachable says whether a rule lets CONNECT reach host on its port (443
+// for a rule without one).
+func reachable(rules []isolation.EgressRule, host string) bool {
+	for _, r := range rules {
+		port := r.Port
+		if port == 0 {
+			port = 443
+		}
+		if r.Matches("CONNECT", host, port) {
+			return true
+		}
+	}
+	return false
+}
+
+// secretValue reads a secret from the scheduler's environment or its file
+// (relative paths are under $CREDENTIALS_DIRECTORY).
+func secretValue(s config.EgressSecret, getenv func(string) string) (string, error) {
+	if s.Env != "" {
+		v := getenv(s.Env)
+		if v == "" {
+			return "", fmt.Errorf("%s is not set in the scheduler's environment", s.Env)
+		}
+		return v, nil
+	}
+	path := s.File
+	if !filepath.IsAbs(path) {
+		dir := getenv("CREDENTIALS_DIRECTORY")
+		if dir == "" {
+			return "", fmt.Errorf("file %q is relative and $CREDENTIALS_DIRECTORY is not set", s.File)
+		}
+		path = filepath.Join(dir, path)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("cannot read %s: %w", path, err)
+	}
+	v := strings.TrimSpace(string(data))
+	if v == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return v, nil
+}
+
+// providerNeedsNetwork fails closed, before anything starts, a run whose
+// provider is reached over the network when the sandbox has none and no
+// egress proxy can serve it: the run would otherwise spend its retries on
+// connection errors.
+func providerNeedsNetwork(a config.Agent, p isolation.Plan, pr isolation.EgressProvider, why error) *isolation.RunError {
+	setting := fmt.Sprintf("set file_access.allow_network = true for agent %q", a.ID)
+	if p.Backend == isolation.BackendContainer {
+		setting = fmt.Sprintf("set container_mode.network = \"bridge\" for agent %q", a.ID)
+	}
+	return isolation.Errorf(ReasonProviderNeedsNetwork,
+		"agent %q uses provider %q (%s), which is reached over the network, but the agent has no network access and the egress proxy cannot serve it (%v): install berth-egress and its user ([scheduler] egress_binary, egress_user), or %s (a direct, unfiltered network), or use provider \"local\"",
+		a.ID, pr.Name, pr.Kind, why, setting)
 }
 
 // WorkspaceOf is the agent's configured workspace or <state>/agents/<id>.
@@ -317,8 +506,8 @@ func WorkspaceOf(a config.Agent, stateDir string) string {
 
 // ProtectedPaths are what an agent must never reach even when its
 // file_access allows a parent: the state dir (and intake's beside it), the
-// config dir, connector secret and credential files and the other agents'
-// workspaces.
+// config dir, connector secret and credential files, egress secret files and
+// the other agents' workspaces.
 // isolation.HostPolicy keeps the agent's own workspace reachable when one of
 // them contains it.
 func ProtectedPaths(cfg *config.Config, a config.Agent, host HostFacts) []string {
@@ -336,6 +525,11 @@ func ProtectedPaths(cfg *config.Config, a config.Agent, host HostFacts) []string
 			if filepath.IsAbs(ref) {
 				add(filepath.Clean(ref))
 			}
+		}
+	}
+	for _, s := range cfg.EgressSecrets {
+		if filepath.IsAbs(s.File) {
+			add(filepath.Clean(s.File))
 		}
 	}
 	if host.ConfigDir != "" {

@@ -2,6 +2,7 @@ package runplan_test
 
 import (
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -147,13 +148,15 @@ func TestCompileRefusesARunThatCouldNotWork(t *testing.T) {
 	}{
 		{"An_unknown_agent", testConfig(), "nope", nil, runplan.ReasonAgentNotConfigured, "unknown agent"},
 		{"A_key_missing_from_the_schedulers_environment", testConfig(), "ops", nil, isolation.ReasonStart, "CLOUD_KEY is not set"},
-		{"A_network_provider_without_network", noNet, "ops", map[string]string{"CLOUD_KEY": secret}, runplan.ReasonProviderNeedsNetwork, "allow_network = true"},
+		{"A_network_provider_without_network_when_no_egress_proxy_can_serve_it", noNet, "ops", map[string]string{"CLOUD_KEY": secret}, runplan.ReasonProviderNeedsNetwork, "allow_network = true"},
 		{"A_bind_of_the_docker_socket_that_bypassed_validation", badBind, "boxed", nil, "", "Docker socket"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := runplan.Compile(tc.cfg, tc.agent, "r1", facts(t, tc.env))
+			host := facts(t, tc.env)
+			host.EgressUnavailable = errors.New("no user berth-egress")
+			_, err := runplan.Compile(tc.cfg, tc.agent, "r1", host)
 			if err == nil || isolation.ReasonOf(err) != tc.reason || !strings.Contains(err.Error(), tc.detail) {
 				t.Fatalf("Compile = %v, want reason %q with %q", err, tc.reason, tc.detail)
 			}

@@ -423,7 +423,9 @@ func (b *Backend) start(ctx context.Context, spec isolation.Spec, input []byte, 
 		return nil, &isolation.RunError{Reason: isolation.ReasonCanceled, Err: context.Cause(ctx)}
 	}
 	var s *session
-	if spec.Container.Warm > 0 {
+	// A run with an egress socket needs its own mount of the run's socket
+	// directory, which no waiting container has.
+	if spec.Container.Warm > 0 && spec.Egress == nil {
 		s = b.takeWarm(spec, p.hash)
 	}
 	if s == nil {
@@ -802,6 +804,9 @@ func (b *Backend) Explain(p isolation.Plan) isolation.Confinement {
 	}}
 	if p.Network.Mode == "none" {
 		c.Holds = append(c.Holds, "NetworkMode=none")
+		if p.Egress != nil {
+			c.Holds = append(c.Holds, "egress only through the run's socket, bind-mounted at "+isolation.SandboxEgressDir+"; no provider key in the container")
+		}
 	} else {
 		c.Missing = append(c.Missing, fmt.Sprintf("network isolation: NetworkMode=%s reaches out through the engine's bridge (container_mode.network)", p.Network.Mode))
 	}

@@ -42,7 +42,7 @@ type pool struct {
 func (b *Backend) Warm(specs []isolation.Spec) {
 	want := map[string]isolation.Spec{}
 	for _, s := range specs {
-		if s.Container.Warm > 0 {
+		if s.Container.Warm > 0 && s.Egress == nil {
 			want[s.AgentID] = templateOf(s)
 		}
 	}

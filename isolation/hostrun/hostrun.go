@@ -83,18 +83,34 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 		})
 	}
 	// Pdeathsig fires when the thread that started the child exits, not the
-	// process. Keeping this goroutine (Supervise starts the child on it) on
-	// its thread until the child is gone stops the runtime from handing the
-	// thread to a goroutine that might lock it and exit.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	return isolation.Supervise(ctx, spec, func(ctx context.Context, spec isolation.Spec, input []byte, stdout, stderr io.Writer) (isolation.Sandbox, error) {
-		return startProcess(spec, input, cred, stdout, stderr)
-	})
+	// process. Supervise starts the child on a goroutine locked to its
+	// thread until the child is gone, so the runtime never hands the thread
+	// to a goroutine that might lock it and exit. A thread that entered the
+	// run's network namespace is never handed back: its goroutine exits
+	// locked and the thread ends with the run.
+	type ran struct {
+		res isolation.Result
+		err error
+	}
+	done := make(chan ran, 1)
+	go func() {
+		runtime.LockOSThread()
+		inNamespace := false
+		res, err := isolation.Supervise(ctx, spec, func(ctx context.Context, spec isolation.Spec, input []byte, stdout, stderr io.Writer) (isolation.Sandbox, error) {
+			return startProcess(spec, input, cred, stdout, stderr, &inNamespace)
+		})
+		if !inNamespace {
+			// A thread still in the host's namespace is handed back.
+			runtime.UnlockOSThread()
+		}
+		done <- ran{res, err}
+	}()
+	r2 := <-done
+	return r2.res, r2.err
 }
 
 // startProcess starts the agent as a child process in a session of its own.
-func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, stdout, stderr io.Writer) (isolation.Sandbox, error) {
+func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, stdout, stderr io.Writer, inNamespace *bool) (isolation.Sandbox, error) {
 	grace := spec.KillGrace
 	if grace <= 0 {
 		grace = isolation.DefaultKillGrace
@@ -120,7 +136,16 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, s
 		},
 	}
 	if !spec.Policy.Network {
-		cutNetwork(cmd.SysProcAttr)
+		if spec.Egress != nil && os.Geteuid() == 0 {
+			// The in-sandbox proxy listens on 127.0.0.1: the namespace needs
+			// its loopback up, which the unprivileged agent cannot do.
+			*inNamespace = true
+			if err := enterNamespaceWithLoopback(); err != nil {
+				return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot cut network", Err: err}
+			}
+		} else {
+			cutNetwork(cmd.SysProcAttr)
+		}
 	}
 	if err := limitWithRlimits(cmd, spec.Limits, spec.Timeout); err != nil {
 		return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot limit the agent", Err: err}
@@ -254,6 +279,32 @@ func cutNetwork(attr *syscall.SysProcAttr) {
 	attr.GidMappingsEnableSetgroups = false
 }
 
+// enterNamespaceWithLoopback moves the calling thread (locked, and ended
+// with the run) into a new, empty network namespace and brings its loopback
+// up; a child started from the thread is born in it.
+func enterNamespaceWithLoopback() error {
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("cannot make a network namespace: %w", err)
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("cannot bring up loopback: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return fmt.Errorf("cannot bring up loopback: %w", err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("cannot bring up loopback: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("cannot bring up loopback: %w", err)
+	}
+	return nil
+}
+
 // isNamespaceError tells clone and id-map failures (what cutting the network
 // runs into) from exec failures, which the checks before Start make unlikely.
 func isNamespaceError(err error) bool {
@@ -323,8 +374,10 @@ func killSession(sid int, leaderStart uint64) {
 			if err != nil {
 				continue
 			}
-			session, start, err := sessionAndStart(pid)
-			if err != nil || session != sid || start < leaderStart {
+			st, err := readStat(pid)
+			// A zombie (the exited agent before it is reaped) cannot be
+			// killed again; counting it as alive cost every run all rounds.
+			if err != nil || st.session != sid || st.start < leaderStart || st.state == 'Z' {
 				continue
 			}
 			if syscall.Kill(pid, syscall.SIGKILL) == nil {
@@ -356,35 +409,47 @@ func parseHandle(handle string) (int, uint64, error) {
 
 // startTime reads field 22 of /proc/<pid>/stat (clock ticks since boot).
 func startTime(pid int) (uint64, error) {
-	_, st, err := sessionAndStart(pid)
-	return st, err
+	st, err := readStat(pid)
+	return st.start, err
 }
 
-// sessionAndStart reads fields 6 (session id) and 22 (start time) of
+// procStat is what killSession needs of /proc/<pid>/stat.
+type procStat struct {
+	state   byte // field 3: R, S, D, Z, ...
+	session int  // field 6
+	start   uint64
+}
+
+// readStat reads fields 3 (state), 6 (session id) and 22 (start time) of
 // /proc/<pid>/stat.
-func sessionAndStart(pid int) (int, uint64, error) {
+func readStat(pid int) (procStat, error) {
+	session, start, state, err := sessionAndStart(pid)
+	return procStat{state: state, session: session, start: start}, err
+}
+
+func sessionAndStart(pid int) (int, uint64, byte, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	// The command name (field 2) is in parentheses and may hold spaces and
 	// parentheses itself; fields after the last ')' start at field 3.
 	i := bytes.LastIndexByte(data, ')')
 	if i < 0 {
-		return 0, 0, fmt.Errorf("cannot parse /proc/%d/stat", pid)
+		return 0, 0, 0, fmt.Errorf("cannot parse /proc/%d/stat", pid)
 	}
 	fields := strings.Fields(string(data[i+1:]))
 	const sessionIdx, startIdx = 6 - 3, 22 - 3
 	if len(fields) <= startIdx {
-		return 0, 0, fmt.Errorf("cannot parse /proc/%d/stat: too few fields", pid)
+		return 0, 0, 0, fmt.Errorf("cannot parse /proc/%d/stat: too few fields", pid)
 	}
 	session, err := strconv.Atoi(fields[sessionIdx])
 	if err != nil {
-		return 0, 0, fmt.Errorf("cannot parse session of %d: %w", pid, err)
+		return 0, 0, 0, fmt.Errorf("cannot parse session of %d: %w", pid, err)
 	}
 	start, err := strconv.ParseUint(fields[startIdx], 10, 64)
 	if err != nil {
-		return 0, 0, fmt.Errorf("cannot parse start time of %d: %w", pid, err)
+		return 0, 0, 0, fmt.Errorf("cannot parse start time of %d: %w", pid, err)
 	}
-	return session, start, nil
+	return session, start, fields[0][0], nil
 }

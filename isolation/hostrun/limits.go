@@ -77,6 +77,7 @@ func (r Runner) Explain(p isolation.Plan) isolation.Confinement {
 		} else {
 			c.Holds = append(c.Holds, "PrivateNetwork=yes")
 		}
+		c.Holds = append(c.Holds, egressHolds(p)...)
 		return c
 	}
 	c := isolation.Confinement{Mode: "process", Missing: []string{
@@ -94,5 +95,14 @@ func (r Runner) Explain(p isolation.Plan) isolation.Confinement {
 	} else {
 		c.Holds = append(c.Holds, "empty network namespace")
 	}
+	c.Holds = append(c.Holds, egressHolds(p)...)
 	return c
+}
+
+// egressHolds says how a run with an egress plan gets out.
+func egressHolds(p isolation.Plan) []string {
+	if p.Egress == nil {
+		return nil
+	}
+	return []string{"egress only through the run's socket " + p.Egress.SandboxSocket + " (loopback up, proxy on " + p.Egress.ProxyAddr + "); no provider key in the sandbox"}
 }

@@ -287,7 +287,7 @@ func unitProperties(u unitRun, name string, stdin, stdout, stderr int) []sdbus.P
 			prop("LockPersonality", true),
 			// Bind mounts, not ReadWritePaths: they also show paths under
 			// /tmp through PrivateTmp. "-" paths may be missing.
-			prop("BindPaths", bindPaths(u.readWrite)),
+			prop("BindPaths", bindPaths(append(egressDirs(u.spec.Plan), u.readWrite...))),
 			prop("BindReadOnlyPaths", bindPaths(append([]string{u.spec.AgentBinary}, u.readOnly...))),
 		)
 	}
@@ -305,6 +305,15 @@ type bindPath struct {
 	Source, Destination string
 	IgnoreMissing       bool
 	Flags               uint64
+}
+
+// egressDirs is the run's egress socket directory, which the unit must show
+// even when it lies under /tmp (PrivateTmp) or a protected directory.
+func egressDirs(p isolation.Plan) []string {
+	if p.Egress == nil {
+		return nil
+	}
+	return []string{filepath.Dir(p.Egress.SandboxSocket)}
 }
 
 func bindPaths(paths []string) []bindPath {

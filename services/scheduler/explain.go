@@ -124,3 +124,26 @@ func (s *Service) testProvider(name string) map[string]dbus.Variant {
 		"latency_ms": dbus.MakeVariant(uint32(res.Latency.Milliseconds())),
 	}
 }
+
+// ExplainEgressJSON says, as JSON, whether the egress proxy of agent's next
+// run would let method reach rawURL, and why (berthctl egress explain). It
+// decides with the very rules and providers runOnce would hand the proxy.
+func (s *Service) ExplainEgressJSON(agent, method, rawURL string) (string, error) {
+	cfg := s.cfg.Load()
+	e, err := runplan.Explain(cfg, agent, s.hostFacts(cfg))
+	if isolation.ReasonOf(err) == runplan.ReasonAgentNotConfigured {
+		return "", fmt.Errorf("%w: %v", ErrNotFound, err)
+	}
+	if err != nil {
+		return "", fmt.Errorf("cannot explain the egress of %s: %w", agent, err)
+	}
+	v, err := e.Plan.Egress.Decide(method, rawURL)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	data, err := json.Marshal(v)
+	if err != nil {
+		return "", fmt.Errorf("cannot encode the egress verdict: %w", err)
+	}
+	return string(data), nil
+}

@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/berth-dev/berth/isolation"
@@ -25,6 +27,7 @@ const sweepTimeout = 30 * time.Second
 // active (isActive) before its sandbox exists, so a sweep never takes a
 // sandbox of this process.
 func (s *Service) sweepOrphans(ctx context.Context) {
+	s.sweepEgressDirs()
 	swept := map[isolation.Backend]bool{}
 	for name, b := range s.opts.Backends {
 		sw, ok := b.(Sweeper)
@@ -47,6 +50,25 @@ func (s *Service) sweep(ctx context.Context, name string, sw Sweeper) {
 		// Some were not removed: they keep running (and using the agent's
 		// workspace) until a later start removes them.
 		s.log.Error("cannot remove every sandbox left behind by an earlier scheduler; they may still be running", "backend", name, "removed", len(removed), "err", err)
+	}
+}
+
+// sweepEgressDirs removes the egress socket directories of runs this
+// process does not run: a crashed scheduler's proxies ended with it (their
+// stdin closed), their directories did not.
+func (s *Service) sweepEgressDirs() {
+	root := filepath.Join(s.stateDir, "egress")
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !e.IsDir() || s.isActive(e.Name()) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
+			s.log.Warn("cannot remove an egress directory left behind", "run_id", e.Name(), "err", err)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/services/egress"
 )
 
 // runOnce compiles the run's plan (internal/runplan), prepares its workspace
@@ -76,8 +78,68 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		Request: req,
 		OnStart: func(handle string) error { return s.saveHandle(r.ID, backend, handle) },
 	}
+	if plan.Network.Allowed {
+		s.log.Warn("run has a direct, unfiltered network (an admin's opt-in); its provider keys travel on stdin",
+			"run_id", r.ID, "agent", agent.ID, "backend", backend, "network", plan.Network.Mode)
+	}
+	if plan.Egress != nil {
+		proxy, token, err := s.startEgress(ctx, plan, host)
+		if err != nil {
+			return res, backend, err
+		}
+		spec.EgressToken = token
+		defer func() {
+			// The run is over: its token dies with its proxy.
+			res.Egress, res.EgressDropped = proxy.Stop()
+		}()
+	}
 	res, err = b.Run(ctx, spec)
 	return res, backend, err
+}
+
+// startEgress starts the run's egress proxy as [scheduler] egress_user on
+// the run's socket, holding the provider keys the request no longer carries.
+func (s *Service) startEgress(ctx context.Context, plan isolation.Plan, host runplan.HostFacts) (*egress.Proxy, string, error) {
+	token, err := egress.NewToken()
+	if err != nil {
+		return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
+	}
+	pol := egress.Policy{RunID: plan.RunID, Agent: plan.AgentID, Token: token, Allow: plan.Egress.Allow}
+	for _, ep := range plan.Egress.Providers {
+		for _, pr := range plan.Providers {
+			if pr.Name == ep.Name {
+				pol.Providers = append(pol.Providers, egress.Provider{Name: ep.Name, Kind: ep.Kind, BaseURL: ep.BaseURL, Model: ep.Model, Key: pr.Key})
+			}
+		}
+	}
+	var bundle []byte
+	if len(plan.Egress.Secrets) > 0 {
+		// A CA for this run only: its key lives in the proxy while the run lasts.
+		ca, err := egress.NewCA(plan.RunID)
+		if err != nil {
+			return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
+		}
+		pol.CA, bundle = &ca, ca.Bundle()
+		for _, sec := range plan.Egress.Secrets {
+			pol.Secrets = append(pol.Secrets, egress.Secret{Name: sec.Name, Hosts: sec.Hosts, Header: sec.Header, Format: sec.Format, Value: sec.Value})
+		}
+	}
+	startCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	proxy, err := egress.Launch(startCtx, pol, egress.LaunchOptions{
+		Binary:   plan.Egress.Proxy.Binary,
+		User:     host.EgressUser,
+		Client:   host.RunUser,
+		Socket:   plan.Egress.Socket,
+		Logger:   s.log,
+		CABundle: bundle,
+		// Private CAs the admin gave the scheduler hold for upstreams too.
+		UpstreamCAFile: s.opts.Getenv("SSL_CERT_FILE"),
+	})
+	if err != nil {
+		return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start the run's egress proxy", Err: err}
+	}
+	return proxy, token, nil
 }
 
 // hostFacts describes this scheduler and host to runplan: the state and
@@ -96,6 +158,22 @@ func (s *Service) hostFacts(cfg *config.Config) runplan.HostFacts {
 	}
 	if os.Geteuid() == 0 && cfg.Scheduler.RunAs != "" {
 		host.RunUser, host.RunUserErr = isolation.LookupRunUser(cfg.Scheduler.RunAs)
+	}
+	host.EgressDir = filepath.Join(s.stateDir, "egress")
+	// It exists before a plan is compiled, so a policy that carves the
+	// run's own directory out of the denied state dir denies the others'.
+	if err := os.MkdirAll(host.EgressDir, 0o755); err != nil {
+		s.log.Warn("cannot create the egress directory", "err", err)
+	}
+	if fi, err := os.Stat(cfg.Scheduler.EgressBinary); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		host.EgressUnavailable = fmt.Errorf("%s is not an executable file ([scheduler] egress_binary)", cfg.Scheduler.EgressBinary)
+	}
+	if os.Geteuid() == 0 {
+		u, err := isolation.LookupRunUser(cfg.Scheduler.EgressUser)
+		if err != nil {
+			host.EgressUnavailable = errors.Join(host.EgressUnavailable, fmt.Errorf("cannot find [scheduler] egress_user: %w", err))
+		}
+		host.EgressUser = u
 	}
 	return host
 }

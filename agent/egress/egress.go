@@ -1,0 +1,184 @@
+// Package egress is the sandbox's side of berth's egress gateway: an HTTP
+// proxy on 127.0.0.1 of the sandbox's own network namespace that forwards
+// every request to the run's Unix socket with the run's token, and the
+// environment that points the agent's tools at it. The sandbox has no other
+// way out (docs/adr/0011-egress-gateway.md); the token never reaches a tool.
+package egress
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/berth-dev/berth/internal/agentproto"
+)
+
+// Env is what a tool's environment gets so curl, pip, npm, git, apt and
+// web_fetch use the proxy unchanged.
+func Env(proxyAddr string) []string {
+	u := "http://" + proxyAddr
+	return []string{
+		"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "http_proxy=" + u, "https_proxy=" + u,
+		"NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1",
+		"npm_config_proxy=" + u, "npm_config_https_proxy=" + u,
+	}
+}
+
+// EnvFor is Env for the request's egress, plus the CA bundle variables
+// when the run intercepts hosts of [[egress.secrets]].
+func EnvFor(e agentproto.Egress) []string {
+	env := Env(e.ProxyAddr)
+	if e.CABundle != "" {
+		for _, k := range []string{"SSL_CERT_FILE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT"} {
+			env = append(env, k+"="+e.CABundle)
+		}
+	}
+	return env
+}
+
+// Proxy is the running in-sandbox proxy.
+type Proxy struct {
+	ln     net.Listener
+	srv    *http.Server
+	socket string
+	token  string
+	plain  *http.Transport // absolute-form requests, proxied on
+	origin *http.Transport // /providers/ requests
+}
+
+// Listen binds e.ProxyAddr. Call it before confining the process: Landlock
+// then keeps every other bind refused, while the bound listener goes on.
+func Listen(e agentproto.Egress) (*Proxy, error) {
+	if e.ProxyAddr == "" || e.Socket == "" || e.Token == "" {
+		return nil, errors.New("cannot start the egress proxy: the request's egress is incomplete")
+	}
+	ln, err := net.Listen("tcp", e.ProxyAddr)
+	if err != nil {
+		return nil, fmt.Errorf("cannot start the egress proxy on %s: %w", e.ProxyAddr, err)
+	}
+	p := &Proxy{ln: ln, socket: e.Socket, token: e.Token}
+	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", p.socket)
+	}
+	p.plain = &http.Transport{DialContext: dial, Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: "egress"}), MaxIdleConnsPerHost: 4}
+	p.origin = &http.Transport{DialContext: dial, MaxIdleConnsPerHost: 4}
+	p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 16 << 10, IdleTimeout: 60 * time.Second}
+	return p, nil
+}
+
+// Serve serves until Close.
+func (p *Proxy) Serve() error {
+	err := p.srv.Serve(p.ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close stops the proxy.
+func (p *Proxy) Close() error { return p.srv.Close() }
+
+// Addr is where the proxy listens.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodConnect {
+		p.connect(w, r)
+		return
+	}
+	out := r.Clone(r.Context())
+	out.RequestURI = ""
+	out.Header.Del("Proxy-Connection")
+	out.Header.Set("Proxy-Authorization", "Bearer "+p.token)
+	rt := p.plain
+	if !r.URL.IsAbs() {
+		out.URL.Scheme, out.URL.Host, out.Host = "http", "egress", "egress"
+		rt = p.origin
+	}
+	resp, err := rt.RoundTrip(out)
+	if err != nil {
+		http.Error(w, "berth egress unreachable: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(resp.StatusCode)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			w.Write(buf[:n])
+			if f, ok := w.(http.Flusher); ok {
+				f.Flush()
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// connect asks the egress proxy for the tunnel and splices it to the tool.
+func (p *Proxy) connect(w http.ResponseWriter, r *http.Request) {
+	up, err := net.DialTimeout("unix", p.socket, 10*time.Second)
+	if err != nil {
+		http.Error(w, "berth egress unreachable: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	fmt.Fprintf(up, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Bearer %s\r\n\r\n", r.Host, r.Host, p.token)
+	br := bufio.NewReader(up)
+	resp, err := http.ReadResponse(br, r)
+	if err != nil {
+		up.Close()
+		http.Error(w, "berth egress: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer up.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, io.LimitReader(resp.Body, 64<<10))
+		return
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		up.Close()
+		return
+	}
+	client, cbuf, err := hj.Hijack()
+	if err != nil {
+		up.Close()
+		return
+	}
+	defer client.Close()
+	defer up.Close()
+	io.WriteString(client, "HTTP/1.1 200 Connection Established\r\n\r\n")
+	done := make(chan struct{}, 2)
+	go func() {
+		io.Copy(up, io.MultiReader(io.LimitReader(cbuf, int64(cbuf.Reader.Buffered())), client))
+		if cw, ok := up.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	go func() {
+		io.Copy(client, br)
+		if cw, ok := client.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	<-done
+	<-done
+}

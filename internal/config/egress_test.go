@@ -1,0 +1,158 @@
+package config_test
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/berth-dev/berth/internal/config"
+)
+
+func TestEgressAllowRulesAreReadAndChecked(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		toml    string
+		want    []string
+		wantErr string
+	}{
+		{
+			name: "Rules are read from the agent",
+			toml: "[[agents]]\nid = \"ops\"\n[agents.egress]\nallow = [\"pypi.org\", \"*.debian.org\", \"github.com:443\", \"GET,HEAD deb.example.org\"]\n",
+			want: []string{"pypi.org", "*.debian.org", "github.com:443", "GET,HEAD deb.example.org"},
+		},
+		{
+			name: "Agent defaults apply when the agent sets none",
+			toml: "[agent_defaults.egress]\nallow = [\"pypi.org\"]\n[[agents]]\nid = \"ops\"\n",
+			want: []string{"pypi.org"},
+		},
+		{
+			name:    "A URL instead of a host is refused with file, line and key",
+			toml:    "[[agents]]\nid = \"ops\"\n[agents.egress]\nallow = [\"pypi.org\", \"https://pypi.org/simple\"]\n",
+			wantErr: `berth.toml:4: agents[0].egress.allow[1]: "https://pypi.org/simple": a rule names a host, not a URL`,
+		},
+		{
+			name:    "A bad method is refused",
+			toml:    "[[agents]]\nid = \"ops\"\n[agents.egress]\nallow = [\"FETCH pypi.org\"]\n",
+			wantErr: `agents[0].egress.allow[0]: "FETCH pypi.org": "FETCH" is not an HTTP method`,
+		},
+		{
+			name:    "A bad port is refused",
+			toml:    "[[agents]]\nid = \"ops\"\n[agents.egress]\nallow = [\"pypi.org:99999\"]\n",
+			wantErr: `port "99999" is not 1-65535`,
+		},
+		{
+			name:    "MeepaGateway's inject_secrets_env points to egress secrets",
+			toml:    "[[agents]]\nid = \"ops\"\ninject_secrets_env = [\"GITHUB_TOKEN\"]\n",
+			wantErr: "berth.toml:3: agents[0].inject_secrets_env: berth never puts secrets into a sandbox's environment: bind the secret to its hosts in [[egress.secrets]]",
+		},
+		{
+			name:    "MeepaGateway's inject_credentials_env under container_mode is refused too",
+			toml:    "[[agents]]\nid = \"ops\"\n[agents.container_mode]\ninject_credentials_env = {GH = \"x\"}\n",
+			wantErr: "agents[0].container_mode.inject_credentials_env: berth never puts secrets into a sandbox's environment: bind the secret to its hosts in [[egress.secrets]]",
+		},
+		{
+			name:    "The egress proxy never runs as root",
+			toml:    "[scheduler]\negress_user = \"root\"\n[[agents]]\nid = \"ops\"\n",
+			wantErr: "berth.toml:2: scheduler.egress_user: must not be root",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			path := writeConfig(t, map[string]string{"berth.toml": tt.toml})
+			cfg, err := config.Load(path)
+			if tt.wantErr != "" {
+				if err == nil {
+					t.Fatalf("loaded; want an error containing %q", tt.wantErr)
+				}
+				if got := strings.Join(errorLines(t, err, path), "\n"); !strings.Contains(got, tt.wantErr) {
+					t.Fatalf("errors = %s\nwant one containing %q", got, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := cfg.Agent("ops")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(a.EgressAllow, tt.want) {
+				t.Fatalf("egress allow = %q, want %q", a.EgressAllow, tt.want)
+			}
+			if cfg.Scheduler.EgressUser != "berth-egress" || cfg.Scheduler.EgressBinary != "/usr/libexec/berth/berth-egress" {
+				t.Fatalf("egress defaults = %q, %q", cfg.Scheduler.EgressUser, cfg.Scheduler.EgressBinary)
+			}
+		})
+	}
+}
+
+func TestEgressSecretsAreReadAndChecked(t *testing.T) {
+	t.Parallel()
+	agent := "[[agents]]\nid = \"ops\"\n"
+	tests := []struct {
+		name    string
+		toml    string
+		want    []config.EgressSecret
+		wantErr string
+	}{
+		{
+			name: "A_secret_gets_the_bearer_default",
+			toml: agent + "[[egress.secrets]]\nname = \"github\"\nenv = \"GITHUB_TOKEN\"\nhosts = [\"api.github.com\", \"github.com\"]\n",
+			want: []config.EgressSecret{{Name: "github", Env: "GITHUB_TOKEN", Hosts: []string{"api.github.com", "github.com"}, Header: "Authorization", Format: "Bearer {}"}},
+		},
+		{
+			name: "A_secret_from_a_file_with_its_own_header",
+			toml: agent + "[[egress.secrets]]\nname = \"registry\"\nfile = \"registry.token\"\nhosts = [\"registry.example\"]\nheader = \"X-Token\"\nformat = \"{}\"\n",
+			want: []config.EgressSecret{{Name: "registry", File: "registry.token", Hosts: []string{"registry.example"}, Header: "X-Token", Format: "{}"}},
+		},
+		{
+			name:    "Both_env_and_file_is_refused",
+			toml:    agent + "[[egress.secrets]]\nname = \"x\"\nenv = \"A\"\nfile = \"b\"\nhosts = [\"h.example\"]\n",
+			wantErr: "egress.secrets[0]: set exactly one of env and file",
+		},
+		{
+			name:    "A_glob_host_is_refused",
+			toml:    agent + "[[egress.secrets]]\nname = \"x\"\nenv = \"A\"\nhosts = [\"*.github.com\"]\n",
+			wantErr: `egress.secrets[0].hosts[0]: "*.github.com" is not a host name (exact, no glob, no port)`,
+		},
+		{
+			name:    "A_format_without_the_placeholder_is_refused",
+			toml:    agent + "[[egress.secrets]]\nname = \"x\"\nenv = \"A\"\nhosts = [\"h.example\"]\nformat = \"Bearer\"\n",
+			wantErr: `egress.secrets[0].format: "Bearer" must hold "{}" once`,
+		},
+		{
+			name:    "A_secret_twice_is_refused",
+			toml:    agent + "[[egress.secrets]]\nname = \"x\"\nenv = \"A\"\nhosts = [\"h.example\"]\n[[egress.secrets]]\nname = \"x\"\nenv = \"B\"\nhosts = [\"i.example\"]\n",
+			wantErr: `secret "x" is already defined on line`,
+		},
+		{
+			name:    "An_unknown_key_is_refused",
+			toml:    agent + "[[egress.secrets]]\nname = \"x\"\nenv = \"A\"\nhosts = [\"h.example\"]\nvalue = \"inline\"\n",
+			wantErr: "egress.secrets[0].value: unknown key",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			path := writeConfig(t, map[string]string{"berth.toml": tt.toml})
+			cfg, err := config.Load(path)
+			if tt.wantErr != "" {
+				if err == nil {
+					t.Fatalf("loaded; want an error containing %q", tt.wantErr)
+				}
+				if got := strings.Join(errorLines(t, err, path), "\n"); !strings.Contains(got, tt.wantErr) {
+					t.Fatalf("errors = %s\nwant one containing %q", got, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(cfg.EgressSecrets, tt.want) {
+				t.Fatalf("secrets = %+v, want %+v", cfg.EgressSecrets, tt.want)
+			}
+		})
+	}
+}

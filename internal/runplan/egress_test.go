@@ -1,0 +1,201 @@
+package runplan_test
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/runplan"
+	"github.com/berth-dev/berth/isolation"
+)
+
+func TestARunWithoutANetworkOfItsOwnLeavesOnlyThroughItsEgressSocket(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"CLOUD_KEY": secret}
+	cfg := testConfig()
+	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
+	cfg.Agents[0].Egress.Allow = []string{"pypi.org", "GET deb.example.org:8080"}
+	cfg.Agents[1].Provider = "cloud" // boxed: a container with network none
+	cfg.Scheduler.EgressBinary = "/usr/libexec/berth/berth-egress"
+	tests := []struct {
+		name  string
+		agent string
+		check func(t *testing.T, p isolation.Plan, host runplan.HostFacts)
+	}{
+		{"A_landlock_run_gets_an_empty_namespace_a_socket_and_the_proxy_port_only", "ops", func(t *testing.T, p isolation.Plan, host runplan.HostFacts) {
+			e := p.Egress
+			if p.Network.Allowed || p.Policy.Network || e == nil {
+				t.Fatalf("network %+v policy network %v egress %+v; want none and an egress plan", p.Network, p.Policy.Network, e)
+			}
+			if want := filepath.Join(host.StateDir, "egress", "r1", "egress.sock"); e.Socket != want || e.SandboxSocket != want {
+				t.Errorf("socket %q (sandbox %q), want %q", e.Socket, e.SandboxSocket, want)
+			}
+			if !slices.Equal(p.Policy.ConnectPorts, []uint16{isolation.EgressProxyPort}) || e.ProxyAddr != "127.0.0.1:3128" {
+				t.Errorf("connect ports %v proxy %q; want only the in-sandbox proxy", p.Policy.ConnectPorts, e.ProxyAddr)
+			}
+			if len(e.Providers) != 1 || e.Providers[0].BaseURL != "http://127.0.0.1:9/v1" || e.Providers[0].Model != "m" {
+				t.Errorf("providers %+v; want cloud's endpoint and model", e.Providers)
+			}
+			if len(e.Allow) != 2 || e.Allow[1].Port != 8080 || !slices.Equal(e.Allow[1].Methods, []string{"GET"}) {
+				t.Errorf("allow %+v", e.Allow)
+			}
+			if e.Proxy.Binary != "/usr/libexec/berth/berth-egress" || e.Proxy.User != "daemon" {
+				t.Errorf("proxy %+v", e.Proxy)
+			}
+		}},
+		{"A_container_run_gets_its_socket_directory_bind_mounted", "boxed", func(t *testing.T, p isolation.Plan, host runplan.HostFacts) {
+			if p.Egress == nil || p.Network.Mode != "none" {
+				t.Fatalf("egress %+v network %+v", p.Egress, p.Network)
+			}
+			want := isolation.Mount{Source: filepath.Join(host.StateDir, "egress", "r1"), Target: "/run/berth-egress"}
+			if !slices.Contains(p.Mounts, want) || p.Egress.SandboxSocket != "/run/berth-egress/egress.sock" {
+				t.Errorf("mounts %+v sandbox socket %q; want %+v", p.Mounts, p.Egress.SandboxSocket, want)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			host := facts(t, env)
+			host.EgressUser = &isolation.RunUser{Name: "daemon", UID: 1, GID: 1}
+			p, err := runplan.Compile(cfg, tc.agent, "r1", host)
+			if err != nil {
+				t.Fatalf("Compile: %v", err)
+			}
+			tc.check(t, p, host)
+			// What the agent reads on stdin: no key, its providers behind the proxy.
+			in, err := isolation.Spec{Plan: p, EgressToken: "tok-0123456789abcdef"}.Input()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(in), secret) {
+				t.Fatalf("the request on stdin holds the key: %s", in)
+			}
+			var req agentproto.Request
+			json.Unmarshal(in, &req)
+			if req.Provider.Key != "" || req.Provider.BaseURL != "http://127.0.0.1:3128/providers/cloud" || !req.Provider.Proxied || req.Provider.Endpoint != "http://127.0.0.1:9/v1" {
+				t.Errorf("provider on stdin %+v; want no key and the proxy's URL", req.Provider)
+			}
+			if req.Egress == nil || req.Egress.Token != "tok-0123456789abcdef" || req.Egress.Socket != p.Egress.SandboxSocket {
+				t.Errorf("egress on stdin %+v", req.Egress)
+			}
+		})
+	}
+}
+
+func TestOnlyAnAdminsOptInGivesADirectNetworkAndTheKeyOnStdin(t *testing.T) {
+	t.Parallel()
+	host := facts(t, map[string]string{"CLOUD_KEY": secret})
+	p, err := runplan.Compile(testConfig(), "ops", "r1", host) // allow_network = true
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Egress != nil || !p.Network.Allowed {
+		t.Fatalf("egress %+v network %+v; want a direct network and no proxy", p.Egress, p.Network)
+	}
+	in, _ := isolation.Spec{Plan: p}.Input()
+	if !strings.Contains(string(in), secret) {
+		t.Error("a direct-network run must still get its key on stdin")
+	}
+	e, err := runplan.Explain(testConfig(), "ops", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(e.Why["network"], "DIRECT and unfiltered") || !strings.Contains(e.Why["egress"], "direct network") {
+		t.Errorf("why network %q egress %q; want the opt-in said loudly", e.Why["network"], e.Why["egress"])
+	}
+}
+
+func TestARunWithNothingToReachGetsNoProxy(t *testing.T) {
+	t.Parallel()
+	p, err := runplan.Compile(testConfig(), "docs", "r1", facts(t, nil)) // local provider, no rules
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Egress != nil || len(p.Policy.ConnectPorts) != 0 {
+		t.Fatalf("egress %+v connect ports %v; want none", p.Egress, p.Policy.ConnectPorts)
+	}
+}
+
+func TestExplainShowsTheEgressSectionWithoutKeys(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
+	cfg.Agents[0].Egress.Allow = []string{"pypi.org"}
+	e, err := runplan.Explain(cfg, "ops", facts(t, map[string]string{"CLOUD_KEY": secret}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(e)
+	if strings.Contains(string(data), secret) {
+		t.Fatal("the explanation holds the key")
+	}
+	if e.Plan.Egress == nil || !strings.Contains(e.Why["egress"], "pypi.org") || !strings.Contains(e.Why["egress"], `cloud at http://127.0.0.1:9/v1 with model "m"`) {
+		t.Fatalf("egress %+v why %q", e.Plan.Egress, e.Why["egress"])
+	}
+	if len(e.Problems) != 0 {
+		t.Errorf("problems %q", e.Problems)
+	}
+}
+
+func TestTheProxyNeverRunsAsTheRunUser(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
+	host := facts(t, map[string]string{"CLOUD_KEY": secret})
+	host.EgressUser = host.RunUser
+	if _, err := runplan.Compile(cfg, "ops", "r1", host); err == nil || !strings.Contains(err.Error(), "must be another user") {
+		t.Fatalf("Compile = %v, want the egress user refused", err)
+	}
+}
+
+func TestEgressSecretsApplyToHostsTheAgentMayReachAndNeverShow(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
+	cfg.Agents[0].Egress.Allow = []string{"api.github.com", "pypi.org"}
+	cfg.EgressSecrets = []config.EgressSecret{
+		{Name: "github", Env: "GITHUB_TOKEN", Hosts: []string{"api.github.com", "github.com"}, Header: "Authorization", Format: "Bearer {}"},
+		{Name: "registry", Env: "REGISTRY_TOKEN", Hosts: []string{"registry.example"}, Header: "X-Token", Format: "{}"},
+	}
+	cfg.EgressSecrets = append(cfg.EgressSecrets, config.EgressSecret{Name: "deploy", File: "/etc/berth/deploy.token", Hosts: []string{"deploy.example"}, Header: "Authorization", Format: "Bearer {}"})
+	const token = "ghp_runplan_SECRET_42"
+	host := facts(t, map[string]string{"CLOUD_KEY": secret, "GITHUB_TOKEN": token})
+	p, err := runplan.Compile(cfg, "ops", "r1", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := p.Egress
+	if len(e.Secrets) != 1 || e.Secrets[0].Name != "github" || !slices.Equal(e.Secrets[0].Hosts, []string{"api.github.com"}) || e.Secrets[0].Value != token {
+		t.Fatalf("secrets %+v; want github for api.github.com only (github.com has no rule, registry neither)", e.Secrets)
+	}
+	if !slices.Contains(p.Policy.AllowRead, filepath.Join(host.StateDir, "egress", "r1")) {
+		t.Errorf("the run's egress directory (its CA bundle) is not readable: %v", p.Policy.AllowRead)
+	}
+	if !slices.Contains(p.Policy.Deny, "/etc/berth/deploy.token") {
+		t.Errorf("a secret file is not denied to the agent: %v", p.Policy.Deny)
+	}
+	if want := filepath.Join(host.StateDir, "egress", "r1", "ca.pem"); e.CABundle != want || e.SandboxCABundle != want {
+		t.Errorf("CA bundle %q (sandbox %q), want %q", e.CABundle, e.SandboxCABundle, want)
+	}
+	in, _ := isolation.Spec{Plan: p, EgressToken: "tok-0123456789abcdef"}.Input()
+	if strings.Contains(string(in), token) || !strings.Contains(string(in), `"ca_bundle":"`+e.SandboxCABundle+`"`) {
+		t.Fatalf("stdin: the secret must be absent and the bundle named: %s", in)
+	}
+	ex, err := runplan.Explain(cfg, "ops", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(ex)
+	if strings.Contains(string(data), token) || !strings.Contains(ex.Why["egress"], "secret github is added as Authorization for api.github.com") {
+		t.Fatalf("explain: %s", data)
+	}
+	missing := facts(t, map[string]string{"CLOUD_KEY": secret})
+	if _, err := runplan.Compile(cfg, "ops", "r1", missing); err == nil || !strings.Contains(err.Error(), "GITHUB_TOKEN is not set") {
+		t.Fatalf("Compile without the secret's value = %v, want it refused", err)
+	}
+}

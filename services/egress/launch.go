@@ -1,0 +1,342 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/isolation"
+)
+
+// NewToken returns a fresh run token.
+func NewToken() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("cannot make a run token: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// childConfig is what the proxy process reads on stdin (one JSON line): the
+// keys travel here, never in its argv or environment.
+type childConfig struct {
+	Policy Policy `json:"policy"`
+	// RootCAsPEM adds CAs that upstream TLS may be signed by (tests).
+	RootCAsPEM string `json:"root_cas_pem,omitempty"`
+}
+
+// LaunchOptions say how one run's proxy process is started.
+type LaunchOptions struct {
+	// Binary is berth-egress.
+	Binary string
+	// User is the proxy's own unprivileged user; nil runs it as the caller
+	// (only when the caller is not root).
+	User *isolation.RunUser
+	// Socket is the run's socket path; its directory is made for the run
+	// and removed by Stop.
+	Socket string
+	// Client is the run user, the only one (besides root) who may connect.
+	Client *isolation.RunUser
+	Logger *slog.Logger
+	// RootCAsPEM: see childConfig.
+	RootCAsPEM []byte
+	// UpstreamCAFile, when set, is the SSL_CERT_FILE the proxy verifies
+	// upstream TLS with (instead of the system's bundle).
+	UpstreamCAFile string
+	// CABundle, when set, is written to the run's directory as
+	// isolation.EgressCABundleName for the sandbox to trust.
+	CABundle []byte
+	// StopTimeout bounds how long Stop waits for the process (5 s).
+	StopTimeout time.Duration
+}
+
+// Proxy is a started proxy process.
+type Proxy struct {
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	dir     string
+	timeout time.Duration
+	log     *slog.Logger
+	done    chan struct{}
+
+	mu        sync.Mutex
+	decisions []isolation.EgressDecision
+	dropped   int
+}
+
+// Launch creates the run's socket, starts the proxy process on it as
+// opts.User and hands it the policy on stdin.
+func Launch(ctx context.Context, pol Policy, opts LaunchOptions) (p *Proxy, err error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.StopTimeout <= 0 {
+		opts.StopTimeout = 5 * time.Second
+	}
+	if opts.User == nil && os.Geteuid() == 0 {
+		return nil, errors.New("cannot start the egress proxy: refusing to run it as root; set [scheduler] egress_user")
+	}
+	if opts.User != nil && opts.User.UID == 0 {
+		return nil, errors.New("cannot start the egress proxy: egress_user is root")
+	}
+	dir := filepath.Dir(opts.Socket)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, fmt.Errorf("cannot create the egress directory: %w", err)
+	}
+	// A run run again (after a scheduler crash) starts with a fresh directory.
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("cannot clear the run's egress directory: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("cannot create the run's egress directory: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	if len(opts.CABundle) > 0 {
+		if err := os.WriteFile(filepath.Join(dir, isolation.EgressCABundleName), opts.CABundle, 0o644); err != nil {
+			return nil, fmt.Errorf("cannot write the run's CA bundle: %w", err)
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: opts.Socket, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("cannot create the run's egress socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	lf, err := ln.File()
+	ln.Close()
+	if err != nil {
+		return nil, fmt.Errorf("cannot hand over the egress socket: %w", err)
+	}
+	defer lf.Close()
+	mode := os.FileMode(0o666)
+	if opts.Client != nil && os.Geteuid() == 0 {
+		if err := os.Chown(opts.Socket, int(opts.Client.UID), int(opts.Client.GID)); err != nil {
+			return nil, fmt.Errorf("cannot hand the egress socket to %s: %w", opts.Client.Name, err)
+		}
+		mode = 0o600
+	}
+	if err := os.Chmod(opts.Socket, mode); err != nil {
+		return nil, fmt.Errorf("cannot set the egress socket's mode: %w", err)
+	}
+
+	cfg, err := json.Marshal(childConfig{Policy: pol, RootCAsPEM: string(opts.RootCAsPEM)})
+	if err != nil {
+		return nil, fmt.Errorf("cannot encode the egress policy: %w", err)
+	}
+	cmd := exec.Command(opts.Binary)
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C.UTF-8"}
+	if opts.UpstreamCAFile != "" {
+		cmd.Env = append(cmd.Env, "SSL_CERT_FILE="+opts.UpstreamCAFile)
+	}
+	cmd.Dir = "/"
+	cmd.ExtraFiles = []*os.File{lf}
+	// No Pdeathsig: it fires when the forking thread ends, which the Go
+	// runtime may do at any time. The proxy ends when its stdin closes,
+	// which the scheduler's exit does too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if opts.User != nil && os.Geteuid() == 0 {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: opts.User.UID, Gid: opts.User.GID, Groups: []uint32{}}
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("cannot start the egress proxy: %w", err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("cannot start the egress proxy: %w", err)
+	}
+	cmd.Stderr = &logWriter{log: opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent)}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("cannot start the egress proxy %s: %w", opts.Binary, err)
+	}
+	p = &Proxy{cmd: cmd, stdin: stdin, dir: dir, timeout: opts.StopTimeout, done: make(chan struct{}),
+		log: opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent)}
+	ready := make(chan error, 1)
+	go p.read(stdout, ready)
+	if _, err := stdin.Write(append(cfg, '\n')); err != nil {
+		p.Stop()
+		return nil, fmt.Errorf("cannot hand the policy to the egress proxy: %w", err)
+	}
+	select {
+	case err = <-ready:
+	case <-ctx.Done():
+		err = context.Cause(ctx)
+	case <-time.After(opts.StopTimeout):
+		err = errors.New("it did not report ready")
+	}
+	if err != nil {
+		p.Stop()
+		return nil, fmt.Errorf("cannot start the egress proxy: %w", err)
+	}
+	return p, nil
+}
+
+// childLine is one line the proxy writes on stdout.
+type childLine struct {
+	Ready    bool                      `json:"ready,omitempty"`
+	Error    string                    `json:"error,omitempty"`
+	Decision *isolation.EgressDecision `json:"decision,omitempty"`
+}
+
+func (p *Proxy) read(stdout io.Reader, ready chan<- error) {
+	defer close(p.done)
+	sc := bufio.NewScanner(stdout)
+	sc.Buffer(make([]byte, 64<<10), 64<<10)
+	reported := false
+	for sc.Scan() {
+		var l childLine
+		if json.Unmarshal(sc.Bytes(), &l) != nil {
+			continue
+		}
+		switch {
+		case l.Ready && !reported:
+			reported = true
+			ready <- nil
+		case l.Error != "" && !reported:
+			reported = true
+			ready <- errors.New(l.Error)
+		case l.Decision != nil:
+			logDecision(p.log, *l.Decision)
+			p.mu.Lock()
+			if len(p.decisions) < isolation.MaxEgressDecisions {
+				p.decisions = append(p.decisions, *l.Decision)
+			} else {
+				p.dropped++
+			}
+			p.mu.Unlock()
+		}
+	}
+	if !reported {
+		ready <- errors.New("it exited before it was ready")
+	}
+}
+
+// Stop revokes the run's token (the process ends and with it every
+// connection), removes the socket and returns the run's decisions.
+func (p *Proxy) Stop() ([]isolation.EgressDecision, int) {
+	p.stdin.Close()
+	exited := make(chan struct{})
+	go func() { p.cmd.Wait(); close(exited) }()
+	select {
+	case <-exited:
+	case <-time.After(p.timeout):
+		p.cmd.Process.Kill()
+		<-exited
+	}
+	select {
+	case <-p.done:
+	case <-time.After(p.timeout):
+	}
+	if err := os.RemoveAll(p.dir); err != nil {
+		p.log.Warn("cannot remove the run's egress directory", "err", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]isolation.EgressDecision(nil), p.decisions...), p.dropped
+}
+
+// Pid is the proxy process's pid.
+func (p *Proxy) Pid() int { return p.cmd.Process.Pid }
+
+// RunChild is berth-egress: it serves the listener on fd 3 with the policy
+// read from stdin until stdin closes, writing each decision to stdout.
+func RunChild(stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
+	// Its memory holds provider keys: no core dumps, no ptrace by others.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("cannot make the egress proxy non-dumpable: %w", err)
+	}
+	var mu sync.Mutex
+	enc := json.NewEncoder(stdout)
+	emit := func(l childLine) {
+		mu.Lock()
+		enc.Encode(l)
+		mu.Unlock()
+	}
+	fail := func(err error) error {
+		emit(childLine{Error: err.Error()})
+		return err
+	}
+	if os.Geteuid() == 0 {
+		return fail(errors.New("berth-egress refuses to run as root"))
+	}
+	in := bufio.NewReader(stdin)
+	line, err := in.ReadBytes('\n')
+	if err != nil {
+		return fail(fmt.Errorf("cannot read the policy: %w", err))
+	}
+	var cfg childConfig
+	if err := json.Unmarshal(line, &cfg); err != nil {
+		return fail(fmt.Errorf("cannot decode the policy: %w", err))
+	}
+	opts := Options{Logger: log, OnDecision: func(d isolation.EgressDecision) { emit(childLine{Decision: &d}) }}
+	if cfg.RootCAsPEM != "" {
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		pool.AppendCertsFromPEM([]byte(cfg.RootCAsPEM))
+		opts.RootCAs = pool
+	}
+	srv, err := NewServer(cfg.Policy, opts)
+	if err != nil {
+		return fail(err)
+	}
+	lf := os.NewFile(3, "egress.sock")
+	ln, err := net.FileListener(lf)
+	lf.Close()
+	if err != nil {
+		return fail(fmt.Errorf("cannot use the socket on fd 3: %w", err))
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	emit(childLine{Ready: true})
+	// stdin closes when the run ends (or the scheduler dies): the token is
+	// revoked with the process.
+	io.Copy(io.Discard, in)
+	srv.Close()
+	return <-served
+}
+
+// logWriter logs what the proxy writes on stderr.
+type logWriter struct {
+	log *slog.Logger
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			if len(w.buf) > 8<<10 {
+				w.buf = w.buf[:0]
+			}
+			return len(p), nil
+		}
+		w.log.Info("egress proxy: " + string(w.buf[:i]))
+		w.buf = w.buf[i+1:]
+	}
+}
