@@ -29,8 +29,10 @@ import (
 	"github.com/berth-dev/berth/internal/testbus"
 )
 
-// Binaries are the programs Build produces.
-var Binaries = []string{"berth-intake", "berth-scheduler", "berth-imaged", "berth-agent", "berthctl"}
+// Binaries are the programs Build produces. A suite's config points
+// [scheduler] egress_binary at berth-egress here and egress_user at an
+// unprivileged user that is not run_as (Debian's "daemon" is always there).
+var Binaries = []string{"berth-intake", "berth-scheduler", "berth-imaged", "berth-egress", "berth-agent", "berthctl"}
 
 // Build compiles the suite into binDir (created 0755 so unprivileged agent
 // users can execute berth-agent). repoRoot is the module root.
