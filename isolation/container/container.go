@@ -519,12 +519,14 @@ func (s *session) Drained() <-chan struct{} { return s.copied }
 
 // Inspect asks the engine whether the kernel OOM-killed a process of the
 // container. The engine learns of an OOM kill asynchronously, so when
-// something in the run died of SIGKILL it is asked again for a short while
+// something in the run died of SIGKILL it is asked again for up to 5 s
 // before the answer counts as no.
 func (s *session) Inspect(ctx context.Context, suspect bool) bool {
 	attempts := 1
 	if suspect {
-		attempts = 10
+		// Seen here: the flag arriving more than a second after the exit on a
+		// loaded engine. Only runs where something died of SIGKILL wait.
+		attempts = 50
 	}
 	for i := 0; i < attempts; i++ {
 		if i > 0 {
