@@ -56,11 +56,13 @@ func Build(o Options) ([]string, error) {
 	}
 	var paths []string
 	for _, format := range o.Formats {
-		p, err := writePackage(o, format, binDir, out)
-		if err != nil {
-			return nil, err
+		for _, pkg := range packages {
+			p, err := writePackage(o, pkg, format, binDir, out)
+			if err != nil {
+				return nil, err
+			}
+			paths = append(paths, p)
 		}
-		paths = append(paths, p)
 	}
 	return paths, nil
 }
@@ -110,7 +112,9 @@ func info(o Options, format, binDir string) (*nfpm.Info, error) {
 	}
 	switch format {
 	case "deb":
-		i.Recommends = []string{"docker.io | docker-ce"}
+		// busybox-static: berth-imaged puts its /bin/busybox into the
+		// default agent image (imagectl.DefaultBusybox).
+		i.Recommends = []string{"docker.io | docker-ce", "busybox-static"}
 	case "rpm":
 		// Fedora ships moby-engine, Docker's repositories docker-ce.
 		i.Recommends = []string{"(moby-engine or docker-ce)"}
@@ -125,12 +129,55 @@ const description = ` berth routes chat messages (signed webhooks, chat connecto
  D-Bus-activated systemd services, is administered over D-Bus (busctl,
  berthctl) and keeps its state in BoltDB.`
 
-func writePackage(o Options, format, binDir, out string) (string, error) {
+// packages are what Build writes for each format, in this order.
+var packages = []func(o Options, format, binDir string) (*nfpm.Info, error){info, cockpitInfo}
+
+// cockpitInfo is berth-cockpit: berth's Cockpit page, a package of its own
+// so that berth itself never pulls in Cockpit. The page links the shell's
+// stylesheet (cockpit-system) and needs a bridge of the version its
+// manifest requires.
+func cockpitInfo(o Options, format, _ string) (*nfpm.Info, error) {
+	i := &nfpm.Info{
+		Name:        "berth-cockpit",
+		Arch:        "all",
+		Platform:    "linux",
+		Version:     o.Version,
+		Release:     "1",
+		Section:     "admin",
+		Priority:    "optional",
+		Maintainer:  "berth maintainers <berth@berth.dev>",
+		Vendor:      "berth",
+		Homepage:    "https://github.com/berth-dev/berth",
+		License:     "Apache-2.0",
+		Description: "Cockpit page for berth\n" + cockpitDescription,
+		Overridables: nfpm.Overridables{
+			Depends:  []string{"cockpit-bridge (>= " + cockpitVersion + ")", "cockpit-system (>= " + cockpitVersion + ")"},
+			Suggests: []string{"berth"},
+			Contents: nfpmContents(cockpitContents(), o.Root, ""),
+			RPM: nfpm.RPM{
+				Summary: "Cockpit page for berth",
+				Group:   "System Environment/Base",
+			},
+		},
+	}
+	if format == "rpm" {
+		i.Arch = "noarch"
+		i.Depends = []string{"cockpit-bridge >= " + cockpitVersion, "cockpit-system >= " + cockpitVersion}
+	}
+	return nfpm.WithDefaults(i), nil
+}
+
+const cockpitDescription = ` The "berth" page of Cockpit, the web console: the services' systemd states,
+ queues and connectors, runs live with their details, each agent's sandbox
+ and the isolation images, over berth's own D-Bus API. Who may change
+ anything is decided by berth's D-Bus policy (root and group berth-admin).`
+
+func writePackage(o Options, pkg func(Options, string, string) (*nfpm.Info, error), format, binDir, out string) (string, error) {
 	packager, err := nfpm.Get(format)
 	if err != nil {
 		return "", fmt.Errorf("cannot package %s: %w", format, err)
 	}
-	i, err := info(o, format, binDir)
+	i, err := pkg(o, format, binDir)
 	if err != nil {
 		return "", err
 	}

@@ -74,6 +74,20 @@ func contents() []entry {
 	return es
 }
 
+// cockpitVersion is the oldest Cockpit the page works with: the version its
+// manifest requires (Debian 12's).
+const cockpitVersion = "287"
+
+// cockpitContents is the berth-cockpit package: the page as it is in
+// cockpit/, no build step.
+func cockpitContents() []entry {
+	var es []entry
+	for _, f := range []string{"manifest.json", "index.html", "berth.js", "berth.css"} {
+		es = append(es, entry{src: "cockpit/" + f, dst: "/usr/share/cockpit/berth/" + f, kind: data})
+	}
+	return es
+}
+
 // nfpmContents turns entries into nfpm's list; srcDir is the repository root
 // and binDir holds the built binaries.
 func nfpmContents(es []entry, srcDir, binDir string) files.Contents {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,9 +30,19 @@ func TestPackages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deb := paths[0]
-	if !strings.HasSuffix(deb, ".deb") || !strings.HasSuffix(paths[1], ".rpm") {
-		t.Fatalf("packages are %v, want a .deb and an .rpm", paths)
+	if len(paths) != 4 {
+		t.Fatalf("packages are %v, want berth and berth-cockpit as .deb and .rpm", paths)
+	}
+	deb, cockpitDeb, rpm, cockpitRPM := paths[0], paths[1], paths[2], paths[3]
+	for p, want := range map[string]string{
+		deb:        "berth_1.2.3+4.gabc-1_amd64.deb",
+		cockpitDeb: "berth-cockpit_1.2.3+4.gabc-1_all.deb",
+		rpm:        "berth-1.2.3+4.gabc-1.x86_64.rpm",
+		cockpitRPM: "berth-cockpit-1.2.3+4.gabc-1.noarch.rpm",
+	} {
+		if filepath.Base(p) != want {
+			t.Errorf("package %s, want %s", filepath.Base(p), want)
+		}
 	}
 
 	t.Run("The_deb_installs_every_listed_path_with_its_mode", func(t *testing.T) {
@@ -68,7 +79,7 @@ func TestPackages(t *testing.T) {
 
 	t.Run("The_config_is_a_conffile_and_the_dependencies_are_declared", func(t *testing.T) {
 		control := run(t, "dpkg-deb", "-I", deb)
-		for _, want := range []string{"Version: 1.2.3+4.gabc-1", "Depends: dbus, systemd", "Recommends: docker.io | docker-ce"} {
+		for _, want := range []string{"Version: 1.2.3+4.gabc-1", "Depends: dbus, systemd", "Recommends: docker.io | docker-ce, busybox-static"} {
 			if !strings.Contains(control, want) {
 				t.Errorf("control has no %q:\n%s", want, control)
 			}
@@ -87,6 +98,104 @@ func TestPackages(t *testing.T) {
 			if fi, err := os.Stat(filepath.Join(dir, s)); err != nil || fi.Mode().Perm()&0o111 == 0 {
 				t.Errorf("%s missing or not executable: %v", s, err)
 			}
+		}
+	})
+}
+
+func TestCockpitPackage(t *testing.T) {
+	t.Parallel()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range []string{"dpkg-deb", "rpm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s is needed to inspect the packages: %v", tool, err)
+		}
+	}
+	bin := t.TempDir()
+	for _, b := range binaries {
+		if err := os.WriteFile(filepath.Join(bin, b.name), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	paths, err := Build(Options{Root: root, Out: t.TempDir(), Version: "1.2.3", Arch: "amd64", Formats: []string{"deb", "rpm"}, BinDir: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deb, cockpitDeb, rpm, cockpitRPM := paths[0], paths[1], paths[2], paths[3]
+	page := []string{"manifest.json", "index.html", "berth.js", "berth.css"}
+
+	t.Run("The_deb_installs_the_page_as_it_is_in_the_repository", func(t *testing.T) {
+		t.Parallel()
+		listing := run(t, "dpkg-deb", "-c", cockpitDeb)
+		dir := t.TempDir()
+		run(t, "dpkg-deb", "-x", cockpitDeb, dir)
+		for _, f := range page {
+			if !matchesLine(listing, "-rw-r--r-- root/root .* ./usr/share/cockpit/berth/"+f) {
+				t.Errorf("berth-cockpit has no %s readable by all:\n%s", f, listing)
+			}
+			got, err := os.ReadFile(filepath.Join(dir, "usr/share/cockpit/berth", f))
+			want, _ := os.ReadFile(filepath.Join(root, "cockpit", f))
+			if err != nil || string(got) != string(want) {
+				t.Errorf("the packaged %s is not cockpit/%s (%v)", f, f, err)
+			}
+		}
+		if n := strings.Count("\n"+listing, "\n-"); n != len(page) {
+			t.Errorf("berth-cockpit installs %d files, want only the page's %d:\n%s", n, len(page), listing)
+		}
+	})
+
+	t.Run("The_deb_depends_on_Cockpit_of_the_version_the_manifest_requires_and_berth_does_not", func(t *testing.T) {
+		t.Parallel()
+		control := run(t, "dpkg-deb", "-I", cockpitDeb)
+		for _, want := range []string{
+			"Package: berth-cockpit", "Version: 1.2.3-1", "Architecture: all",
+			"Depends: cockpit-bridge (>= " + cockpitVersion + "), cockpit-system (>= " + cockpitVersion + ")",
+		} {
+			if !strings.Contains(control, want) {
+				t.Errorf("berth-cockpit's control has no %q:\n%s", want, control)
+			}
+		}
+		var manifest struct {
+			Requires struct {
+				Cockpit string `json:"cockpit"`
+			} `json:"requires"`
+		}
+		b, err := os.ReadFile(filepath.Join(root, "cockpit/manifest.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, &manifest); err != nil {
+			t.Fatalf("cockpit/manifest.json: %v", err)
+		}
+		if manifest.Requires.Cockpit != cockpitVersion {
+			t.Errorf("the manifest requires Cockpit %q, the package depends on %s", manifest.Requires.Cockpit, cockpitVersion)
+		}
+		if main := run(t, "dpkg-deb", "-f", deb, "Depends", "Recommends", "Suggests"); strings.Contains(main, "cockpit") {
+			t.Errorf("berth itself pulls in Cockpit:\n%s", main)
+		}
+	})
+
+	t.Run("The_rpm_installs_the_page_and_requires_Cockpit_and_berth_does_not", func(t *testing.T) {
+		t.Parallel()
+		list := run(t, "rpm", "-qlp", cockpitRPM)
+		for _, f := range page {
+			if !strings.Contains(list, "/usr/share/cockpit/berth/"+f+"\n") {
+				t.Errorf("berth-cockpit.rpm has no /usr/share/cockpit/berth/%s:\n%s", f, list)
+			}
+		}
+		requires := run(t, "rpm", "-qpR", cockpitRPM)
+		for _, want := range []string{"cockpit-bridge >= " + cockpitVersion, "cockpit-system >= " + cockpitVersion} {
+			if !strings.Contains(requires, want+"\n") {
+				t.Errorf("berth-cockpit.rpm does not require %q:\n%s", want, requires)
+			}
+		}
+		if v := run(t, "rpm", "-qp", "--qf", "%{VERSION}-%{RELEASE} %{ARCH}", cockpitRPM); v != "1.2.3-1 noarch" {
+			t.Errorf("berth-cockpit.rpm is %q, want 1.2.3-1 noarch", v)
+		}
+		if main := run(t, "rpm", "-qpR", "--recommends", rpm); strings.Contains(main, "cockpit") {
+			t.Errorf("berth.rpm pulls in Cockpit:\n%s", main)
 		}
 	})
 }

@@ -10,6 +10,16 @@
 # is configured with, and is cached in /var/cache/berth-install-test (and as
 # a local Docker image) between runs; the first run takes about a minute
 # longer. BERTH_INSTALL_TEST_KEEP=1 keeps the container for a look inside.
+#
+# Its last step before the purge installs berth-cockpit with Debian's Cockpit
+# (downloaded on the host with apt-get download into the same cache: the
+# container has no network), hands the container the host's Docker engine
+# (mounted from the start, linked to /run/docker.sock only then) and drives
+# the host's Chromium, headless, in the container's network namespace
+# through Cockpit's login and berth's page (installprobe cockpit). The
+# screenshots land in $BERTH_INSTALL_TEST_ARTIFACTS (default
+# /var/tmp/berth-install-test-artifacts). BERTH_INSTALL_TEST_ONLY=cockpit
+# installs berth and runs only that step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -19,7 +29,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 started=$SECONDS
-ensure_packages debootstrap:debootstrap rpm:rpm dpkg-deb:dpkg
+ensure_packages debootstrap:debootstrap rpm:rpm dpkg-deb:dpkg chromium:chromium nsenter:util-linux
 ensure_docker
 
 cache=/var/cache/berth-install-test
@@ -28,6 +38,7 @@ include=systemd,systemd-sysv,dbus,procps,apt
 image=berth-install-test:$suite-$(printf '%s' "$include" | sha256sum | cut -c1-12)
 work=$(mktemp -d /tmp/berth-install-test.XXXXXX)
 container=berth-install-test-$$
+artifacts=${BERTH_INSTALL_TEST_ARTIFACTS:-/var/tmp/berth-install-test-artifacts}
 
 step() { echo "==> $*"; }
 fail() {
@@ -83,11 +94,13 @@ ensure_image() {
 
 step "build packages"
 version=$(cd packaging && go run . --out "$work/dist" | tee "$work/built" | sed -n 's/.*berth_\(.*\)-1_.*\.deb$/\1/p')
-deb=$(grep '\.deb$' "$work/built")
-rpm=$(grep '\.rpm$' "$work/built")
+deb=$(grep '/berth_[^/]*\.deb$' "$work/built")
+cockpit_deb=$(grep '/berth-cockpit_[^/]*\.deb$' "$work/built")
+rpm=$(grep '/berth-[0-9][^/]*\.rpm$' "$work/built")
+cockpit_rpm=$(grep '/berth-cockpit-[0-9][^/]*\.rpm$' "$work/built")
 # The same binaries as an older version, to test the upgrade.
 (cd packaging && go run . --out "$work/old" --version 0.0.0~installtest --formats deb >/dev/null)
-olddeb=$(ls "$work"/old/*.deb)
+olddeb=$(ls "$work"/old/berth_*.deb)
 CGO_ENABLED=0 go build -o "$work/installprobe" ./scripts/installprobe
 echo "    berth $version"
 
@@ -107,6 +120,8 @@ grep -q '^cn /etc/berth/berth.toml$' <<<"$(rpm -qp --qf '[%{FILEFLAGS:fflags} %{
 rpm_requires=$(rpm -qpR "$rpm" 2>/dev/null)
 grep -qx dbus <<<"$rpm_requires" && grep -qx systemd <<<"$rpm_requires" || fail "rpm requires: $rpm_requires"
 grep -q docker-ce <<<"$(rpm -qp --recommends "$rpm" 2>/dev/null)" || fail "rpm does not recommend docker"
+grep -qx /usr/share/cockpit/berth/manifest.json <<<"$(rpm -qlp "$cockpit_rpm" 2>/dev/null)" || fail "berth-cockpit.rpm has no page"
+grep -q cockpit <<<"$(rpm -qpR "$rpm" 2>/dev/null)" && fail "berth.rpm requires Cockpit"
 rpm_scripts=$(rpm --scripts -qp "$rpm" 2>/dev/null)
 for want in 'preinstall scriptlet' 'systemd-sysusers --replace=/usr/lib/sysusers.d/berth.conf' 'u berth-agent' \
   'systemctl --no-reload preset berth-intake.socket berth-scheduler.service' \
@@ -114,11 +129,86 @@ for want in 'preinstall scriptlet' 'systemd-sysusers --replace=/usr/lib/sysusers
   grep -qF -- "$want" <<<"$rpm_scripts" || fail "rpm scripts lack: $want"
 done
 
+# cockpit_debs: puts the .debs that berth-cockpit needs (Debian's
+# cockpit-ws, cockpit-bridge, cockpit-system and what they pull in; and
+# busybox-static, which berth-imaged puts into the default image) into the
+# container's apt archive cache, so that apt installs them with no network.
+# apt in the container resolves them against the host's package lists; the
+# host downloads what its cache lacks.
+cockpit_debs() {
+  local debs=$cache/debs want missing=() pkg file attempt
+  mkdir -p "$debs"
+  [ -n "$(ls /var/lib/apt/lists/*_Packages* 2>/dev/null)" ] || apt-get update -qq
+  for attempt in 1 2; do
+    inside 'rm -f /etc/apt/sources.list && rm -rf /etc/apt/sources.list.d && mkdir -p /etc/apt/sources.list.d'
+    for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+      [ -f "$file" ] && docker cp "$file" "$container:$file"
+    done
+    tar -C /var/lib/apt/lists --exclude=./lock --exclude=./partial --exclude=./auxfiles -cf - . | docker exec -i "$container" tar -C /var/lib/apt/lists -xf -
+    want=$(inside 'apt-get install -s -q --no-install-recommends cockpit-ws cockpit-bridge cockpit-system busybox-static /root/berth-cockpit.deb' |
+      awk '/^Inst / && $2 != "berth-cockpit" { v = $3; if (v ~ /^\[/) v = $4; sub(/^\(/, "", v); print $2 "=" v }') ||
+      return 1
+    [ -n "$want" ] || { echo "apt resolves no Cockpit packages" >&2; return 1; }
+    missing=()
+    for pkg in $want; do
+      ls "$debs/${pkg%%=*}_$(sed 's/:/%3a/' <<<"${pkg#*=}")"_*.deb >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    ((${#missing[@]})) || break
+    (cd "$debs" && apt-get download -q "${missing[@]}" >"$work/download.log" 2>&1) && break
+    # The host's lists are older than the mirror: refresh them and resolve again.
+    [ "$attempt" = 1 ] || { cat "$work/download.log" >&2; return 1; }
+    apt-get update -qq
+  done
+  for pkg in $want; do
+    (cd "$debs" && ls "${pkg%%=*}_$(sed 's/:/%3a/' <<<"${pkg#*=}")"_*.deb)
+  done | tar -C "$debs" -cf - -T - | docker exec -i "$container" tar -C /var/cache/apt/archives -xf -
+}
+
+# cockpit_step: Cockpit from Debian's packages under real systemd (the
+# socket on the container's loopback), berth-cockpit, an admin in
+# berth-admin and a plain user; then the host's Chromium through Cockpit's
+# login and berth's page, in the container's network namespace.
+cockpit_step() {
+  local t0=$SECONDS
+  cockpit_debs || fail "cannot get Debian's Cockpit packages"
+  inside 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends cockpit-ws cockpit-bridge cockpit-system busybox-static /root/berth-cockpit.deb' >"$work/apt.log" 2>&1 ||
+    { cat "$work/apt.log"; fail "apt-get install berth-cockpit with Cockpit"; }
+  inside 'test -f /usr/share/cockpit/berth/manifest.json' || fail "berth-cockpit did not install the page"
+  # The host's engine becomes the container's only now, so that everything
+  # before ran without Docker; an activated berth-imaged ran without it and
+  # without busybox-static: it starts afresh.
+  inside 'ln -sfn /run/host-docker.sock /run/docker.sock && systemctl stop berth-imaged.service' || fail "cannot hand the container the host's Docker engine"
+  inside 'set -e
+mkdir -p /etc/systemd/system/cockpit.socket.d /etc/cockpit
+printf "[Socket]\nListenStream=\nListenStream=127.0.0.1:9090\n" >/etc/systemd/system/cockpit.socket.d/loopback.conf
+printf "[WebService]\nAllowUnencrypted = true\n" >/etc/cockpit/cockpit.conf
+systemctl daemon-reload
+systemctl enable -q cockpit.socket
+systemctl restart cockpit.socket
+id cockpit-admin >/dev/null 2>&1 || useradd -m -s /bin/bash -G berth-admin cockpit-admin
+id cockpit-viewer >/dev/null 2>&1 || useradd -m -s /bin/bash cockpit-viewer' || fail "cannot set up Cockpit and its users"
+  local pw
+  for u in cockpit-admin cockpit-viewer; do
+    pw=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
+    printf '%s' "$pw" >"$work/$u.password"
+    printf '%s:%s\n' "$u" "$pw" | docker exec -i "$container" chpasswd || fail "cannot set $u's password"
+  done
+  inside 'systemctl is-active -q cockpit.socket' || fail "cockpit.socket is not active"
+  local pid
+  pid=$(docker inspect -f '{{.State.Pid}}' "$container")
+  rm -rf "$artifacts" && mkdir -p "$artifacts"
+  nsenter --net="/proc/$pid/ns/net" "$work/installprobe" cockpit --url http://127.0.0.1:9090 --container "$container" \
+    --admin cockpit-admin --admin-password-file "$work/cockpit-admin.password" \
+    --user cockpit-viewer --user-password-file "$work/cockpit-viewer.password" --out "$artifacts" --docker ||
+    { inside 'journalctl --no-pager -n 40 -u cockpit.service -u "cockpit-session*"' >&2 || true; fail "the Cockpit page in Chromium"; }
+  echo "    Cockpit step took $((SECONDS - t0))s"
+}
+
 ensure_image
 step "boot systemd in $image"
 docker run -d --name "$container" --network none --hostname berth-install-test \
   --cap-add SYS_ADMIN --security-opt seccomp=unconfined --cgroupns=host \
-  -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock \
+  -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock -v /var/run/docker.sock:/run/host-docker.sock \
   "$image" /lib/systemd/systemd >/dev/null
 for _ in $(seq 1 60); do
   state=$(inside 'systemctl is-system-running 2>/dev/null' || true)
@@ -129,8 +219,19 @@ case $state in running | degraded) ;; *) fail "systemd did not come up (state: $
 [ "$(inside 'cat /proc/1/comm')" = systemd ] || fail "PID 1 is not systemd"
 docker cp "$deb" "$container:/root/pkg.deb"
 docker cp "$olddeb" "$container:/root/old.deb"
+docker cp "$cockpit_deb" "$container:/root/berth-cockpit.deb"
 docker cp "$work/installprobe" "$container:/usr/local/bin/installprobe"
 docker cp scripts/check-unit-security.sh "$container:/usr/local/bin/check-unit-security"
+
+if [ "${BERTH_INSTALL_TEST_ONLY:-}" = cockpit ]; then
+  step "apt install berth"
+  inside 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends /root/pkg.deb' >"$work/apt.log" 2>&1 ||
+    { cat "$work/apt.log"; fail "apt-get install"; }
+  step "Cockpit: berth-cockpit with Debian's Cockpit; the page in Chromium as an admin and as a plain user"
+  cockpit_step
+  echo "install test (cockpit step only) passed in $((SECONDS - started))s"
+  exit 0
+fi
 
 step "apt install (the older version first; the upgrade comes later)"
 inside 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends /root/old.deb' >"$work/apt.log" 2>&1 ||
@@ -391,8 +492,11 @@ inside 'rm -r /etc/systemd/system/berth-intake.service.d && systemctl daemon-rel
 grep -q "Watchdog timeout" <<<"$(inside 'journalctl --no-pager -u berth-intake -u berth-scheduler')" && fail "a watchdog timeout killed a service"
 grep -qx WatchdogUSec=30s <<<"$(inside 'systemctl show -p WatchdogUSec berth-intake.service')" || fail "berth-intake has no watchdog"
 
+step "Cockpit: berth-cockpit with Debian's Cockpit; the page in Chromium as an admin and as a plain user"
+cockpit_step
+
 step "apt-get purge leaves no berth files, units or users behind"
-inside 'DEBIAN_FRONTEND=noninteractive apt-get purge -y -q berth' >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; fail "purge"; }
+inside 'DEBIAN_FRONTEND=noninteractive apt-get purge -y -q berth berth-cockpit' >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; fail "purge"; }
 inside 'systemctl stop install-test-receiver' || true
 left=$(inside 'find / -xdev \( -path /proc -o -path /sys -o -path /var/log/journal -o -path /root \) -prune -o \( -name "*berth*" -o -name "dev.berth.*" \) -print' || true)
 [ -z "$left" ] || fail "files left after purge: $left"

@@ -146,15 +146,26 @@ func Eval[T any](b *Browser, timeout time.Duration, expr string) (T, error) {
 // WaitFor waits until the JavaScript expression is truthy in the page,
 // re-evaluating it whenever the DOM changes (not on a timer).
 func (b *Browser) WaitFor(timeout time.Duration, expr string) error {
+	return b.waitFor(timeout, expr, chromedp.WithPollingMutation())
+}
+
+// WaitForInFrames is WaitFor for an expression that reads the documents of
+// frames (Cockpit's shell around a page): the top document's mutations do
+// not show theirs, so it re-evaluates every 100 ms.
+func (b *Browser) WaitForInFrames(timeout time.Duration, expr string) error {
+	return b.waitFor(timeout, expr, chromedp.WithPollingInterval(100*time.Millisecond))
+}
+
+func (b *Browser) waitFor(timeout time.Duration, expr string, how chromedp.PollOption) error {
 	ctx, cancel := context.WithTimeout(b.ctx, timeout)
 	defer cancel()
 	for {
-		_, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingMutation()))
+		_, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, how))
 		if err == nil {
 			return nil
 		}
 		// A navigation replaced the document the poll ran in: poll the new one.
-		if ctx.Err() == nil && strings.Contains(err.Error(), "context") {
+		if ctx.Err() == nil && (strings.Contains(err.Error(), "context") || strings.Contains(err.Error(), "Inspected target navigated")) {
 			continue
 		}
 		return fmt.Errorf("page never showed %s: %w", expr, err)
