@@ -73,9 +73,10 @@ func (s *Service) forwardPass(context.Context) (time.Duration, bool) {
 
 // submitWindow is how many Submits one connector's worker keeps in flight.
 // The scheduler takes them concurrently and their marks in intake.db share
-// commits, so a backlog drains at the speed of many Submits, not one.
-// Messages handed on together may be queued by the scheduler in an order
-// that differs within the window.
+// commits, so a backlog drains at the speed of many Submits, not one. The
+// Submits of one agent are made one after another, in the order the
+// messages arrived, since the scheduler runs an agent's messages in the
+// order it is given them: only different agents' messages overlap.
 const submitWindow = 64
 
 // readWindow is how many due messages one read of the pending index returns.
@@ -93,6 +94,7 @@ type forwardLane struct {
 }
 
 type retryState struct {
+	agent    string // the message's agent: its later messages wait behind it
 	attempts int
 	due      time.Time // zero: due at the lane's next pass
 	lastErr  string
@@ -120,10 +122,31 @@ func (l *forwardLane) attempts(key string) int {
 	return l.waiting[key].attempts
 }
 
-func (l *forwardLane) retry(key string, attempts int, due time.Time, err error) {
+func (l *forwardLane) retry(key, agent string, attempts int, due time.Time, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.waiting[key] = retryState{attempts: attempts, due: due, lastErr: err.Error()}
+	l.waiting[key] = retryState{agent: agent, attempts: attempts, due: due, lastErr: err.Error()}
+}
+
+// blockedAgents are the agents with a message waiting for a retry due after
+// now: their later messages must not overtake it.
+func (l *forwardLane) blockedAgents(now time.Time) map[string]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	blocked := map[string]bool{}
+	for _, st := range l.waiting {
+		if now.Before(st.due) {
+			blocked[st.agent] = true
+		}
+	}
+	return blocked
+}
+
+// agentChain orders one agent's Submits within a pass: each waits for the
+// one before it, and none is made once one before it failed.
+type agentChain struct {
+	done   chan struct{}
+	failed bool // set before done is closed
 }
 
 func (l *forwardLane) forget(key string) {
@@ -177,6 +200,8 @@ func (s *Service) forwardConnector(ctx context.Context, connectorID string) (tim
 		defer mu.Unlock()
 		return len(failedKeys) > succeeded
 	}
+	chains := map[string]*agentChain{}
+	blocked := lane.blockedAgents(s.clock.Now())
 read:
 	for ctx.Err() == nil {
 		now := s.clock.Now()
@@ -188,15 +213,31 @@ read:
 		}
 		after = last
 		for _, m := range batch {
+			if blocked[m.Agent] {
+				continue // behind a message of its agent that waits for a retry
+			}
 			window <- struct{}{}
 			if ctx.Err() != nil || tooManyFailures() {
 				<-window
 				stopped = true
 				break read
 			}
+			prev, cur := chains[m.Agent], &agentChain{done: make(chan struct{})}
+			chains[m.Agent] = cur
 			wg.Go(func() {
 				defer func() { <-window }()
+				defer close(cur.done)
+				if prev != nil {
+					// prev holds a window slot of its own and was started
+					// first, so this wait always ends.
+					<-prev.done
+					if prev.failed {
+						cur.failed = true // stays pending, tried after prev
+						return
+					}
+				}
 				ok := s.forward(ctx, box.Submitter, m, lane)
+				cur.failed = !ok
 				mu.Lock()
 				if ok {
 					succeeded++
@@ -303,7 +344,7 @@ func (s *Service) forward(ctx context.Context, sub Submitter, m inboxEntry, lane
 		}
 		if serr := s.store.refuseMessage(key, err, reply, attempts, now); serr != nil {
 			log.Error("cannot record refused message", "err", serr)
-			lane.retry(key, attempts, now.Add(s.backoff.delay(attempts)), serr)
+			lane.retry(key, m.Agent, attempts, now.Add(s.backoff.delay(attempts)), serr)
 			return false
 		}
 		lane.forget(key)
@@ -314,13 +355,13 @@ func (s *Service) forward(ctx context.Context, sub Submitter, m inboxEntry, lane
 	if err != nil {
 		delay := s.backoff.delay(attempts)
 		log.Warn("scheduler did not take message; will retry", "attempts", attempts, "retry_in", delay, "err", err)
-		lane.retry(key, attempts, now.Add(delay), err)
+		lane.retry(key, m.Agent, attempts, now.Add(delay), err)
 		return false
 	}
 	if err := s.store.markSubmitted(key, runID, attempts, now); err != nil {
 		// The scheduler has the run; a retry returns the same run id.
 		log.Error("cannot record submitted message", "run_id", runID, "err", err)
-		lane.retry(key, attempts, now.Add(s.backoff.delay(1)), err)
+		lane.retry(key, m.Agent, attempts, now.Add(s.backoff.delay(1)), err)
 		return false
 	}
 	lane.forget(key)

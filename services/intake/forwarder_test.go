@@ -1,7 +1,11 @@
 package intake
 
 import (
+	"context"
 	"fmt"
+	"runtime"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -9,7 +13,8 @@ import (
 )
 
 // acceptBacklog stores n pending messages of connector hooks, ids m-0000…,
-// and returns their ids oldest first.
+// for 100 agents in turn (one agent's Submits are made one at a time), and
+// returns their ids oldest first.
 func acceptBacklog(t *testing.T, s *Service, n int) []string {
 	t.Helper()
 	ids := make([]string, n)
@@ -17,9 +22,9 @@ func acceptBacklog(t *testing.T, s *Service, n int) []string {
 	for i := range n {
 		ids[i] = fmt.Sprintf("m-%04d", i)
 	}
-	for _, id := range ids {
+	for i, id := range ids {
 		go func() {
-			_, _, err := s.store.accept(inboxEntry{Connector: "hooks", ID: id, Channel: "ops", Author: "ada", Text: "hi", Agent: "ops-agent", ReceivedAt: time.Now()})
+			_, _, err := s.store.accept(inboxEntry{Connector: "hooks", ID: id, Channel: "ops", Author: "ada", Text: "hi", Agent: fmt.Sprintf("agent-%02d", i%100), ReceivedAt: time.Now()})
 			errs <- err
 		}()
 	}
@@ -132,5 +137,51 @@ func TestWhileTheSchedulerIsDownRetriesWriteNothingAndTouchOnlyTheOldestMessages
 	defer sub.mu.Unlock()
 	if len(sub.runs) != n {
 		t.Fatalf("the scheduler has %d runs, want %d", len(sub.runs), n)
+	}
+}
+
+// orderSubmitter records the order of Submits and how many of one agent were
+// ever in flight at once.
+type orderSubmitter struct {
+	mu          sync.Mutex
+	order       []string
+	inFlight    map[string]int
+	maxInFlight int
+}
+
+func (o *orderSubmitter) Submit(_ context.Context, msg map[string]string) (string, error) {
+	o.mu.Lock()
+	o.inFlight[msg["agent"]]++
+	o.maxInFlight = max(o.maxInFlight, o.inFlight[msg["agent"]])
+	o.order = append(o.order, msg["id"])
+	o.mu.Unlock()
+	runtime.Gosched() // give a second Submit of the agent its chance to overlap
+	o.mu.Lock()
+	o.inFlight[msg["agent"]]--
+	o.mu.Unlock()
+	return "run-" + msg["id"], nil
+}
+
+func TestOneAgentsMessagesAreHandedOnOneAtATimeInArrivalOrder(t *testing.T) {
+	t.Parallel()
+	sub := &orderSubmitter{inFlight: map[string]int{}}
+	s, _ := newTestService(t, testConfig(""), WithSubmitter(sub))
+	var ids []string
+	for i := range 40 {
+		id := fmt.Sprintf("o-%02d", i)
+		if _, _, err := s.store.accept(inboxEntry{Connector: "hooks", ID: id, Channel: "ops", Author: "ada", Text: "hi", Agent: "ops-agent", ReceivedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, "hooks/"+id)
+	}
+	runService(t, s)
+	eventually(t, "the backlog is submitted", func() bool { in, _ := s.store.pendingCounts(); return in == 0 })
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	if sub.maxInFlight != 1 {
+		t.Errorf("%d Submits of one agent were in flight at once, want 1", sub.maxInFlight)
+	}
+	if !slices.Equal(sub.order, ids) {
+		t.Errorf("Submits in order %v, want the arrival order %v", sub.order, ids)
 	}
 }
