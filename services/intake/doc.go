@@ -30,8 +30,9 @@
 // gets through, the connector's worker pauses with back-off and starts
 // again at its oldest message, so a scheduler that is down costs no fsync
 // and a pass reads only the few messages it tries. The forwarder keeps up
-// to 64 Submits in flight per connector; messages handed on together may be
-// queued by the scheduler in a different order within that window. A Submit that
+// to 64 Submits in flight per connector, across agents: one agent's messages
+// are handed on one at a time, in arrival order, and none overtakes one that
+// waits for a retry, so the scheduler queues them as they came. A Submit that
 // can never succeed (the scheduler's InvalidArgument, the bus refusing the
 // arguments, a string D-Bus cannot carry) refuses the message and queues an
 // error reply; a reply the platform refuses for good is marked failed.
