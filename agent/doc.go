@@ -18,8 +18,11 @@
 //	                  fields, trailing data, missing run_id or workspace,
 //	                  relative policy paths); nothing written on stdout
 //	3 ExitConfinement the policy could not be enforced (no Landlock, ABI < 4
-//	                  with network=false, a Landlock call failed); nothing ran,
-//	                  nothing written on stdout, the reason is on stderr
+//	                  with network=false, a Landlock call failed) or the
+//	                  request's egress proxy could not be started (loopback
+//	                  down and no CAP_NET_ADMIN to raise it, the port taken);
+//	                  nothing ran, nothing written on stdout, the reason is on
+//	                  stderr
 //	4 ExitInternal    unexpected failure (workspace missing, panic); a
 //	                  response is written when possible
 //
@@ -40,6 +43,20 @@
 // cmdline, status or fd/, and ptrace-attaching to the agent, all fail, for
 // root too. In-process tools refuse paths into the agent's /proc entry.
 // Unrestricted runs keep only the non-dumpable flag.
+//
+// # Egress
+//
+// A run without a network of its own gets Request.Egress
+// (docs/adr/0011-egress-gateway.md). Before it confines itself the agent
+// brings the namespace's loopback up when it is down (possible only with
+// CAP_NET_ADMIN there; the capabilities are dropped right after, on every
+// thread, so no tool inherits them), binds Egress.ProxyAddr (agent/egress)
+// and serves it until the run ends; Landlock then allows TCP connect to
+// that port only. Its providers come with Proxied set and no key: their
+// base URL is the proxy, which adds the key on the way out. Tools get
+// HTTP_PROXY, HTTPS_PROXY, NO_PROXY (both cases), npm's variables and, when
+// the run has a CA bundle, SSL_CERT_FILE and friends; web_fetch goes
+// through the proxy and trusts that bundle. No tool sees the run's token.
 //
 // Every text of the response (reply, error, tool calls) is valid UTF-8
 // without NUL: invalid bytes and NUL become U+FFFD, so a reply can always

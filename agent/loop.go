@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/berth-dev/berth/agent/confine"
+	agentegress "github.com/berth-dev/berth/agent/egress"
 	"github.com/berth-dev/berth/agent/provider"
 	"github.com/berth-dev/berth/agent/skills"
 	"github.com/berth-dev/berth/agent/tools"
@@ -46,7 +47,10 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 		return fail(agentproto.ExitAgentError, "The agent has no usable model provider.", err)
 	}
 	ensureSoul(req, log)
-	env := tools.Env{Workspace: req.Workspace, TmpDir: tmp, Network: req.Policy.Network, Processes: launcher}
+	env := tools.Env{Workspace: req.Workspace, TmpDir: tmp, Network: req.Policy.Network || req.Egress != nil, Processes: launcher}
+	if req.Egress != nil {
+		env.ProxyEnv, env.ProxyURL, env.CABundle = agentegress.EnvFor(*req.Egress), "http://"+req.Egress.ProxyAddr, req.Egress.CABundle
+	}
 	set := tools.Filter(tools.Builtin(env), req.Agent.Tools.Allow, req.Agent.Tools.Deny)
 	all, errs := skills.Load(req.Workspace)
 	for _, err := range errs {

@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/berth-dev/berth/agent/confine"
+	agentegress "github.com/berth-dev/berth/agent/egress"
 	"github.com/berth-dev/berth/agent/tools"
 	"github.com/berth-dev/berth/internal/agentproto"
 )
@@ -44,6 +45,16 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	log = log.With("run_id", req.RunID, "agent", req.Agent.ID)
 
+	if req.Egress != nil {
+		// Bound before Landlock forbids binds; served until the run ends.
+		proxy, err := serveEgress(*req.Egress, log)
+		if err != nil {
+			log.Error("refusing to run: no way out through the egress proxy", "reason", err.Error())
+			return agentproto.ExitConfinement
+		}
+		defer proxy.Close()
+	}
+
 	var launcher *confine.Launcher
 	if req.Policy.Unrestricted {
 		log.Warn("running UNRESTRICTED: no Landlock confinement, as the admin configured")
@@ -66,6 +77,29 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 		return agentproto.ExitInternal
 	}
 	return code
+}
+
+// serveEgress starts the in-sandbox egress proxy on the request's loopback
+// address, bringing the namespace's loopback up first where it is down.
+func serveEgress(e agentproto.Egress, log *slog.Logger) (*agentegress.Proxy, error) {
+	if _, err := agentegress.LoopbackUp(); err != nil {
+		return nil, err
+	}
+	// Whatever the runner granted for that (CAP_NET_ADMIN in the agent's
+	// own user namespace) must not reach the tools.
+	if err := agentegress.DropCapabilities(); err != nil {
+		return nil, err
+	}
+	proxy, err := agentegress.Listen(e)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		if err := proxy.Serve(); err != nil {
+			log.Error("egress proxy stopped", "err", err.Error())
+		}
+	}()
+	return proxy, nil
 }
 
 // runSafely runs the request and turns a panic into an internal error response.

@@ -39,9 +39,13 @@ func NewAnthropic(cfg agentproto.Provider, httpClient *http.Client) (*Anthropic,
 	}
 	opts := []option.RequestOption{
 		option.WithoutEnvironmentDefaults(),
-		option.WithAPIKey(cfg.Key),
 		option.WithMaxRetries(0),
 		option.WithHTTPClient(httpClient),
+	}
+	if cfg.Key != "" {
+		// Without a key (the egress proxy adds it) the client sends no
+		// credential of its own, not even an empty one.
+		opts = append(opts, option.WithAPIKey(cfg.Key))
 	}
 	if cfg.BaseURL != "" {
 		opts = append(opts, option.WithBaseURL(cfg.BaseURL))

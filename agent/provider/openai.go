@@ -28,12 +28,13 @@ type OpenAI struct {
 	client    openai.Client
 	model     string
 	maxTokens int
-	official  bool // no base_url: max_completion_tokens instead of max_tokens
+	official  bool // OpenAI itself (no base_url, directly or through the egress proxy): max_completion_tokens instead of max_tokens
 	redact    func(string) string
 }
 
 // NewOpenAI returns the provider cfg describes. httpClient nil means a
-// client with CallTimeout.
+// client with CallTimeout. An empty key sends no Authorization (a local
+// server without one, or the egress proxy, which adds the real one).
 func NewOpenAI(cfg agentproto.Provider, httpClient *http.Client) (*OpenAI, error) {
 	if cfg.Model == "" {
 		return nil, fmt.Errorf("provider %q has no model", cfg.Name)
@@ -51,7 +52,7 @@ func NewOpenAI(cfg agentproto.Provider, httpClient *http.Client) (*OpenAI, error
 		option.WithMaxRetries(0),
 		option.WithHTTPClient(httpClient),
 	)
-	return &OpenAI{client: client, model: cfg.Model, maxTokens: cfg.MaxTokens, official: cfg.BaseURL == "", redact: redactor(cfg.Key)}, nil
+	return &OpenAI{client: client, model: cfg.Model, maxTokens: cfg.MaxTokens, official: cfg.BaseURL == "" || (cfg.Proxied && cfg.Endpoint == ""), redact: redactor(cfg.Key)}, nil
 }
 
 // Complete implements Provider.

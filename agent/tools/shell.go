@@ -68,7 +68,7 @@ func (s shell) Call(ctx context.Context, raw json.RawMessage) (string, error) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", args.Command)
 	cmd.Dir = s.env.Workspace
-	cmd.Env = []string{"PATH=" + ShellPath, "HOME=" + s.env.Workspace, "TMPDIR=" + s.env.TmpDir, "LANG=C.UTF-8"}
+	cmd.Env = append([]string{"PATH=" + ShellPath, "HOME=" + s.env.Workspace, "TMPDIR=" + s.env.TmpDir, "LANG=C.UTF-8"}, s.env.ProxyEnv...)
 	cmd.Stdin = strings.NewReader("") // not /dev/null: the sandbox may not allow it
 	stdout, stderr := &capped{limit: ShellOutputLimit}, &capped{limit: ShellOutputLimit}
 	cmd.Stdout, cmd.Stderr = stdout, stderr

@@ -42,6 +42,13 @@ type Env struct {
 	// refuses at once without it instead of timing out in an empty
 	// network namespace).
 	Network bool
+	// ProxyEnv is what shell commands get in their environment to use the
+	// run's egress proxy (HTTP_PROXY and friends); ProxyURL is the proxy
+	// web_fetch goes through and CABundle the roots it trusts then, when
+	// set. All empty for a run with a direct network.
+	ProxyEnv []string
+	ProxyURL string
+	CABundle string
 	// Processes, when set, starts and signals every process a tool runs:
 	// berth-agent's confine.Launcher puts them in the tools' stricter
 	// Landlock domain. Unset, they start as they are.

@@ -2,6 +2,8 @@ package tools
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
 	"time"
@@ -30,7 +33,7 @@ func (webFetch) Spec() provider.Tool {
 	return provider.Tool{
 		Name: "web_fetch",
 		Description: "Fetch an http(s) URL with GET and return its status and text (HTML is reduced to text). " +
-			"At most 64 KiB of text; 20 s timeout. Only works when the agent may use the network.",
+			"At most 64 KiB of text; 20 s timeout. Only works when the agent may use the network or its egress proxy allows the host.",
 		Parameters: schema(`{"type":"object","properties":{"url":{"type":"string"}},"required":["url"],"additionalProperties":false}`),
 	}
 }
@@ -57,7 +60,11 @@ func (t webFetch) Call(ctx context.Context, raw json.RawMessage) (string, error)
 	}
 	req.Header.Set("User-Agent", "berth-agent web_fetch")
 	req.Header.Set("Accept", "text/html, text/plain, application/json, */*;q=0.5")
-	client := &http.Client{CheckRedirect: func(r *http.Request, via []*http.Request) error {
+	transport, err := t.env.webTransport()
+	if err != nil {
+		return "", err
+	}
+	client := &http.Client{Transport: transport, CheckRedirect: func(r *http.Request, via []*http.Request) error {
 		if len(via) >= webFetchRedirects {
 			return fmt.Errorf("more than %d redirects", webFetchRedirects)
 		}
@@ -115,4 +122,31 @@ func HTMLText(page string) string {
 func looksLikeHTML(s string) bool {
 	head := strings.ToLower(s[:min(len(s), 512)])
 	return strings.Contains(head, "<html") || strings.Contains(head, "<!doctype html")
+}
+
+// webTransport is web_fetch's transport: straight out with a direct
+// network, or through the run's egress proxy (trusting the run's CA bundle
+// when it has one, for the hosts the proxy adds credentials to).
+func (e Env) webTransport() (*http.Transport, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if e.ProxyURL == "" {
+		return tr, nil
+	}
+	proxy, err := url.Parse(e.ProxyURL)
+	if err != nil {
+		return nil, fmt.Errorf("bad egress proxy URL %q: %w", e.ProxyURL, err)
+	}
+	tr.Proxy = http.ProxyURL(proxy)
+	if e.CABundle != "" {
+		pem, err := os.ReadFile(e.CABundle)
+		if err != nil {
+			return nil, fmt.Errorf("cannot read the run's CA bundle: %w", err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("the run's CA bundle %s holds no certificate", e.CABundle)
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+	}
+	return tr, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -134,7 +135,9 @@ func TestSandboxExplainShowsTheSchedulersOwnPlanAndWhy(t *testing.T) {
 		{"A_landlock_agent_shows_its_policy_and_what_protects_the_others", []string{"ops"}, ExitOK, []string{
 			"backend:   landlock", "read-write: " + filepath.Join(stateDir, "agents", "ops"), "read-only:  /usr", "/var/log",
 			filepath.Join(stateDir, "agents", "boxed"), "confined:", "holds: ", "providers: cloud (openai) m"}, []string{sandboxSecret}},
-		{"A_run_that_would_fail_is_shown_and_exits_1", []string{"offline"}, ExitFailed, []string{"PROBLEM", "provider needs network"}, nil},
+		// This scheduler has no berth-egress (its default egress_binary and
+		// egress_user do not exist): a remote provider cannot be reached.
+		{"A_run_that_would_fail_is_shown_and_exits_1", []string{"offline"}, ExitFailed, []string{"PROBLEM", "provider needs network", "the egress proxy cannot serve it"}, nil},
 		{"JSON_is_the_plan_without_keys", []string{"--json", "ops"}, ExitOK, []string{`"backend": "landlock"`, `"memory_bytes": 536870912`, `"why"`}, []string{sandboxSecret}},
 		{"An_unknown_agent_fails", []string{"nope"}, ExitFailed, []string{`unknown agent "nope"`}, nil},
 	}
@@ -182,5 +185,30 @@ func TestSandboxExplainNamesARunUserThatDoesNotExist(t *testing.T) {
 	out, code := berthctl(conn, "sandbox", "explain", "ops")
 	if code != ExitFailed || !strings.Contains(out, "PROBLEM") || !strings.Contains(out, "berth-test-no-such-user") {
 		t.Fatalf("exit %d, want 1 with the missing run user named:\n%s", code, out)
+	}
+}
+
+func TestSandboxExplainShowsAnAgentWithoutANetworkReachingItsProviderThroughTheEgressProxy(t *testing.T) {
+	t.Parallel()
+	testenv.NeedRoot(t) // the scheduler looks the egress user up only as root
+	proxy, err := testenv.Build(t.TempDir(), "berth-egress", "github.com/berth-dev/berth/cmd/berth-egress")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := strings.Replace(sandboxConfig, "[scheduler]\n", fmt.Sprintf("[scheduler]\negress_binary = %q\negress_user = \"daemon\"\n", proxy), 1)
+	conn, _ := schedulerOnBus(t, cfg, map[string]string{"CLOUD_KEY": sandboxSecret})
+	out, code := berthctl(conn, "sandbox", "explain", "offline")
+	if code != ExitOK {
+		t.Fatalf("exit %d, want %d (the proxy serves the provider)\n%s", code, ExitOK, out)
+	}
+	for _, want := range []string{"the only way out is the run's egress socket", "egress only through the run's socket", "proxy on 127.0.0.1:3128); no provider key in the sandbox", "providers: cloud (openai) m"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, never := range []string{"PROBLEM", "provider needs network", sandboxSecret} {
+		if strings.Contains(out, never) {
+			t.Errorf("output holds %q:\n%s", never, out)
+		}
 	}
 }
