@@ -40,7 +40,7 @@ func TestMain(m *testing.M) {
 	code := func() int {
 		var err error
 		// 0755 all the way down: agents run as nobody and must exec berth-agent.
-		baseDir, err = os.MkdirTemp("", "berth-e2e-")
+		baseDir, err = os.MkdirTemp("", "be-") // short: egress socket paths must fit a Unix address
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -176,7 +176,7 @@ func start(t *testing.T, agents []agentSpec, env ...string) *suite {
 // logs if the test failed.
 func launch(t *testing.T, sink *replySink, cfg string, env []string, secrets ...string) *suite {
 	t.Helper()
-	dir, err := os.MkdirTemp(baseDir, "suite-")
+	dir, err := os.MkdirTemp(baseDir, "s-")
 	if err != nil {
 		t.Fatal(err)
 	}

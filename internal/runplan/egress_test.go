@@ -199,3 +199,26 @@ func TestEgressSecretsApplyToHostsTheAgentMayReachAndNeverShow(t *testing.T) {
 		t.Fatalf("Compile without the secret's value = %v, want it refused", err)
 	}
 }
+
+func TestAnEgressSocketPathTooLongForAUnixAddressIsAProblemNamingIt(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig()
+	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
+	cfg.Agents[0].Egress.Allow = []string{"pypi.org"}
+	host := facts(t, map[string]string{"CLOUD_KEY": secret})
+	host.StateDir = "/var/lib/" + strings.Repeat("d", 60)
+	host.EgressDir = ""
+	e, err := runplan.Explain(cfg, "ops", host)
+	if err != nil {
+		t.Fatalf("Explain: %v", err)
+	}
+	found := false
+	for _, p := range e.Problems {
+		if strings.Contains(p, "over the 107 a Unix socket address holds") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("problems %q: want one naming the socket path that is too long", e.Problems)
+	}
+}

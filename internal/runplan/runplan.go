@@ -301,6 +301,14 @@ var defaultEndpoints = map[string]string{
 // egressPlan gives a run without a network of its own its way out: the
 // run's socket, its allow rules and its providers' endpoints. A run with a
 // direct network (an admin's opt-in) or with nothing to reach gets none.
+// maxSocketPath is what sun_path holds besides its terminating NUL;
+// runIDLength is the length of the scheduler's run ids
+// (20261201T113402_018006016_6bcbbdf01b).
+const (
+	maxSocketPath = 107
+	runIDLength   = 36
+)
+
 func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts) {
 	p := &c.plan
 	if p.Network.Allowed || p.Backend == isolation.BackendUnrestricted {
@@ -406,6 +414,17 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		} else {
 			c.problems = append(c.problems, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "the egress proxy is not available", Err: host.EgressUnavailable})
 		}
+		return
+	}
+	// A Unix socket address holds 107 bytes and a NUL; a longer path would
+	// only fail at bind time with "invalid argument".
+	longest := e.Socket
+	if p.RunID == "" {
+		longest = filepath.Join(dir, strings.Repeat("x", runIDLength), isolation.EgressSocketName)
+	}
+	if len(longest) > maxSocketPath {
+		c.problems = append(c.problems, isolation.Errorf(isolation.ReasonStart,
+			"the egress socket path %s is %d bytes, over the %d a Unix socket address holds; use a shorter state directory", longest, len(longest), maxSocketPath))
 	}
 }
 

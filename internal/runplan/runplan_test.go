@@ -3,6 +3,7 @@ package runplan_test
 import (
 	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -38,7 +39,14 @@ func testConfig() *config.Config {
 }
 
 func facts(t *testing.T, env map[string]string) runplan.HostFacts {
-	state := filepath.Join(t.TempDir(), "scheduler")
+	// Short, like a real state dir: the egress socket's path must fit a Unix
+	// socket address (t.TempDir's names do not).
+	dir, err := os.MkdirTemp("", "rp-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	state := filepath.Join(dir, "scheduler")
 	return runplan.HostFacts{
 		StateDir: state,
 		RunUser:  &isolation.RunUser{Name: "nobody", UID: 65534, GID: 65534},
