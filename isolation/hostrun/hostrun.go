@@ -144,7 +144,7 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, s
 				return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot cut network", Err: err}
 			}
 		} else {
-			cutNetwork(cmd.SysProcAttr)
+			cutNetwork(cmd.SysProcAttr, spec.Egress != nil)
 		}
 	}
 	if err := limitWithRlimits(cmd, spec.Limits, spec.Timeout); err != nil {
@@ -267,7 +267,7 @@ func (r Runner) credential(p isolation.Plan) (*syscall.Credential, error) {
 // loopback). Root can do that directly; anyone else needs a user namespace
 // around it, mapping only itself. If the kernel refuses, Start fails and the
 // run fails closed.
-func cutNetwork(attr *syscall.SysProcAttr) {
+func cutNetwork(attr *syscall.SysProcAttr, egress bool) {
 	if os.Geteuid() == 0 {
 		attr.Cloneflags |= syscall.CLONE_NEWNET
 		return
@@ -277,6 +277,12 @@ func cutNetwork(attr *syscall.SysProcAttr) {
 	attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}}
 	attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}}
 	attr.GidMappingsEnableSetgroups = false
+	if egress {
+		// berth-agent brings lo up for its egress proxy (it needs
+		// CAP_NET_ADMIN in its own namespace for that), then drops every
+		// capability before it reads anything or starts a tool.
+		attr.AmbientCaps = []uintptr{unix.CAP_NET_ADMIN}
+	}
 }
 
 // enterNamespaceWithLoopback moves the calling thread (locked, and ended
