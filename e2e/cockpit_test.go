@@ -349,7 +349,9 @@ func TestCockpitImagesPagePreviewsBuildsWithLiveProgressAndRemoves(t *testing.T)
 	c.eval(`document.getElementById("dockerfile-button").click()`)
 	c.waitFor(live, `document.getElementById("dockerfile").hidden === false && document.getElementById("dockerfile").textContent.includes("FROM")`)
 
-	// Build: progress from Progress signals, to the end, and the tag.
+	// Build: progress from Progress signals, to the end, and the tag. No
+	// cache, so it builds even when another test's run made the image.
+	c.eval(`document.getElementById("build-no-cache").checked = true`)
 	c.eval(`document.getElementById("build-button").click()`)
 	c.waitFor(2*time.Minute, `document.getElementById("build-status").textContent.startsWith("Built ") || document.getElementById("build-status").textContent.includes("failed")`)
 	status := evalString(c, `document.getElementById("build-status").textContent`)

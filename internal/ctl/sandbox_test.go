@@ -37,7 +37,13 @@ func schedulerOnBus(t *testing.T, configText string, env map[string]string) (*db
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}
-	stateDir := t.TempDir()
+	// Short, like a real state dir: egress sockets live under it and their
+	// paths must fit a Unix socket address (t.TempDir's names do not).
+	stateDir, err := os.MkdirTemp("", "ctl-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(stateDir) })
 	boxes, err := container.New(container.Options{Instance: stateDir})
 	if err != nil {
 		t.Fatal(err)
