@@ -28,6 +28,7 @@ func main() {
 			return scheduler.New(env.Config, env.StateDir, scheduler.Options{
 				Backends:  backends(env, *unrestrictedFlag),
 				Deliverer: scheduler.BusDeliverer{Conn: env.Bus},
+				Images:    scheduler.BusImages{Conn: env.Bus},
 				Logger:    env.Log,
 			})
 		},

@@ -13,7 +13,9 @@ import (
 	"github.com/jonboulle/clockwork"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/isolation"
 )
 
 // Run with scripts/bench-scheduler.sh; figures in docs/benchmarks.md.
@@ -277,5 +279,104 @@ func BenchmarkRetentionSteadySize(b *testing.B) {
 		b.ReportMetric(fileSize(b, dir), "db-bytes-20-days-later")
 		b.ReportMetric(usedSize(b, s), "db-used-bytes-20-days-later")
 		s.Close()
+	}
+}
+
+// instantBackend finishes every run at once with a reply.
+type instantBackend struct{}
+
+func (instantBackend) Name() string { return "landlock" }
+
+func (instantBackend) Run(_ context.Context, spec isolation.Spec) (isolation.Result, error) {
+	return isolation.Result{Response: agentproto.Response{Version: 1, RunID: spec.RunID, Reply: "done"}}, nil
+}
+
+func (instantBackend) Kill(context.Context, string) error { return nil }
+
+// instantIntake takes every reply at once.
+type instantIntake struct{}
+
+func (instantIntake) Deliver(context.Context, map[string]string) error { return nil }
+
+// lastTxID is the id of scheduler.db's last committed transaction: commits
+// made so far, whoever made them.
+func lastTxID(b *testing.B, s *Service) int {
+	b.Helper()
+	var id int
+	if err := s.store.db.View(func(tx *bolt.Tx) error { id = tx.ID(); return nil }); err != nil {
+		b.Fatal(err)
+	}
+	return id
+}
+
+// BenchmarkRunsThroughTheScheduler: 64 concurrent submitters (intake's
+// window) hand 2,000 messages for 10 agents to Service.Submit while the
+// dispatcher runs them (a backend that finishes at once) and delivers the
+// replies (an intake that takes them at once). Submits/s is until the last
+// Submit returned, runs/s until the last reply was marked delivered;
+// commits/run counts every commit of scheduler.db (transaction ids).
+func BenchmarkRunsThroughTheScheduler(b *testing.B) {
+	const messages, submitters = 2000, 64
+	for range b.N {
+		s, err := New(benchConfig(), b.TempDir(), Options{
+			Backends:  map[string]isolation.Backend{"landlock": instantBackend{}},
+			Deliverer: instantIntake{},
+			Getenv:    func(string) string { return "" },
+			Logger:    quietLog,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- s.Run(ctx) }()
+		tx0 := lastTxID(b, s)
+		ids := make(chan int, messages)
+		for i := range messages {
+			ids <- i
+		}
+		close(ids)
+		start := time.Now()
+		var wg sync.WaitGroup
+		for range submitters {
+			wg.Go(func() {
+				for i := range ids {
+					msg := map[string]string{"id": fmt.Sprint("hooks/", i), "agent": fmt.Sprint("agent", i%10), "connector": "hooks", "channel": "C1", "text": "deploy the thing"}
+					if _, err := s.Submit(msg); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		submitted := time.Since(start)
+		for {
+			var left int
+			err := s.store.db.View(func(tx *bolt.Tx) error {
+				left = queueBucket(tx).Stats().KeyN + deliveriesBucket(tx).Stats().KeyN + len(runIDsInState(tx, StateRunning))
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if left == 0 {
+				break
+			}
+			if time.Since(start) > 2*time.Minute {
+				b.Fatal("the runs did not end within 2 minutes")
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		ended := time.Since(start)
+		commits := lastTxID(b, s) - tx0
+		cancel()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+		s.Close()
+		b.ReportMetric(messages/submitted.Seconds(), "submits/s")
+		b.ReportMetric(messages/ended.Seconds(), "runs/s")
+		b.ReportMetric(float64(commits)/messages, "commits/run")
 	}
 }

@@ -125,12 +125,56 @@ func propertyMap(node *introspect.Node) (prop.Map, error) {
 
 // schedulerObject is the exported dev.berth.Scheduler1 interface.
 type schedulerObject struct {
-	s    *Service
-	conn *dbus.Conn
+	s          *Service
+	conn       *dbus.Conn
+	submitters allowedSenders
+}
+
+// allowedSenders remembers, for allowedFor, the bus connections the
+// change authorizer let submit. A unique bus name is never given to another
+// connection and its uid is fixed when it connects, so intake's stream of
+// Submits costs one GetConnectionUnixUser round trip a minute instead of
+// one per message; the minute bounds how long a user taken out of
+// berth-admin keeps a connection's right. Refusals are not remembered.
+type allowedSenders struct {
+	mu    sync.Mutex
+	until map[dbus.Sender]time.Time
+}
+
+const (
+	allowedFor     = time.Minute
+	maxAllowedSeen = 1024 // connections remembered at once
+)
+
+// check is changeAuthorizer.Check, answered from memory for a connection
+// allowed less than allowedFor ago.
+func (a *allowedSenders) check(conn *dbus.Conn, sender dbus.Sender, now time.Time) *dbus.Error {
+	a.mu.Lock()
+	until, ok := a.until[sender]
+	a.mu.Unlock()
+	if ok && now.Before(until) {
+		return nil
+	}
+	if derr := changeAuthorizer.Check(conn, sender); derr != nil {
+		return derr
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.until == nil || len(a.until) >= maxAllowedSeen {
+		fresh := make(map[dbus.Sender]time.Time, len(a.until))
+		for s, t := range a.until {
+			if now.Before(t) && len(fresh) < maxAllowedSeen/2 {
+				fresh[s] = t
+			}
+		}
+		a.until = fresh
+	}
+	a.until[sender] = now.Add(allowedFor)
+	return nil
 }
 
 func (o *schedulerObject) Submit(sender dbus.Sender, msg map[string]string) (string, *dbus.Error) {
-	if derr := changeAuthorizer.Check(o.conn, sender); derr != nil {
+	if derr := o.submitters.check(o.conn, sender, o.s.clock.Now()); derr != nil {
 		return "", derr
 	}
 	id, err := o.s.Submit(msg)

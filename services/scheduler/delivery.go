@@ -207,7 +207,8 @@ func (s *Service) deliver(ctx context.Context, id string, rt *retry) (err, store
 	}
 	now := s.clock.Now()
 	var final Run
-	err = s.store.db.Update(func(tx *bolt.Tx) error {
+	err = s.store.write(func(tx *bolt.Tx) error {
+		final = Run{}
 		cur, ok, err := getRun(tx, id)
 		if err != nil || !ok {
 			return err

@@ -37,11 +37,12 @@ func (s *Service) dispatch() error {
 	return nil
 }
 
-// claim marks the runs to start as running, in one transaction, and starts
-// them. Only the dispatcher calls it. The runs are registered in s.active
-// inside the transaction (s.mu is taken briefly there, never across the
-// commit), so that a CancelRun, whose transaction is serialized with this
-// one, finds a run either queued or active.
+// claim marks the runs to start as running, in one write, and starts them.
+// Only the dispatcher calls it. The runs are registered in s.active inside
+// the transaction (s.mu is taken briefly there, never across the commit), so
+// that a CancelRun, whose transaction is serialized with this one, finds a
+// run either queued or active. The write shares its commit with the Submits
+// and outcomes that arrive meanwhile (store.write).
 func (s *Service) claim() ([]Run, error) {
 	cfg := s.cfg.Load()
 	limit := maxConcurrent(cfg)
@@ -55,54 +56,35 @@ func (s *Service) claim() ([]Run, error) {
 	var claimed []Run
 	var registered []*activeRun
 	var bad []*corruptRecord
-	now := s.clock.Now()
-	err := s.store.db.Update(func(tx *bolt.Tx) error {
-		claimed, registered, bad = claimed[:0], registered[:0], bad[:0]
+	var update viewUpdate
+	err := s.store.write(func(tx *bolt.Tx) error {
+		// A second call (the group is applied again) starts over, keeping
+		// the registrations of runs it claims again: a CancelRun may hold
+		// one already.
+		earlier := make(map[string]*activeRun, len(registered))
+		for i, a := range registered {
+			earlier[claimed[i].ID] = a
+		}
+		claimed, registered, bad, update = claimed[:0], registered[:0], bad[:0], viewUpdate{}
+		now := s.clock.Now()
 		s.mu.Lock()
+		for id, a := range earlier {
+			if s.active[id] == a {
+				delete(s.active, id)
+			}
+		}
 		stopping, running := s.stopping, len(s.active)
 		busy := make(map[string]bool, len(s.active))
 		for _, a := range s.active {
 			busy[a.agent] = true
 		}
 		s.mu.Unlock()
-		if stopping {
-			return nil
-		}
-		ids, err := queuedRunIDs(tx)
-		if err != nil {
-			return err
-		}
-		for _, id := range ids {
-			if running+len(claimed) >= limit {
-				break
-			}
-			r, ok, err := getRun(tx, id)
-			if c, isBad := asCorrupt(err); isBad {
-				bad = append(bad, c)
-				continue
-			}
+		if !stopping && running < limit {
+			var err error
+			claimed, bad, update, err = s.queue.claimFromView(tx, limit-running, busy, now)
 			if err != nil {
 				return err
 			}
-			if !ok || r.State != StateQueued {
-				// A queue entry left without its run: drop it.
-				if err := unindexRun(tx, id, r.Agent); err != nil {
-					return err
-				}
-				continue
-			}
-			if busy[r.Agent] {
-				continue
-			}
-			busy[r.Agent] = true
-			r.State = StateRunning
-			r.Attempts++
-			r.StartedAt = now
-			r.Handle = ""
-			if err := putRun(tx, r); err != nil {
-				return err
-			}
-			claimed = append(claimed, r)
 		}
 		for _, c := range bad {
 			if err := quarantineRecord(tx, c.bucket, c.key, c.Error(), now); err != nil {
@@ -111,12 +93,20 @@ func (s *Service) claim() ([]Run, error) {
 		}
 		s.mu.Lock()
 		for _, r := range claimed {
-			ctx, cancel := context.WithCancelCause(context.Background())
-			a := &activeRun{agent: r.Agent, ctx: ctx, cancel: cancel, done: make(chan struct{})}
+			a := earlier[r.ID]
+			if a == nil {
+				ctx, cancel := context.WithCancelCause(context.Background())
+				a = &activeRun{agent: r.Agent, ctx: ctx, cancel: cancel, done: make(chan struct{})}
+			}
+			delete(earlier, r.ID)
 			s.active[r.ID] = a
 			registered = append(registered, a)
 		}
 		s.mu.Unlock()
+		for _, a := range earlier { // claimed before, not this time
+			a.cancel(errShutdown)
+			close(a.done)
+		}
 		return nil
 	})
 	if err != nil {
@@ -130,7 +120,11 @@ func (s *Service) claim() ([]Run, error) {
 			close(a.done)
 		}
 		s.mu.Unlock()
+		s.queue.reset()
 		return nil, fmt.Errorf("cannot start queued runs: %w", err)
+	}
+	if update.fresh != nil {
+		s.queue.apply(update)
 	}
 	for _, c := range bad {
 		s.log.Error("quarantined an undecodable queued run; see berthctl status", "run_id", string(c.key), "err", c.err)
@@ -153,8 +147,11 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 	cause := context.Cause(ctx)
 
 	var final Run
+	var historyErr error
 	now := s.clock.Now()
-	err := s.store.db.Update(func(tx *bolt.Tx) error {
+	// Shares its commit with the Submits and other outcomes of the moment.
+	err := s.store.write(func(tx *bolt.Tx) error {
+		historyErr = nil
 		cur, ok, err := getRun(tx, r.ID)
 		if err != nil {
 			return err
@@ -188,9 +185,7 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 			cur.Reply = cleanText(res.Response.Reply)
 			// History is a convenience; it must never keep the outcome from
 			// being recorded (the run would be started again).
-			if err := appendHistory(tx, cur, now); err != nil {
-				s.log.Error("cannot record the run in its conversation history", "run_id", cur.ID, "agent", cur.Agent, "err", err)
-			}
+			historyErr = appendHistory(tx, cur, now)
 		}
 		if runErr == nil && len(res.Response.ToolCalls) > 0 {
 			calls, err := boundToolCalls(res.Response.ToolCalls)
@@ -216,6 +211,9 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 		s.log.Error("cannot record run outcome", "run_id", r.ID, "agent", r.Agent, "err", err)
 		s.fail(fmt.Errorf("cannot record the outcome of run %s: %w", r.ID, err))
 	default:
+		if historyErr != nil {
+			s.log.Error("cannot record the run in its conversation history", "run_id", final.ID, "agent", final.Agent, "err", historyErr)
+		}
 		s.log.Info("run ended", "run_id", r.ID, "agent", r.Agent, "backend", final.Backend, "state", final.State, "reason", final.Reason)
 		if Finished(final.State) {
 			s.emitFinished(final)

@@ -11,6 +11,22 @@
 //
 // cmd/berth-scheduler wires it: New, Export, Run until a signal, Close.
 //
+// # Writes that share a commit
+//
+// The busy writes — Submit, the dispatcher's claim, a run's outcome, a
+// delivery mark, CancelRun — go through one committer (groupcommit.go):
+// those that arrive while a commit is on its way to disk share the next
+// transaction and its fsync, applied in the order the committer took them,
+// and each caller returns only after the commit that holds it. A Submit
+// looks its message id up before it inserts, so two Submits of one message
+// in one commit give one run; a failed commit fails every write it held
+// and stores none. Reconcile, quarantine and retention keep transactions of
+// their own. The dispatcher remembers the queue per agent (queueview.go),
+// so a pass reads only the entries added since the last one, however long
+// a busy agent's line is. The D-Bus object remembers for a minute which
+// connections it let submit (a unique bus name is never reused), so a
+// stream of Submits costs no credentials round trip per message.
+//
 // # Faults it survives
 //
 // Run returns an error (and the daemon exits non-zero) when the store fails;

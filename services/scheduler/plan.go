@@ -48,6 +48,9 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		}
 		return res, backend, err
 	}
+	if err := s.isolationImage(ctx, &plan); err != nil {
+		return res, backend, err
+	}
 	req := agentproto.Request{
 		Version: agentproto.Version,
 		RunID:   r.ID,

@@ -150,7 +150,7 @@ func (s *Service) deleteRuns(ctx context.Context, ids []string) (int, error) {
 		batch := ids[:min(len(ids), retentionBatch)]
 		ids = ids[len(batch):]
 		n := 0
-		err := s.store.db.Update(func(tx *bolt.Tx) error {
+		err := s.store.update(func(tx *bolt.Tx) error {
 			n = 0
 			for _, id := range batch {
 				sum, ok, err := getSummary(tx, []byte(id))
@@ -296,7 +296,7 @@ func (s *Service) pruneConversations(ctx context.Context, now time.Time, idle ti
 	for len(untimed) > 0 {
 		batch := untimed[:min(len(untimed), retentionBatch)]
 		untimed = untimed[len(batch):]
-		err := s.store.db.Update(func(tx *bolt.Tx) error {
+		err := s.store.update(func(tx *bolt.Tx) error {
 			for _, k := range batch {
 				v := historyBucket(tx).Get(k)
 				if v == nil {
@@ -321,7 +321,7 @@ func (s *Service) pruneConversations(ctx context.Context, now time.Time, idle ti
 	for len(expired) > 0 {
 		batch := expired[:min(len(expired), retentionBatch)]
 		expired = expired[len(batch):]
-		err := s.store.db.Update(func(tx *bolt.Tx) error {
+		err := s.store.update(func(tx *bolt.Tx) error {
 			for _, k := range batch {
 				v := historyBucket(tx).Get(k)
 				if v == nil {

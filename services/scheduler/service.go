@@ -73,6 +73,10 @@ type Options struct {
 	ConfigDir string
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// Images gives container runs their isolation image (berth-imaged).
+	// Nil: the container backend builds the default agent image itself,
+	// for tests and hosts without the image service.
+	Images ImageEnsurer
 	// Clock is the time of everything the scheduler times: run records,
 	// retries, retention, the dispatcher's pace. Nil means the real clock.
 	Clock clockwork.Clock
@@ -100,6 +104,10 @@ type Service struct {
 	failed       chan error        // the first store failure of a running Run
 	passed       func()            // tests: called after each dispatcher pass
 	retained     chan retainReport // tests: each retention pass's outcome
+
+	// queue is the dispatcher's memory of queue/ (queueview.go); only Run's
+	// goroutine and the writes it waits for use it.
+	queue queueView
 
 	wakeDispatch chan struct{}
 	wakeDeliver  chan struct{}
@@ -206,6 +214,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err := s.reconcile(ctx); err != nil {
 		return fmt.Errorf("cannot reconcile runs: %w", err)
 	}
+	s.queue.reset() // reconcile and an earlier stop put runs back under old keys
 	s.markProgress()
 	s.sweepOrphans(ctx)
 	s.warming.Store(true)
@@ -269,9 +278,12 @@ func wake(ch chan struct{}) {
 }
 
 // Submit queues msg (keys of dev.berth.Scheduler1.Submit) and returns its run
-// id once the run is committed. The same message id returns the same run.
-// Texts are stored made valid (cleanText), so that whatever the run gives
-// back can cross D-Bus.
+// id once the run is committed. The same message id returns the same run,
+// also when both Submits share one commit. Submits that arrive while a
+// commit is under way share the next one (store.write); their runs are
+// numbered, and so queued, in the order the committer takes them. Texts are
+// stored made valid (cleanText), so that whatever the run gives back can
+// cross D-Bus.
 func (s *Service) Submit(msg map[string]string) (string, error) {
 	id, agent := msg["id"], msg["agent"]
 	if id == "" {
@@ -280,26 +292,36 @@ func (s *Service) Submit(msg map[string]string) (string, error) {
 	if agent == "" {
 		return "", fmt.Errorf("%w: message has no agent", ErrInvalidArgument)
 	}
-	cfg := s.cfg.Load()
-	known := cfg.AgentIDs()
-	now := s.clock.Now()
-	var r Run
-	created := false
-	err := s.store.db.Update(func(tx *bolt.Tx) error {
+	known := s.cfg.Load().AgentIDs()
+	var (
+		r       Run
+		created bool
+		refused error
+	)
+	// Called again when the group is applied a second time: every result is
+	// set afresh.
+	err := s.store.write(func(tx *bolt.Tx) error {
+		r, created, refused = Run{}, false, nil
 		// The idempotency lookup comes first: a retried Submit of a message
 		// that was taken gets its run id even if the agent has since been
-		// removed from the config.
+		// removed from the config, and one that shares the commit of its
+		// first Submit finds the run that one wrote.
 		if existing := messagesBucket(tx).Get([]byte(id)); existing != nil {
 			r.ID = string(existing)
 			return nil
 		}
 		if !slices.Contains(known, agent) {
-			return fmt.Errorf("%w: unknown agent %q (configured agents: %s)", ErrInvalidArgument, agent, strings.Join(known, ", "))
+			// Nothing written: refused without costing the group a rollback.
+			refused = fmt.Errorf("%w: unknown agent %q (configured agents: %s)", ErrInvalidArgument, agent, strings.Join(known, ", "))
+			return nil
 		}
 		seq, err := queueBucket(tx).NextSequence()
 		if err != nil {
 			return fmt.Errorf("cannot number run: %w", err)
 		}
+		// The time is the committer's, so that run ids (which sort by
+		// creation time) follow the queue's order.
+		now := s.clock.Now()
 		r = Run{
 			ID:          newRunID(now),
 			MessageID:   cleanText(id),
@@ -317,14 +339,17 @@ func (s *Service) Submit(msg map[string]string) (string, error) {
 		if err := putRun(tx, r); err != nil {
 			return err
 		}
+		if err := messagesBucket(tx).Put([]byte(id), []byte(r.ID)); err != nil {
+			return fmt.Errorf("cannot index message id: %w", err)
+		}
 		created = true
-		return messagesBucket(tx).Put([]byte(id), []byte(r.ID))
+		return nil
 	})
-	if errors.Is(err, ErrInvalidArgument) {
-		return "", err
-	}
 	if err != nil {
 		return "", fmt.Errorf("cannot store run: %w", err)
+	}
+	if refused != nil {
+		return "", refused
 	}
 	if created {
 		s.log.Info("run queued", "run_id", r.ID, "agent", agent, "message_id", id, "connector", r.Connector)
@@ -362,7 +387,7 @@ func (s *Service) setAside(bad ...*corruptRecord) {
 		return
 	}
 	now := s.clock.Now()
-	err := s.store.db.Update(func(tx *bolt.Tx) error {
+	err := s.store.update(func(tx *bolt.Tx) error {
 		for _, c := range bad {
 			if err := quarantineRecord(tx, c.bucket, c.key, c.Error(), now); err != nil {
 				return err
@@ -541,30 +566,32 @@ func (e *needsKill) Error() string { return "run " + e.run.ID + " has a sandbox 
 // transaction; killed says its orphaned sandbox was killed already.
 func (s *Service) cancelInactive(id string, killed bool) (Run, error) {
 	var r Run
-	now := s.clock.Now()
-	err := s.store.db.Update(func(tx *bolt.Tx) error {
+	var refused error // the answer when nothing is written
+	err := s.store.write(func(tx *bolt.Tx) error {
+		r, refused = Run{}, nil
 		cur, ok, err := getRun(tx, id)
-		if err != nil {
-			return err
+		switch {
+		case err != nil:
+			refused = err
+		case !ok:
+			refused = fmt.Errorf("%w: no run %q", ErrNotFound, id)
+		case Finished(cur.State):
+			refused = fmt.Errorf("%w: run %s already %s", ErrInvalidArgument, id, cur.State)
+		case cur.State == StateRunning && s.activeRun(id) != nil:
+			refused = errBecameActive
+		case cur.State == StateRunning && !killed && cur.Handle != "":
+			refused = &needsKill{run: cur}
 		}
-		if !ok {
-			return fmt.Errorf("%w: no run %q", ErrNotFound, id)
+		if refused != nil {
+			return nil
 		}
-		if Finished(cur.State) {
-			return fmt.Errorf("%w: run %s already %s", ErrInvalidArgument, id, cur.State)
-		}
-		if cur.State == StateRunning {
-			if s.activeRun(id) != nil {
-				return errBecameActive
-			}
-			if !killed && cur.Handle != "" {
-				return &needsKill{run: cur}
-			}
-		}
-		finish(&cur, StateCanceled, isolation.ReasonCanceled, "canceled before it finished", now)
+		finish(&cur, StateCanceled, isolation.ReasonCanceled, "canceled before it finished", s.clock.Now())
 		r = cur
 		return putRun(tx, cur)
 	})
+	if err == nil {
+		err = refused
+	}
 	if c, bad := asCorrupt(err); bad {
 		s.setAside(c)
 		return Run{}, fmt.Errorf("%w: run %q could not be read and was quarantined", ErrNotFound, id)
@@ -636,7 +663,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 		}
 		s.killOrphan(ctx, r)
 		now := s.clock.Now()
-		err := s.store.db.Update(func(tx *bolt.Tx) error {
+		err := s.store.update(func(tx *bolt.Tx) error {
 			cur, ok, err := getRun(tx, r.ID)
 			if err != nil || !ok || cur.State != StateRunning {
 				return err

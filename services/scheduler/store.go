@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/berth-dev/berth/internal/boltstore"
@@ -217,6 +218,10 @@ func indexRun(tx *bolt.Tx, r Run) error {
 // store is scheduler.db.
 type store struct {
 	db *bolt.DB
+	w  *committer // the busy paths' writes (groupcommit.go)
+	// updates counts the commits of update: the writes that keep a
+	// transaction of their own.
+	updates atomic.Uint64
 }
 
 // openStore opens (creating and migrating) path. A second opener fails after
@@ -226,10 +231,33 @@ func openStore(path string) (*store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &store{db: db}, nil
+	return &store{db: db, w: newCommitter(db)}, nil
 }
 
-func (s *store) close() error { return s.db.Close() }
+// close commits the writes queued, then closes the file.
+func (s *store) close() error {
+	s.w.close()
+	return s.db.Close()
+}
+
+// write runs fn in a transaction shared with the other writes that arrive
+// while a commit is under way, and returns once it is committed; see
+// committer.write for what fn must allow.
+func (s *store) write(fn func(*bolt.Tx) error) error { return s.w.write(fn) }
+
+// update runs fn in a transaction of its own: for the rare and the large
+// writes (reconcile, quarantine, retention), which would only slow a group.
+func (s *store) update(fn func(*bolt.Tx) error) error {
+	err := s.db.Update(fn)
+	if err == nil {
+		s.updates.Add(1)
+	}
+	return err
+}
+
+// commits is the number of commits this store has made: grouped and on
+// their own.
+func (s *store) commits() uint64 { return s.w.commits.Load() + s.updates.Load() }
 
 func u64(v uint64) []byte { return boltstore.U64(v) }
 

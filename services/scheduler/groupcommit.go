@@ -1,0 +1,171 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// maxGroup is the most writes one commit holds, so that a burst never
+// builds one huge transaction.
+const maxGroup = 1024
+
+var errStoreClosed = errors.New("scheduler database is closed")
+
+// committer is the writer of scheduler.db's busy paths: Submits, the
+// dispatcher's claims, run outcomes and delivery marks. Writes that arrive
+// while a commit is on its way to disk wait in a queue and then share the
+// next transaction and its fsync, applied in the order the committer took
+// them. A write returns only after the commit that holds it: nothing is
+// acknowledged that is not on disk. There is no timer: a lone write is
+// committed at once, and under load each commit takes everything that
+// arrived during the one before.
+type committer struct {
+	db   *bolt.DB
+	reqs chan *writeReq // buffered: its length is the writes waiting
+	quit chan struct{}
+	done chan struct{}
+	once sync.Once
+
+	// commitHook, when set (tests), commits in place of tx.Commit, to hold
+	// or fail a commit; writes is the number of writes the commit holds.
+	commitHook atomic.Pointer[func(tx *bolt.Tx, writes int) error]
+	// commits and writes count the committer's successful commits and the
+	// writes they held.
+	commits, writes atomic.Uint64
+}
+
+type writeReq struct {
+	fn  func(*bolt.Tx) error
+	err chan error
+}
+
+func newCommitter(db *bolt.DB) *committer {
+	c := &committer{
+		db:   db,
+		reqs: make(chan *writeReq, maxGroup),
+		quit: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+	go c.run()
+	return c
+}
+
+// write runs fn in a read-write transaction shared with other writers and
+// returns once that transaction is committed (nil) or has failed. fn may be
+// called more than once, each time in a fresh transaction (a group is
+// applied again without a write whose fn failed), so it must set its
+// results afresh on every call. An fn that decides to write nothing (a
+// refused request) should return nil and report its answer through its own
+// variables: an error costs the rest of the group a second pass.
+func (c *committer) write(fn func(*bolt.Tx) error) error {
+	r := &writeReq{fn: fn, err: make(chan error, 1)}
+	select {
+	case c.reqs <- r:
+	case <-c.quit:
+		return errStoreClosed
+	}
+	select {
+	case err := <-r.err:
+		return err
+	case <-c.done:
+		select {
+		case err := <-r.err: // committed just before the committer stopped
+			return err
+		default:
+			return errStoreClosed
+		}
+	}
+}
+
+// close commits what is queued, stops the committer and returns once it
+// has.
+func (c *committer) close() {
+	c.once.Do(func() { close(c.quit) })
+	<-c.done
+}
+
+func (c *committer) run() {
+	defer close(c.done)
+	group := make([]*writeReq, 0, maxGroup)
+	for {
+		var first *writeReq
+		select {
+		case first = <-c.reqs:
+		case <-c.quit:
+			// Finish what was queued before the stop.
+			for {
+				select {
+				case r := <-c.reqs:
+					c.commitGroup(append(group[:0], r))
+				default:
+					return
+				}
+			}
+		}
+		group = append(group[:0], first)
+	fill:
+		for len(group) < maxGroup {
+			select {
+			case r := <-c.reqs:
+				group = append(group, r)
+			default:
+				break fill
+			}
+		}
+		c.commitGroup(group)
+	}
+}
+
+// commitGroup applies every write of group in one transaction, in order,
+// and commits it. A write whose fn fails gets its error and the rest are
+// applied again in a fresh transaction without it; a failed commit fails
+// every write it held, and none of them is stored.
+func (c *committer) commitGroup(group []*writeReq) {
+	live := group
+	for len(live) > 0 {
+		tx, err := c.db.Begin(true)
+		if err != nil {
+			failAll(live, fmt.Errorf("cannot begin transaction: %w", err))
+			return
+		}
+		failed := -1
+		var ferr error
+		for i, r := range live {
+			if ferr = r.fn(tx); ferr != nil {
+				failed = i
+				break
+			}
+		}
+		if failed >= 0 {
+			_ = tx.Rollback()
+			live[failed].err <- ferr
+			live = append(live[:failed:failed], live[failed+1:]...)
+			continue
+		}
+		commit := func(tx *bolt.Tx, _ int) error { return tx.Commit() }
+		if hook := c.commitHook.Load(); hook != nil {
+			commit = *hook
+		}
+		if err := commit(tx, len(live)); err != nil {
+			_ = tx.Rollback() // bbolt has rolled back already; this is for a test's hook
+			failAll(live, fmt.Errorf("cannot commit: %w", err))
+			return
+		}
+		c.commits.Add(1)
+		c.writes.Add(uint64(len(live)))
+		for _, r := range live {
+			r.err <- nil
+		}
+		return
+	}
+}
+
+func failAll(reqs []*writeReq, err error) {
+	for _, r := range reqs {
+		r.err <- err
+	}
+}
