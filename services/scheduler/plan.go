@@ -185,7 +185,9 @@ func (s *Service) hostFacts(cfg *config.Config) runplan.HostFacts {
 // it. An error ends the run (isolation.Supervise kills the sandbox): a
 // sandbox nobody could find after a crash must not keep running.
 func (s *Service) saveHandle(runID, backend, handle string) error {
-	err := s.store.db.Update(func(tx *bolt.Tx) error {
+	// Through the committer: it reads the run and writes it back, so it may
+	// be applied again with its group.
+	err := s.store.write(func(tx *bolt.Tx) error {
 		r, ok, err := getRun(tx, runID)
 		if err != nil {
 			return err

@@ -110,6 +110,7 @@ type Service struct {
 	queue queueView
 
 	wakeDispatch chan struct{}
+	wakeWarm     chan struct{} // refill the warm pools (warm.go)
 	wakeDeliver  chan struct{}
 
 	countsGen atomic.Uint64 // orders publishCounts calls (dbus.go)
@@ -152,6 +153,7 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 		active:       make(map[string]*activeRun),
 		failed:       make(chan error, 1),
 		wakeDispatch: make(chan struct{}, 1),
+		wakeWarm:     make(chan struct{}, 1),
 		wakeDeliver:  make(chan struct{}, 1),
 	}
 	s.cfg.Store(cfg)
@@ -167,7 +169,7 @@ func (s *Service) Reload(cfg *config.Config) {
 	}
 	s.cfg.Store(cfg)
 	if s.warming.Load() {
-		s.warmPools()
+		wake(s.wakeWarm)
 	}
 	wake(s.wakeDispatch)
 }
@@ -218,9 +220,13 @@ func (s *Service) Run(ctx context.Context) error {
 	s.markProgress()
 	s.sweepOrphans(ctx)
 	s.warming.Store(true)
-	s.warmPools()
 	loopCtx, stopLoops := context.WithCancel(ctx)
 	defer stopLoops()
+	// Pools are (re)filled by one goroutine of their own: asking berth-imaged
+	// for an image may wait for a build, which must delay no dispatch.
+	var warmer sync.WaitGroup
+	warmer.Go(func() { s.warmLoop(loopCtx) })
+	wake(s.wakeWarm)
 	var loops sync.WaitGroup
 	loops.Go(func() {
 		if err := s.deliverLoop(loopCtx); err != nil {
@@ -264,6 +270,7 @@ loop:
 	s.mu.Unlock()
 	s.runs.Wait()
 	s.warming.Store(false)
+	warmer.Wait() // no pool is filled after this drain
 	s.drainPools()
 	loops.Wait()
 	s.publishCounts()

@@ -21,10 +21,26 @@ type Warmer interface {
 // drainTimeout bounds the drain at stop.
 const drainTimeout = 30 * time.Second
 
+// warmImageTimeout bounds how long filling a pool waits for its image.
+const warmImageTimeout = 10 * time.Minute
+
+// warmLoop fills the pools at start and after every reload, until ctx ends.
+func (s *Service) warmLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wakeWarm:
+			s.warmPools(ctx)
+		}
+	}
+}
+
 // warmPools hands each warming backend the agents that want a warm pool,
 // with the plan a run of theirs would get (without a run id or keys: no
-// request ever goes into a pool).
-func (s *Service) warmPools() {
+// request ever goes into a pool), including the image berth-imaged gives
+// it, so a run finds its pool.
+func (s *Service) warmPools(ctx context.Context) {
 	cfg := s.cfg.Load()
 	specs := map[Warmer][]isolation.Spec{}
 	for _, b := range s.opts.Backends {
@@ -59,7 +75,18 @@ func (s *Service) warmPools() {
 			s.log.Warn("cannot warm containers", "agent", a.ID, "backend", kind, "err", err)
 			continue
 		}
-		specs[w] = append(specs[w], isolation.Spec{Plan: e.Plan})
+		plan := e.Plan
+		imageCtx, cancel := context.WithTimeout(ctx, warmImageTimeout)
+		err = s.isolationImage(imageCtx, &plan)
+		cancel()
+		if err != nil {
+			s.log.Warn("cannot warm containers: no image yet; runs build it", "agent", a.ID, "backend", kind, "err", err)
+			continue
+		}
+		specs[w] = append(specs[w], isolation.Spec{Plan: plan})
+	}
+	if ctx.Err() != nil {
+		return // stopping: the pools are drained next
 	}
 	for w, list := range specs {
 		w.Warm(list)
