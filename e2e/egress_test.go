@@ -152,6 +152,19 @@ func TestAnAgentWithoutANetworkReachesItsProviderOnlyThroughTheEgressProxy(t *te
 				if reply["state"] != "succeeded" || !tt.reply(text(reply)) {
 					t.Errorf("state %v, error %v, reply %q; want %s", reply["state"], reply["error"], text(reply), tt.want)
 				}
+				// Every decision of the proxy is in the run record, and
+				// berthctl runs show prints it.
+				runID, _ := reply["run_id"].(string)
+				out, err := s.berthctl(t, "runs", "show", runID)
+				if err != nil {
+					t.Fatalf("berthctl runs show: %v\n%s", err, out)
+				}
+				if !strings.Contains(out, "\negress:\n") || !strings.Contains(out, " POST 127.0.0.1:") {
+					t.Errorf("runs show lists no allowed provider call under egress:\n%s", out)
+				}
+				if strings.Contains(tt.text, "files.example") && !strings.Contains(out, "GET files.example:80 /x REFUSED no [agents.egress] allow rule matches") {
+					t.Errorf("runs show lists no refused request to files.example:\n%s", out)
+				}
 				for _, key := range []string{fakeKey, anthropicKey} {
 					if strings.Contains(text(reply), key) {
 						t.Errorf("a provider key reached the sandbox: %q", text(reply))

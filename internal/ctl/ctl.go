@@ -22,6 +22,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/isolation"
 )
 
 const usage = `usage: berthctl COMMAND [ARGS]
@@ -510,7 +511,7 @@ func printRun(w io.Writer, run map[string]dbus.Variant) {
 	}
 	var rest []string
 	for k := range run {
-		if !seen[k] && k != "stderr_tail" && k != "tool_calls" && !strings.HasSuffix(k, "_bytes") && !strings.HasSuffix(k, "_cut") {
+		if !seen[k] && k != "stderr_tail" && k != "tool_calls" && k != "egress" && k != "egress_dropped" && !strings.HasSuffix(k, "_bytes") && !strings.HasSuffix(k, "_cut") {
 			rest = append(rest, k)
 		}
 	}
@@ -539,8 +540,29 @@ func printRun(w io.Writer, run map[string]dbus.Variant) {
 			fmt.Fprintln(w, line)
 		}
 	}
+	writeEgress(w, run)
 	if r := str(run, "reply"); r != "" {
 		fmt.Fprintf(w, "\nreply:\n%s\n", indent(r))
+	}
+}
+
+// writeEgress prints the egress proxy's decisions, one line each:
+// time, method, host:port, path, allowed or REFUSED, rule or reason, bytes.
+func writeEgress(w io.Writer, run map[string]dbus.Variant) {
+	var decisions []isolation.EgressDecision
+	if json.Unmarshal([]byte(str(run, "egress")), &decisions) != nil || len(decisions) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\negress:")
+	for _, d := range decisions {
+		verdict, why := "allowed", d.Rule
+		if !d.Allowed {
+			verdict, why = "REFUSED", d.Reason
+		}
+		fmt.Fprintf(w, "  %s %s %s:%d %s %s %s ↑%d ↓%d\n", d.Time.Format("15:04:05"), d.Method, d.Host, d.Port, d.Path, verdict, why, d.BytesUp, d.BytesDown)
+	}
+	if n, ok := run["egress_dropped"].Value().(uint32); ok && n > 0 {
+		fmt.Fprintf(w, "  (%d more not kept)\n", n)
 	}
 }
 

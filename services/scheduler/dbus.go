@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -308,24 +309,25 @@ func (r Run) Variants() map[string]dbus.Variant {
 		toolCalls = "[]"
 	}
 	m := map[string]dbus.Variant{
-		"id":            dbus.MakeVariant(r.ID),
-		"message_id":    dbus.MakeVariant(r.MessageID),
-		"agent":         dbus.MakeVariant(r.Agent),
-		"state":         dbus.MakeVariant(r.State),
-		"reason":        dbus.MakeVariant(r.Reason),
-		"connector":     dbus.MakeVariant(r.Connector),
-		"channel":       dbus.MakeVariant(r.Channel),
-		"thread":        dbus.MakeVariant(r.Thread),
-		"author":        dbus.MakeVariant(r.Author),
-		"attempts":      dbus.MakeVariant(uint32(r.Attempts)),
-		"created_usec":  usecVariant(r.CreatedAt),
-		"started_usec":  usecVariant(r.StartedAt),
-		"finished_usec": usecVariant(r.FinishedAt),
-		"delivered":     dbus.MakeVariant(r.Delivered),
-		"backend":       dbus.MakeVariant(r.Backend),
+		"id":             dbus.MakeVariant(r.ID),
+		"message_id":     dbus.MakeVariant(r.MessageID),
+		"agent":          dbus.MakeVariant(r.Agent),
+		"state":          dbus.MakeVariant(r.State),
+		"reason":         dbus.MakeVariant(r.Reason),
+		"connector":      dbus.MakeVariant(r.Connector),
+		"channel":        dbus.MakeVariant(r.Channel),
+		"thread":         dbus.MakeVariant(r.Thread),
+		"author":         dbus.MakeVariant(r.Author),
+		"attempts":       dbus.MakeVariant(uint32(r.Attempts)),
+		"created_usec":   usecVariant(r.CreatedAt),
+		"started_usec":   usecVariant(r.StartedAt),
+		"finished_usec":  usecVariant(r.FinishedAt),
+		"delivered":      dbus.MakeVariant(r.Delivered),
+		"backend":        dbus.MakeVariant(r.Backend),
+		"egress_dropped": dbus.MakeVariant(uint32(r.EgressDropped)),
 	}
 	for _, f := range []struct{ key, text string }{
-		{"text", r.Text}, {"reply", r.Reply}, {"error", r.Error}, {"tool_calls", toolCalls}, {"stderr_tail", r.StderrTail},
+		{"text", r.Text}, {"reply", r.Reply}, {"error", r.Error}, {"tool_calls", toolCalls}, {"stderr_tail", r.StderrTail}, {"egress", egressJSON(r)},
 	} {
 		text := cleanText(f.text)
 		cut := len(text) > maxFieldBytes
@@ -508,4 +510,17 @@ func (p *properties) set(gen uint64, c counts) map[string]dbus.Variant {
 	}
 	p.c = c
 	return changed
+}
+
+// egressJSON is the run's egress decisions as GetRun returns them: a JSON
+// array, "[]" when the run made none.
+func egressJSON(r Run) string {
+	if len(r.Egress) == 0 {
+		return "[]"
+	}
+	data, err := json.Marshal(r.Egress)
+	if err != nil {
+		return "[]"
+	}
+	return string(data)
 }

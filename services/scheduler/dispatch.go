@@ -164,6 +164,7 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 		}
 		cur.Handle = ""
 		cur.StderrTail = cleanText(tailUTF8(res.Stderr, maxStderrTail))
+		cur.Egress, cur.EgressDropped = res.Egress, res.EgressDropped
 		switch {
 		case runErr != nil && errors.Is(cause, errShutdown):
 			// Handed back by a graceful stop: not an attempt that counts.

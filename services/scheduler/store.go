@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/berth-dev/berth/isolation"
 	"sync/atomic"
 	"time"
 
@@ -71,14 +72,18 @@ type Run struct {
 	Error       string          `json:"error,omitempty"` // the whole story, for admins
 	ToolCalls   json.RawMessage `json:"tool_calls,omitempty"`
 	StderrTail  string          `json:"stderr_tail,omitempty"`
-	Backend     string          `json:"backend,omitempty"`
-	Handle      string          `json:"handle,omitempty"` // from Backend OnStart; Kill understands it
-	Attempts    int             `json:"attempts"`         // starts not handed back by a graceful stop
-	CreatedAt   time.Time       `json:"created_at"`
-	StartedAt   time.Time       `json:"started_at,omitzero"`
-	FinishedAt  time.Time       `json:"finished_at,omitzero"`
-	Delivered   bool            `json:"delivered"`
-	Seq         uint64          `json:"seq"` // key in queue/
+	// Egress is what the run's egress proxy decided (at most
+	// isolation.MaxEgressDecisions; EgressDropped says how many more).
+	Egress        []isolation.EgressDecision `json:"egress,omitempty"`
+	EgressDropped int                        `json:"egress_dropped,omitempty"`
+	Backend       string                     `json:"backend,omitempty"`
+	Handle        string                     `json:"handle,omitempty"` // from Backend OnStart; Kill understands it
+	Attempts      int                        `json:"attempts"`         // starts not handed back by a graceful stop
+	CreatedAt     time.Time                  `json:"created_at"`
+	StartedAt     time.Time                  `json:"started_at,omitzero"`
+	FinishedAt    time.Time                  `json:"finished_at,omitzero"`
+	Delivered     bool                       `json:"delivered"`
+	Seq           uint64                     `json:"seq"` // key in queue/
 }
 
 // Summary is what ListRuns returns of a run, stored in summaries/ so that a
