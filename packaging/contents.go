@@ -39,6 +39,7 @@ var binaries = []struct{ name, dst string }{
 	{"berth-intake", libexec},
 	{"berth-scheduler", libexec},
 	{"berth-imaged", libexec},
+	{"berth-egress", libexec},
 	{"berth-agent", libexec},
 }
 

@@ -53,6 +53,7 @@ func TestPackages(t *testing.T) {
 			"-rwxr-xr-x root/root .* ./usr/libexec/berth/berth-intake",
 			"-rwxr-xr-x root/root .* ./usr/libexec/berth/berth-scheduler",
 			"-rwxr-xr-x root/root .* ./usr/libexec/berth/berth-imaged",
+			"-rwxr-xr-x root/root .* ./usr/libexec/berth/berth-egress",
 			"-rw-r----- root/berth .* ./etc/berth/berth.toml",
 			"./usr/lib/systemd/system/berth-intake.socket",
 			"./usr/lib/systemd/system/berth-intake.service",
