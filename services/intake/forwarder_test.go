@@ -59,8 +59,18 @@ func TestABacklogIsHandedOnWithManySubmitsInFlightAndMarkedInSharedCommits(t *te
 	// A worker that waited for each Submit and its commit before the next
 	// would never get here: the other Submits of the window have returned
 	// and their marks wait for the commit after the first.
-	eventually(t, "every Submit of the window has returned", func() bool {
-		return sub.totalCalls() == submitWindow
+	// Each agent's messages are handed on one at a time: the window's
+	// Submits that return are those of its distinct agents.
+	pending, err := s.store.pendingMessagesOf("hooks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	agents := map[string]bool{}
+	for _, m := range pending[:submitWindow] {
+		agents[m.Agent] = true
+	}
+	eventually(t, "every Submit of the window's distinct agents has returned", func() bool {
+		return sub.totalCalls() == len(agents)
 	})
 	s.store.w.commitHook.Store(nil)
 	gate.release <- nil
