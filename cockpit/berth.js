@@ -686,6 +686,7 @@
         $("run-error-text-block").hidden = !r.error;
         $("run-error-text").textContent = r.error || "";
         renderToolCalls(r.tool_calls);
+        renderEgress(r.egress, r.egress_dropped);
         $("run-stderr").textContent = r.stderr_tail || "(empty)";
     }
 
@@ -705,6 +706,29 @@
             h("td", { "data-label": "Arguments" }, h("pre", { class: "berth-pre berth-small" }, prettyJSON(c.args))),
             h("td", { "data-label": "Output" }, h("pre", { class: "berth-pre berth-small" }, c.output || "")),
             h("td", { "data-label": "Error" }, c.error || ""))));
+    }
+
+    // renderEgress shows the egress proxy's decisions of a run (GetRun's
+    // egress JSON), each with its rule or the reason it was refused.
+    function renderEgress(json, dropped) {
+        let decisions = [];
+        try {
+            decisions = JSON.parse(json || "[]") || [];
+        } catch (e) {
+            decisions = [];
+        }
+        const table = $("run-egress");
+        $("run-egress-empty").hidden = decisions.length > 0;
+        table.hidden = decisions.length === 0;
+        table.tBodies[0].replaceChildren(...decisions.map(d => h("tr", {},
+            h("td", { "data-label": "Time" }, d.time ? new Date(d.time).toLocaleTimeString() : ""),
+            h("th", { scope: "row", "data-label": "Request" }, h("code", {}, (d.method || "") + " " + (d.host || "") + ":" + (d.port || "") + (d.path ? " " + d.path : ""))),
+            h("td", { "data-label": "Decision", class: d.allowed ? "" : "berth-refused" }, d.allowed ? "allowed" : "refused"),
+            h("td", { "data-label": "Rule or reason" }, (d.allowed ? d.rule : d.reason) || ""),
+            h("td", { "data-label": "Bytes up / down" }, String(d.bytes_up || 0) + " / " + String(d.bytes_down || 0)))));
+        const more = Number(dropped || 0);
+        $("run-egress-dropped").hidden = more === 0;
+        $("run-egress-dropped").textContent = more ? more + " more decisions were not kept." : "";
     }
 
     function prettyJSON(v) {

@@ -230,6 +230,8 @@ func TestCockpitPageAsAnAdminShowsLiveCountsRunsAndRepliesAndMayCancel(t *testin
 		t.Errorf("the shell call's arguments show as %q", args)
 	}
 	c.waitFor(live, `document.getElementById("run-reply").textContent.includes("shown-in-cockpit")`)
+	// An offline agent sent nothing through the egress proxy, and says so.
+	c.waitFor(live, `document.getElementById("run-egress-empty").hidden === false && document.getElementById("run-egress").hidden === true`)
 
 	// Cancel from the list: the run ends canceled, live, and the queued
 	// message runs next.
