@@ -18,7 +18,7 @@
 //
 // # Commits
 //
-// Every write to intake.db goes through one group committer (groupcommit.go):
+// Every write to intake.db goes through one group committer (boltstore.Committer):
 // writes that arrive while a commit is on its way to disk share the next
 // transaction and its fsync, and each caller (a webhook POST, a platform
 // event, a Deliver, a submitted mark) returns only after the commit that

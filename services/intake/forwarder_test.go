@@ -72,7 +72,7 @@ func TestABacklogIsHandedOnWithManySubmitsInFlightAndMarkedInSharedCommits(t *te
 	eventually(t, "every Submit of the window's distinct agents has returned", func() bool {
 		return sub.totalCalls() == len(agents)
 	})
-	s.store.w.commitHook.Store(nil)
+	s.store.w.SetCommitHook(nil)
 	gate.release <- nil
 	eventually(t, "the backlog is submitted", func() bool { in, _ := s.store.pendingCounts(); return in == 0 })
 

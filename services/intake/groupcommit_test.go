@@ -30,10 +30,10 @@ func holdCommits(t *testing.T, s *Service) *commitGate {
 	g := &commitGate{entered: make(chan int, 16), release: make(chan error)}
 	stop := make(chan struct{})
 	t.Cleanup(func() { close(stop) }) // a failed test holds nothing
-	hook := func(tx *bolt.Tx) error {
+	hook := func(tx *bolt.Tx, _ int) error {
 		var err error
 		select {
-		case g.entered <- len(s.store.w.reqs):
+		case g.entered <- s.store.w.Waiting():
 			select {
 			case err = <-g.release:
 			case <-stop:
@@ -52,7 +52,7 @@ func holdCommits(t *testing.T, s *Service) *commitGate {
 		g.committed.Add(1)
 		return nil
 	}
-	s.store.w.commitHook.Store(&hook)
+	s.store.w.SetCommitHook(hook)
 	return g
 }
 
@@ -160,7 +160,7 @@ func TestMessagesArrivingDuringACommitShareTheNextOne(t *testing.T) {
 	for i := range 20 {
 		go postOne(fmt.Sprintf("next-%d", i))
 	}
-	eventually(t, "20 messages wait for the next commit", func() bool { return len(s.store.w.reqs) == 20 })
+	eventually(t, "20 messages wait for the next commit", func() bool { return s.store.w.Waiting() == 20 })
 	gate.release <- nil // the first commit
 	gate.waitEntered(t) // the second holds all 20
 	gate.release <- nil
@@ -211,7 +211,7 @@ func TestAFailedGroupCommitFailsEveryAcceptInItAndStoresNothing(t *testing.T) {
 		go postOne(fmt.Sprintf("lost-%d", i))
 		go acceptOne(fmt.Sprintf("lost-%d", i))
 	}
-	eventually(t, "10 accepts wait for the next commit", func() bool { return len(s.store.w.reqs) == 10 })
+	eventually(t, "10 accepts wait for the next commit", func() bool { return s.store.w.Waiting() == 10 })
 	gate.release <- nil // the first commit succeeds
 	if o := <-outcomes; o.err != nil {
 		t.Fatalf("%s: %v, want accepted", o.what, o.err)
@@ -228,7 +228,7 @@ func TestAFailedGroupCommitFailsEveryAcceptInItAndStoresNothing(t *testing.T) {
 	}
 
 	// The platforms retry: every message is stored once.
-	s.store.w.commitHook.Store(nil)
+	s.store.w.SetCommitHook(nil)
 	var wg sync.WaitGroup
 	for i := range 5 {
 		wg.Go(func() { postOne(fmt.Sprintf("lost-%d", i)) })

@@ -211,7 +211,7 @@ func doneKeyTime(k []byte) time.Time {
 // through one group committer.
 type store struct {
 	db *bolt.DB
-	w  *groupCommit // every write goes through it
+	w  *boltstore.Committer // every write goes through it
 	// The pending counts, changed by each commit (tx.OnCommit) so that the
 	// D-Bus counters and the idle check never walk the pending indexes.
 	inboxPending, outboxPending atomic.Int64
@@ -224,7 +224,7 @@ func openStore(path string) (*store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &store{db: db, w: newGroupCommit(db)}
+	s := &store{db: db, w: boltstore.NewCommitter(db)}
 	err = db.View(func(tx *bolt.Tx) error {
 		_, in, _ := inboxBuckets(tx)
 		_, out, _ := outboxBuckets(tx)
@@ -242,18 +242,18 @@ func openStore(path string) (*store, error) {
 // Close commits the writes already queued and closes the database; a
 // second Close is harmless.
 func (s *store) Close() error {
-	s.w.close()
+	s.w.Close()
 	return s.db.Close()
 }
 
 // write runs fn in a transaction shared with concurrent writers and returns
-// once it is committed (see groupCommit.write).
-func (s *store) write(fn func(*bolt.Tx) error) error { return s.w.write(fn) }
+// once it is committed (see boltstore.Committer.Write).
+func (s *store) write(fn func(*bolt.Tx) error) error { return s.w.Write(fn) }
 
 // commitStats returns how many commits (fsyncs) the store made and how many
 // writes they held.
 func (s *store) commitStats() (commits, writes uint64) {
-	return s.w.commits.Load(), s.w.writes.Load()
+	return s.w.Stats()
 }
 
 func u64(v uint64) []byte { return boltstore.U64(v) }

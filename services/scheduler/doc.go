@@ -14,7 +14,7 @@
 // # Writes that share a commit
 //
 // The busy writes — Submit, the dispatcher's claim, a run's outcome, a
-// delivery mark, CancelRun — go through one committer (groupcommit.go):
+// delivery mark, CancelRun — go through one committer (boltstore.Committer):
 // those that arrive while a commit is on its way to disk share the next
 // transaction and its fsync, applied in the order the committer took them,
 // and each caller returns only after the commit that holds it. A Submit

@@ -55,7 +55,7 @@ func holdCommits(t *testing.T, s *Service) *commitGate {
 		g.committed.Add(1)
 		return nil
 	}
-	s.store.w.commitHook.Store(&hook)
+	s.store.w.SetCommitHook(hook)
 	return g
 }
 
@@ -79,9 +79,9 @@ func (g *commitGate) waitEntered(t *testing.T) int {
 func waitQueued(t *testing.T, s *Service, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for len(s.store.w.reqs) != n {
+	for s.store.w.Waiting() != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d writes wait for the next commit, want %d", len(s.store.w.reqs), n)
+			t.Fatalf("%d writes wait for the next commit, want %d", s.store.w.Waiting(), n)
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -223,7 +223,7 @@ func indexRun(tx *bolt.Tx, r Run) error {
 // store is scheduler.db.
 type store struct {
 	db *bolt.DB
-	w  *committer // the busy paths' writes (groupcommit.go)
+	w  *boltstore.Committer // the busy paths' writes (boltstore.Committer)
 	// updates counts the commits of update: the writes that keep a
 	// transaction of their own.
 	updates atomic.Uint64
@@ -236,19 +236,19 @@ func openStore(path string) (*store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &store{db: db, w: newCommitter(db)}, nil
+	return &store{db: db, w: boltstore.NewCommitter(db)}, nil
 }
 
 // close commits the writes queued, then closes the file.
 func (s *store) close() error {
-	s.w.close()
+	s.w.Close()
 	return s.db.Close()
 }
 
 // write runs fn in a transaction shared with the other writes that arrive
 // while a commit is under way, and returns once it is committed; see
-// committer.write for what fn must allow.
-func (s *store) write(fn func(*bolt.Tx) error) error { return s.w.write(fn) }
+// boltstore.Committer.Write for what fn must allow.
+func (s *store) write(fn func(*bolt.Tx) error) error { return s.w.Write(fn) }
 
 // update runs fn in a transaction of its own: for the rare and the large
 // writes (reconcile, quarantine, retention), which would only slow a group.
@@ -262,7 +262,10 @@ func (s *store) update(fn func(*bolt.Tx) error) error {
 
 // commits is the number of commits this store has made: grouped and on
 // their own.
-func (s *store) commits() uint64 { return s.w.commits.Load() + s.updates.Load() }
+func (s *store) commits() uint64 {
+	commits, _ := s.w.Stats()
+	return commits + s.updates.Load()
+}
 
 func u64(v uint64) []byte { return boltstore.U64(v) }
 

@@ -1,4 +1,4 @@
-package scheduler
+package boltstore
 
 import (
 	"errors"
@@ -9,21 +9,21 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// maxGroup is the most writes one commit holds, so that a burst never
+// MaxGroup is the most writes one commit holds, so that a burst never
 // builds one huge transaction.
-const maxGroup = 1024
+const MaxGroup = 1024
 
-var errStoreClosed = errors.New("scheduler database is closed")
+// ErrClosed is what Write returns once the committer has stopped.
+var ErrClosed = errors.New("database is closed")
 
-// committer is the writer of scheduler.db's busy paths: Submits, the
-// dispatcher's claims, run outcomes and delivery marks. Writes that arrive
-// while a commit is on its way to disk wait in a queue and then share the
-// next transaction and its fsync, applied in the order the committer took
-// them. A write returns only after the commit that holds it: nothing is
+// Committer is a database's only writer: concurrent writes wait in a queue
+// while the previous commit is on its way to disk, then share the next
+// transaction and its fsync, applied in the order the committer took them.
+// A write returns only after the commit that holds it: nothing is
 // acknowledged that is not on disk. There is no timer: a lone write is
 // committed at once, and under load each commit takes everything that
-// arrived during the one before.
-type committer struct {
+// arrived during the one before. intake.db and scheduler.db both use it.
+type Committer struct {
 	db   *bolt.DB
 	reqs chan *writeReq // buffered: its length is the writes waiting
 	quit chan struct{}
@@ -31,10 +31,9 @@ type committer struct {
 	once sync.Once
 
 	// commitHook, when set (tests), commits in place of tx.Commit, to hold
-	// or fail a commit; writes is the number of writes the commit holds.
-	commitHook atomic.Pointer[func(tx *bolt.Tx, writes int) error]
-	// commits and writes count the committer's successful commits and the
-	// writes they held.
+	// or fail a commit; n is how many writes the commit holds.
+	commitHook atomic.Pointer[func(tx *bolt.Tx, n int) error]
+	// commits and writes count successful commits and the writes they held.
 	commits, writes atomic.Uint64
 }
 
@@ -43,10 +42,11 @@ type writeReq struct {
 	err chan error
 }
 
-func newCommitter(db *bolt.DB) *committer {
-	c := &committer{
+// NewCommitter starts db's committer; Close stops it.
+func NewCommitter(db *bolt.DB) *Committer {
+	c := &Committer{
 		db:   db,
-		reqs: make(chan *writeReq, maxGroup),
+		reqs: make(chan *writeReq, MaxGroup),
 		quit: make(chan struct{}),
 		done: make(chan struct{}),
 	}
@@ -54,19 +54,20 @@ func newCommitter(db *bolt.DB) *committer {
 	return c
 }
 
-// write runs fn in a read-write transaction shared with other writers and
+// Write runs fn in a read-write transaction shared with other writers and
 // returns once that transaction is committed (nil) or has failed. fn may be
 // called more than once, each time in a fresh transaction (a group is
 // applied again without a write whose fn failed), so it must set its
-// results afresh on every call. An fn that decides to write nothing (a
-// refused request) should return nil and report its answer through its own
-// variables: an error costs the rest of the group a second pass.
-func (c *committer) write(fn func(*bolt.Tx) error) error {
+// results afresh on every call and have no other side effects. An fn that
+// decides to write nothing (a refused request) should return nil and report
+// its answer through its own variables: an error costs the rest of the
+// group a second pass.
+func (c *Committer) Write(fn func(*bolt.Tx) error) error {
 	r := &writeReq{fn: fn, err: make(chan error, 1)}
 	select {
 	case c.reqs <- r:
 	case <-c.quit:
-		return errStoreClosed
+		return ErrClosed
 	}
 	select {
 	case err := <-r.err:
@@ -76,21 +77,39 @@ func (c *committer) write(fn func(*bolt.Tx) error) error {
 		case err := <-r.err: // committed just before the committer stopped
 			return err
 		default:
-			return errStoreClosed
+			return ErrClosed
 		}
 	}
 }
 
-// close commits what is queued, stops the committer and returns once it
+// Close commits what is queued, stops the committer and returns once it
 // has.
-func (c *committer) close() {
+func (c *Committer) Close() {
 	c.once.Do(func() { close(c.quit) })
 	<-c.done
 }
 
-func (c *committer) run() {
+// Stats are the successful commits and the writes they held.
+func (c *Committer) Stats() (commits, writes uint64) {
+	return c.commits.Load(), c.writes.Load()
+}
+
+// Waiting is how many writes wait for the next commit.
+func (c *Committer) Waiting() int { return len(c.reqs) }
+
+// SetCommitHook makes hook commit in place of tx.Commit (tests: hold or fail
+// a commit); nil restores tx.Commit.
+func (c *Committer) SetCommitHook(hook func(tx *bolt.Tx, n int) error) {
+	if hook == nil {
+		c.commitHook.Store(nil)
+		return
+	}
+	c.commitHook.Store(&hook)
+}
+
+func (c *Committer) run() {
 	defer close(c.done)
-	group := make([]*writeReq, 0, maxGroup)
+	group := make([]*writeReq, 0, MaxGroup)
 	for {
 		var first *writeReq
 		select {
@@ -108,7 +127,7 @@ func (c *committer) run() {
 		}
 		group = append(group[:0], first)
 	fill:
-		for len(group) < maxGroup {
+		for len(group) < MaxGroup {
 			select {
 			case r := <-c.reqs:
 				group = append(group, r)
@@ -124,7 +143,7 @@ func (c *committer) run() {
 // and commits it. A write whose fn fails gets its error and the rest are
 // applied again in a fresh transaction without it; a failed commit fails
 // every write it held, and none of them is stored.
-func (c *committer) commitGroup(group []*writeReq) {
+func (c *Committer) commitGroup(group []*writeReq) {
 	live := group
 	for len(live) > 0 {
 		tx, err := c.db.Begin(true)
