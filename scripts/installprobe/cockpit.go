@@ -283,7 +283,9 @@ func (p *pageProbe) build() error {
 	if err := p.waitFrame(live, `d.getElementById("build-button").disabled === false`); err != nil {
 		return err
 	}
-	if _, err := cockpittest.Eval[bool](p.b, 10*time.Second, frame(`(d.getElementById("build-button").click(), true)`)); err != nil {
+	// No cache: the host's engine may hold the image from an earlier run,
+	// and a build that has nothing to do shows no progress.
+	if _, err := cockpittest.Eval[bool](p.b, 10*time.Second, frame(`(d.getElementById("build-no-cache").checked = true, d.getElementById("build-button").click(), true)`)); err != nil {
 		return err
 	}
 	if err := p.waitFrame(5*time.Minute, `d.getElementById("build-status").textContent.startsWith("Built ") || d.getElementById("build-status").textContent.includes("failed")`); err != nil {
