@@ -377,3 +377,20 @@ func TestCockpitImagesPagePreviewsBuildsWithLiveProgressAndRemoves(t *testing.T)
 	c.waitFor(live, `!document.querySelector('#images-table tr[data-tag=`+strconv.Quote(tag)+`][data-status="ready"]') || document.querySelector('#images-table tr[data-tag=`+strconv.Quote(tag)+`]').textContent.includes("missing")`)
 	c.noReload()
 }
+
+// A run's egress decisions show in its detail: the provider call the proxy
+// let through, and a request it refused, with its reason.
+func TestCockpitRunDetailShowsTheEgressDecisions(t *testing.T) {
+	claude, gpt := newFakeAnthropic(t), newFakeOpenAI(t)
+	s := startWithEgress(t, claude, gpt, "")
+	reply := s.ask(t, "general", "", "run curl -s --max-time 10 http://files.example/x")
+	runID, _ := reply["run_id"].(string)
+	if reply["state"] != "succeeded" || runID == "" {
+		t.Fatalf("the egress run: state %v, error %v", reply["state"], reply["error"])
+	}
+	c := openCockpit(t, s, "")
+	c.open("/runs/" + runID)
+	c.waitFor(live, `document.getElementById("run-egress").hidden === false && document.getElementById("run-egress-empty").hidden === true`)
+	c.waitFor(live, `[...document.querySelectorAll('#run-egress tbody tr')].some(r => r.textContent.includes("files.example:80") && r.textContent.includes("refused") && r.textContent.includes("no [agents.egress] allow rule matches"))`)
+	c.waitFor(live, `[...document.querySelectorAll('#run-egress tbody tr')].some(r => r.textContent.includes("POST") && r.textContent.includes("allowed"))`)
+}
