@@ -15,7 +15,7 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "scripts/test.sh must run as root (tests run agents as user nobody)" >&2
   exit 1
 fi
-ensure_packages dbus-daemon:dbus systemd-socket-activate:systemd busctl:systemd
+ensure_packages dbus-daemon:dbus systemd-socket-activate:systemd busctl:systemd curl:curl  # curl: tools reach the egress proxy in tests
 ensure_docker; ensure_packages busybox:busybox-static  # container tests: engine + static busybox for the agent image
 # Cockpit page tests: Debian's Cockpit and Chromium (cockpit-ws lives in /usr/lib/cockpit).
 ensure_packages chromium:chromium cockpit-bridge:cockpit-bridge

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"github.com/berth-dev/berth/internal/testenv"
 	"io"
 	"log/slog"
 	"net"
@@ -115,9 +116,8 @@ func TestToolsReachAllowedHostsAndProvidersThroughTheLoopbackProxy(t *testing.T)
 		}
 	})
 	t.Run("curl_works_unchanged_with_the_proxy_environment", func(t *testing.T) {
-		if _, err := exec.LookPath("curl"); err != nil {
-			t.Skip("curl is not installed")
-		}
+		_, err := exec.LookPath("curl")
+		testenv.Need(t, err == nil, "curl is not installed (apt-get install curl)")
 		cmd := exec.Command("curl", "-sk", indexURL+"/simple/")
 		cmd.Env = append(agentegress.Env(p.Addr()), "PATH=/usr/bin:/bin")
 		out, err := cmd.CombinedOutput()
