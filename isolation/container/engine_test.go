@@ -2,10 +2,8 @@ package container_test
 
 import (
 	"context"
-	"net"
-	"path/filepath"
+	"github.com/berth-dev/berth/internal/testdocker"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,36 +13,11 @@ import (
 	"github.com/berth-dev/berth/isolation/container"
 )
 
-// hungEngine is a Docker socket that accepts connections and never answers.
+// hungEngine is a client of a Docker socket that accepts connections and
+// never answers.
 func hungEngine(t *testing.T) *client.Client {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "docker.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	cli, err := client.New(client.WithHost("unix://"+sock), client.WithAPIVersionNegotiation())
+	cli, err := client.New(client.WithHost(testdocker.HungEngine(t)), client.WithAPIVersionNegotiation())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,10 +2,8 @@ package scheduler
 
 import (
 	"context"
-	"net"
+	"github.com/berth-dev/berth/internal/testdocker"
 	"os/exec"
-	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,46 +19,13 @@ import (
 	"github.com/berth-dev/berth/isolation/landlock"
 )
 
-// hungEngine is a Docker socket that accepts connections and never answers:
-// it reads nothing and writes nothing.
-func hungEngine(t *testing.T) string {
-	t.Helper()
-	sock := filepath.Join(t.TempDir(), "docker.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return "unix://" + sock
-}
-
 func TestAHungEngineFailsContainerRunsInTimeAndFreezesNothingElse(t *testing.T) {
 	t.Parallel()
 	testenv.NeedRoot(t)
 	_, err := exec.LookPath("dbus-daemon")
 	testenv.Need(t, err == nil, "dbus-daemon is not installed")
 	const engineTimeout = 3 * time.Second
-	cli, err := client.New(client.WithHost(hungEngine(t)), client.WithAPIVersionNegotiation())
+	cli, err := client.New(client.WithHost(testdocker.HungEngine(t)), client.WithAPIVersionNegotiation())
 	if err != nil {
 		t.Fatal(err)
 	}
