@@ -212,9 +212,9 @@ func TestCleanKeepsImagesAnAgentReferencesOrAContainerUses(t *testing.T) {
 func TestImageForAnotherArchitectureIsRefusedNamingBoth(t *testing.T) {
 	t.Parallel()
 	cli := testdocker.Engine(t)
-	foreign := foreignImage(t, cli, "arm64")
+	foreign := testdocker.ForeignImage(t, cli, "arm64")
 	if imagectl.NormalizeArch(engineArch(t, cli)) == "arm64" {
-		foreign = foreignImage(t, cli, "amd64")
+		foreign = testdocker.ForeignImage(t, cli, "amd64")
 	}
 	cfg, _ := writeConfig(t, fmt.Sprintf("[[agents]]\nid = \"ops\"\n[agents.image_config]\nenabled = true\nimage = %q\n", foreign))
 	f := newService(t, cfg)
