@@ -120,12 +120,14 @@ func (c *cockpitSession) shellScreenshot(fragment, frameWants, name string) {
 	if err := c.b.Do(10*time.Second, chromedp.Navigate("about:blank")); err != nil {
 		c.t.Fatalf("cannot leave the page: %v", err)
 	}
-	if err := c.b.Go(30*time.Second, c.cs.ShellURL(fragment)); err != nil {
+	// The shell loads Cockpit's whole UI: on a busy two-core machine that can
+	// take more than half a minute.
+	if err := c.b.Go(90*time.Second, c.cs.ShellURL(fragment)); err != nil {
 		c.t.Fatalf("cannot open Cockpit's shell: %v", err)
 	}
 	want := `(() => { const f = document.querySelector('iframe[name$="/berth"]'); const d = f && f.contentDocument;
 		return !!(d && d.body && d.body.dataset.ready === "true" && (` + frameWants + `)); })()`
-	if err := c.b.WaitFor(20*time.Second, want); err != nil {
+	if err := c.b.WaitFor(60*time.Second, want); err != nil {
 		text, _ := cockpittest.Eval[string](c.b, 5*time.Second, `document.body.innerText`)
 		c.t.Fatalf("%v\nthe shell shows:\n%s", err, text)
 	}
