@@ -82,6 +82,8 @@ type tree struct {
 	agentBinary           string
 	egressBinary          string
 	egressUser            string
+	agentUIDs             string
+	allowRlimitFallback   bool
 
 	image ImageSettings // [image_config], keys in at like "image_config.packages"
 
@@ -350,6 +352,8 @@ func (d *decoder) document(raw map[string]any) *tree {
 				"agent_binary":            d.str(t.at, "scheduler.agent_binary", &t.agentBinary),
 				"egress_binary":           d.str(t.at, "scheduler.egress_binary", &t.egressBinary),
 				"egress_user":             d.str(t.at, "scheduler.egress_user", &t.egressUser),
+				"agent_uids":              d.str(t.at, "scheduler.agent_uids", &t.agentUIDs),
+				"allow_rlimit_fallback":   d.boolean(t.at, "scheduler.allow_rlimit_fallback", &t.allowRlimitFallback),
 			}, nil)
 		},
 		"image_config": func(p keyPath, v any) { d.imageConfig(t.at, p, v, &t.image) },
@@ -472,11 +476,12 @@ func (d *decoder) agent(p keyPath, v any, withID bool) agentEntry {
 	e := agentEntry{at: fieldLocs{}, self: d.loc(p)}
 	s := &e.s
 	fields := map[string]field{
-		"name":           d.str(e.at, "name", &s.Name),
-		"workspace":      d.str(e.at, "workspace", &s.Workspace),
-		"provider":       d.str(e.at, "provider", &s.Provider),
-		"model":          d.str(e.at, "model", &s.Model),
-		"max_iterations": d.intPtr(e.at, "max_iterations", &s.MaxIterations),
+		"name":            d.str(e.at, "name", &s.Name),
+		"workspace":       d.str(e.at, "workspace", &s.Workspace),
+		"provider":        d.str(e.at, "provider", &s.Provider),
+		"model":           d.str(e.at, "model", &s.Model),
+		"max_iterations":  d.intPtr(e.at, "max_iterations", &s.MaxIterations),
+		"workspace_quota": d.str(e.at, "workspace_quota", &s.WorkspaceQuota),
 		"tools": func(p keyPath, v any) {
 			d.table(p, v, map[string]field{
 				"allow": d.strs(e.at, "tools.allow", &s.Tools.Allow),

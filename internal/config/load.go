@@ -27,7 +27,9 @@ const (
 	defaultRunAs             = "berth-agent"
 	defaultAgentBinary       = "/usr/libexec/berth/berth-agent"
 	defaultEgressUser        = "berth-egress"
-	localProvider            = "local"
+	// defaultWorkspaceQuota is workspace_quota when none is set.
+	defaultWorkspaceQuota = "1g"
+	localProvider         = "local"
 	// DefaultBaseImage is image_config's base_image when none is set: the
 	// Debian 12 image scripts/base-image.sh builds offline.
 	DefaultBaseImage = "berth-base:bookworm"
@@ -159,6 +161,8 @@ func (t *tree) merge(src *tree) {
 	take(&t.agentBinary, src.agentBinary, "scheduler.agent_binary", t.at, src.at)
 	take(&t.egressBinary, src.egressBinary, "scheduler.egress_binary", t.at, src.at)
 	take(&t.egressUser, src.egressUser, "scheduler.egress_user", t.at, src.at)
+	take(&t.agentUIDs, src.agentUIDs, "scheduler.agent_uids", t.at, src.at)
+	take(&t.allowRlimitFallback, src.allowRlimitFallback, "scheduler.allow_rlimit_fallback", t.at, src.at)
 	take(&t.finishedRunsDays, src.finishedRunsDays, "retention.finished_runs_days", t.at, src.at)
 	take(&t.runsPerAgent, src.runsPerAgent, "retention.runs_per_agent", t.at, src.at)
 	take(&t.deliveredHours, src.deliveredHours, "retention.delivered_hours", t.at, src.at)
@@ -233,6 +237,7 @@ func mergeAgent(d, s *agentEntry) {
 	take(&d.s.Provider, s.s.Provider, "provider", d.at, s.at)
 	take(&d.s.Model, s.s.Model, "model", d.at, s.at)
 	take(&d.s.MaxIterations, s.s.MaxIterations, "max_iterations", d.at, s.at)
+	take(&d.s.WorkspaceQuota, s.s.WorkspaceQuota, "workspace_quota", d.at, s.at)
 	take(&d.s.Tools.Allow, s.s.Tools.Allow, "tools.allow", d.at, s.at)
 	take(&d.s.Tools.Deny, s.s.Tools.Deny, "tools.deny", d.at, s.at)
 	dc, sc := &d.s.ContainerMode, &s.s.ContainerMode
@@ -293,6 +298,9 @@ func (t *tree) config() *Config {
 			AgentBinary:       t.agentBinary,
 			EgressBinary:      t.egressBinary,
 			EgressUser:        t.egressUser,
+			// Checked by validate: a bad range never gets here.
+			AgentUIDs:           agentUIDsOf(t.agentUIDs),
+			AllowRlimitFallback: t.allowRlimitFallback,
 		},
 	}
 	for _, name := range t.providerNames {

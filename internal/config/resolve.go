@@ -76,8 +76,10 @@ func (c *Config) Agent(id string) (Agent, error) {
 			AllowNetwork:      firstSet(false, sf.AllowNetwork, df.AllowNetwork),
 		},
 		EgressAllow: firstList(s.Egress.Allow, d.Egress.Allow),
-		Timeout:     time.Duration(firstSet(0, sc.TimeoutSeconds, dc.TimeoutSeconds)) * time.Second,
-		Image:       c.image(&s.ImageConfig),
+		// Checked by validate.
+		WorkspaceQuota: mustSize(first(s.WorkspaceQuota, d.WorkspaceQuota, defaultWorkspaceQuota)),
+		Timeout:        time.Duration(firstSet(0, sc.TimeoutSeconds, dc.TimeoutSeconds)) * time.Second,
+		Image:          c.image(&s.ImageConfig),
 	}
 	if a.Timeout == 0 {
 		a.Timeout = schedulerTimeout

@@ -79,12 +79,13 @@ default_timeout_seconds = 200
 			id:   "bare",
 			want: config.Agent{
 				ID: "bare", Name: "bare", Provider: "openai", Model: "default-model", MaxIterations: 30,
-				Tools:      config.ToolsSettings{Allow: []string{"read", "shell"}, Deny: []string{"rm"}},
-				Container:  config.Container{Image: "berth/base", MemoryLimit: "512m", Network: "bridge"},
-				FileAccess: config.FileAccess{AllowRead: []string{"/usr/share/doc"}},
-				Isolation:  "landlock",
-				Timeout:    90 * time.Second,
-				Image:      config.ImageConfig{BaseImage: "berth-base:bookworm"},
+				Tools:          config.ToolsSettings{Allow: []string{"read", "shell"}, Deny: []string{"rm"}},
+				Container:      config.Container{Image: "berth/base", MemoryLimit: "512m", Network: "bridge"},
+				FileAccess:     config.FileAccess{AllowRead: []string{"/usr/share/doc"}},
+				Isolation:      "landlock",
+				WorkspaceQuota: 1 << 30,
+				Timeout:        90 * time.Second,
+				Image:          config.ImageConfig{BaseImage: "berth-base:bookworm"},
 			},
 		},
 		{
@@ -92,12 +93,13 @@ default_timeout_seconds = 200
 			id:   "tuned",
 			want: config.Agent{
 				ID: "tuned", Name: "Tuned", Provider: "local", Model: "default-model", MaxIterations: 3,
-				Tools:      config.ToolsSettings{Allow: []string{}, Deny: []string{"rm"}},
-				Container:  config.Container{Enabled: true, Image: "berth/base", MemoryLimit: "2g", Network: "none"},
-				FileAccess: config.FileAccess{AllowRead: []string{"/srv"}, AllowNetwork: true},
-				Isolation:  "container",
-				Timeout:    15 * time.Second,
-				Image:      config.ImageConfig{BaseImage: "berth-base:bookworm"},
+				Tools:          config.ToolsSettings{Allow: []string{}, Deny: []string{"rm"}},
+				Container:      config.Container{Enabled: true, Image: "berth/base", MemoryLimit: "2g", Network: "none"},
+				FileAccess:     config.FileAccess{AllowRead: []string{"/srv"}, AllowNetwork: true},
+				Isolation:      "container",
+				WorkspaceQuota: 1 << 30,
+				Timeout:        15 * time.Second,
+				Image:          config.ImageConfig{BaseImage: "berth-base:bookworm"},
 			},
 		},
 		{
@@ -105,12 +107,13 @@ default_timeout_seconds = 200
 			id:   "free",
 			want: config.Agent{
 				ID: "free", Name: "free", Provider: "openai", Model: "default-model", MaxIterations: 30,
-				Tools:      config.ToolsSettings{Allow: []string{"read", "shell"}, Deny: []string{"rm"}},
-				Container:  config.Container{Image: "berth/base", MemoryLimit: "512m", Network: "bridge"},
-				FileAccess: config.FileAccess{Unrestricted: true, AllowRead: []string{"/usr/share/doc"}},
-				Isolation:  "unrestricted",
-				Timeout:    90 * time.Second,
-				Image:      config.ImageConfig{BaseImage: "berth-base:bookworm"},
+				Tools:          config.ToolsSettings{Allow: []string{"read", "shell"}, Deny: []string{"rm"}},
+				Container:      config.Container{Image: "berth/base", MemoryLimit: "512m", Network: "bridge"},
+				FileAccess:     config.FileAccess{Unrestricted: true, AllowRead: []string{"/usr/share/doc"}},
+				Isolation:      "unrestricted",
+				WorkspaceQuota: 1 << 30,
+				Timeout:        90 * time.Second,
+				Image:          config.ImageConfig{BaseImage: "berth-base:bookworm"},
 			},
 		},
 	}
@@ -139,7 +142,7 @@ func TestAgentWithoutAnySettingsUsesBuiltInDefaults(t *testing.T) {
 	want := config.Agent{
 		ID: "a", Name: "a", Provider: "local", MaxIterations: 10,
 		Container: config.Container{MemoryLimit: "512m", Network: "bridge"},
-		Isolation: "landlock", Timeout: 300 * time.Second,
+		Isolation: "landlock", Timeout: 300 * time.Second, WorkspaceQuota: 1 << 30,
 		Image: config.ImageConfig{BaseImage: "berth-base:bookworm"},
 	}
 	if !reflect.DeepEqual(got, want) {

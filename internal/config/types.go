@@ -52,8 +52,10 @@ type AgentSettings struct {
 	Tools         ToolsSettings
 	ContainerMode ContainerSettings
 	FileAccess    FileAccessSettings
-	ImageConfig   ImageSettings // [agents.image_config]; never set in [agent_defaults]
-	Egress        EgressSettings
+	// WorkspaceQuota is workspace_quota: "1g", "512m", "0" (no quota).
+	WorkspaceQuota string
+	ImageConfig    ImageSettings // [agents.image_config]; never set in [agent_defaults]
+	Egress         EgressSettings
 }
 
 // EgressSecret is one [[egress.secrets]] entry. The value comes from the
@@ -134,6 +136,10 @@ type Agent struct {
 	// Image is the container image the image service prepares for this
 	// agent: [agents.image_config] → [image_config] → built-in default.
 	Image ImageConfig
+	// WorkspaceQuota is the most the agent's workspace may hold, in bytes
+	// (workspace_quota; default 1 GiB). 0 means no quota, an admin's
+	// explicit choice that sandbox explain shows.
+	WorkspaceQuota int64
 }
 
 // ImageConfig is an agent's effective image_config.
@@ -263,7 +269,28 @@ type Scheduler struct {
 	// EgressUser is the unprivileged user the egress proxy runs as; default
 	// "berth-egress". Never the run user: the proxy holds the keys.
 	EgressUser string
+	// AgentUIDs is agent_uids: the range each agent's own uid (and gid) is
+	// allocated from, so agents are separated by DAC and per-user limits
+	// are per agent. Default DefaultAgentUIDs; "off" (Off true) runs every
+	// agent as RunAs.
+	AgentUIDs UIDRange
+	// AllowRlimitFallback is allow_rlimit_fallback: where neither systemd
+	// nor a writable cgroup can limit a host run's memory and processes as
+	// a whole, run it with per-process rlimits instead of failing it.
+	// Default false (fail closed).
+	AllowRlimitFallback bool
 }
+
+// UIDRange is an inclusive range of uids, written "FIRST-LAST".
+type UIDRange struct {
+	First, Last uint32
+	Off         bool // agent_uids = "off": every agent runs as run_as
+}
+
+// DefaultAgentUIDs is the built-in agent_uids: 65536 ids from 0x70000000,
+// above every range systemd allocates (its container ranges end at
+// 1879048191) and below 2^31, so tools that keep uids in an int32 work.
+var DefaultAgentUIDs = UIDRange{First: 1879048192, Last: 1879048192 + 65535}
 
 // Retention is the [retention] table: how long finished work is kept. Every
 // field has its default filled in when the table is absent.

@@ -248,6 +248,12 @@ func (t *tree) validateValues() Errors {
 		return ""
 	})
 	c.str(t.at, "scheduler.agent_binary", t.agentBinary, absolutePath)
+	c.str(t.at, "scheduler.agent_uids", t.agentUIDs, func(v string) string {
+		if _, err := ParseUIDRange(v); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
 	c.str(t.at, "scheduler.egress_binary", t.egressBinary, absolutePath)
 	c.str(t.at, "scheduler.egress_user", t.egressUser, func(v string) string {
 		if v == "root" || v == "0" {
@@ -300,6 +306,16 @@ func (c *checks) agentValues(a *agentEntry) {
 	}
 	c.strs(a.at, "tools.allow", s.Tools.Allow, nonEmpty)
 	c.strs(a.at, "tools.deny", s.Tools.Deny, nonEmpty)
+	c.str(a.at, "workspace_quota", s.WorkspaceQuota, func(v string) string {
+		n, err := ParseMemoryLimit(v)
+		if err != nil {
+			return strings.Replace(err.Error(), "memory limit", "workspace quota", 1)
+		}
+		if n != 0 && n < minWorkspaceQuota {
+			return fmt.Sprintf("%q is below the minimum of 16m (or 0 for no quota)", v)
+		}
+		return ""
+	})
 	c.str(a.at, "container_mode.memory_limit", s.ContainerMode.MemoryLimit, func(v string) string {
 		n, err := ParseMemoryLimit(v)
 		if err != nil {
