@@ -85,6 +85,13 @@ type Limits struct {
 	Pids        int64 `json:"pids"`
 	NanoCPUs    int64 `json:"nano_cpus"` // 1e9 is one CPU
 	TmpfsBytes  int64 `json:"tmpfs_bytes,omitempty"`
+	// RlimitFallback: a host run that neither systemd nor a writable cgroup
+	// can limit as a whole may run with per-process rlimits instead of
+	// failing ([scheduler] allow_rlimit_fallback, an admin's choice).
+	RlimitFallback bool `json:"rlimit_fallback,omitempty"`
+	// WorkspaceBytes is the workspace's enforced size limit
+	// (workspace_quota); 0 means none.
+	WorkspaceBytes int64 `json:"workspace_bytes"`
 }
 
 // Network is what the sandbox can reach.

@@ -153,7 +153,8 @@ func compile(cfg *config.Config, agentID, runID string, host HostFacts) (compile
 		}
 		memory = DefaultMemory
 	}
-	p.Limits = isolation.Limits{MemoryBytes: memory, Pids: DefaultPids, NanoCPUs: DefaultNanoCPUs}
+	p.Limits = isolation.Limits{MemoryBytes: memory, Pids: DefaultPids, NanoCPUs: DefaultNanoCPUs,
+		RlimitFallback: cfg.Scheduler.AllowRlimitFallback, WorkspaceBytes: a.WorkspaceQuota}
 	memoryWhy := fmt.Sprintf("memory %s (container_mode.memory_limit, for host runs too), %d processes, 1 CPU", isolation.FormatBytes(memory), DefaultPids)
 
 	switch {

@@ -115,12 +115,19 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, s
 	if grace <= 0 {
 		grace = isolation.DefaultKillGrace
 	}
+	// The request goes through a pipe written only once the agent is in
+	// its limits (started): nothing it could fork runs outside them.
+	stdinR, stdinW, err := os.Pipe()
+	if err != nil {
+		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot make the agent's stdin", Err: err}
+	}
+	defer stdinR.Close()
 	cmd := &exec.Cmd{
 		Path:   spec.AgentBinary,
 		Args:   []string{spec.AgentBinary},
 		Env:    Environment(spec.Workspace),
 		Dir:    spec.Workspace,
-		Stdin:  bytes.NewReader(input),
+		Stdin:  stdinR,
 		Stdout: stdout,
 		Stderr: stderr,
 		// Bounds the drain after the agent exited: a stray grandchild
@@ -141,25 +148,49 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, s
 			// its loopback up, which the unprivileged agent cannot do.
 			*inNamespace = true
 			if err := enterNamespaceWithLoopback(); err != nil {
+				stdinW.Close()
 				return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot cut network", Err: err}
 			}
 		} else {
 			cutNetwork(cmd.SysProcAttr, spec.Egress != nil)
 		}
 	}
-	if err := limitWithRlimits(cmd, spec.Limits, spec.Timeout); err != nil {
+	lim, err := newRunLimits(spec)
+	if err != nil {
+		stdinW.Close()
+		return nil, err
+	}
+	if err := lim.prepare(cmd); err != nil {
+		stdinW.Close()
+		lim.release()
 		return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot limit the agent", Err: err}
 	}
 	if err := cmd.Start(); err != nil {
+		stdinW.Close()
+		lim.release()
 		if !spec.Policy.Network && isNamespaceError(err) {
 			return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot cut network", Err: err}
 		}
 		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start " + spec.AgentBinary, Err: err}
 	}
-	p := &process{cmd: cmd, pid: cmd.Process.Pid, drained: make(chan struct{})}
+	p := &process{cmd: cmd, pid: cmd.Process.Pid, lim: lim, drained: make(chan struct{})}
 	// A start time that cannot be read makes a handle Kill never matches:
 	// safer than one that could match a reused pid.
 	p.started, _ = startTime(p.pid)
+	if err := lim.started(p.pid); err != nil {
+		// The agent has read nothing yet: end it before it can.
+		stdinW.Close()
+		killSession(p.pid, p.started)
+		_ = cmd.Wait()
+		lim.release()
+		return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot limit the agent", Err: err}
+	}
+	go func() {
+		// An agent that ends before reading all of it makes this fail
+		// (EPIPE); its exit says why.
+		_, _ = stdinW.Write(input)
+		stdinW.Close()
+	}()
 	return p, nil
 }
 
@@ -168,6 +199,7 @@ type process struct {
 	cmd     *exec.Cmd
 	pid     int
 	started uint64
+	lim     runLimits
 	drained chan struct{}
 
 	mu      sync.Mutex
@@ -184,6 +216,7 @@ func (p *process) Wait(context.Context) (isolation.Exit, error) {
 	// The agent is unreaped here (a zombie at worst), so its pid cannot have
 	// been reused: killing its session is safe.
 	killSession(p.pid, p.started)
+	p.lim.kill()
 	p.reaping = true
 	p.mu.Unlock()
 	waitErr := p.cmd.Wait()
@@ -204,17 +237,19 @@ func (p *process) Kill(context.Context) error {
 	if !p.reaping {
 		killSession(p.pid, p.started)
 	}
+	p.lim.kill()
 	return nil
 }
 
 func (p *process) Drained() <-chan struct{} { return p.drained }
 
-// Inspect: an rlimit makes allocations fail; nothing is OOM-killed on its
-// behalf.
-func (p *process) Inspect(context.Context, bool) bool { return false }
+// Inspect asks the run's limits whether the kernel OOM-killed a process of
+// the run (an rlimit makes allocations fail instead: never).
+func (p *process) Inspect(context.Context, bool) bool { return p.lim.oomKilled() }
 
-// Release has nothing to free: exec closes the pipes (after WaitDelay).
-func (p *process) Release() {}
+// Release frees the run's limits (its cgroup); exec closes the pipes (after
+// WaitDelay).
+func (p *process) Release() { p.lim.release() }
 
 // Environment is the complete environment of an agent: nothing of the
 // scheduler's own environment except TestLandlockABIEnv.

@@ -42,6 +42,36 @@ type rlimit struct {
 	value  uint64
 }
 
+// runLimits enforces one host run's resource limits when it is not a
+// transient unit. startProcess calls prepare before Start, started after
+// Start and before the agent gets its request (nothing of the run has
+// forked yet), kill whenever the run's processes are being ended,
+// oomKilled after the end, and release once, when the run is over.
+type runLimits interface {
+	prepare(cmd *exec.Cmd) error
+	started(pid int) error
+	kill()
+	oomKilled() bool
+	release()
+}
+
+// newRunLimits chooses how a plan's limits hold for a plain host process.
+func newRunLimits(spec isolation.Spec) (runLimits, error) {
+	return rlimitLimits{l: spec.Limits, timeout: spec.Timeout}, nil
+}
+
+// rlimitLimits are per-process rlimits set through prlimit(1).
+type rlimitLimits struct {
+	l       isolation.Limits
+	timeout time.Duration
+}
+
+func (r rlimitLimits) prepare(cmd *exec.Cmd) error { return limitWithRlimits(cmd, r.l, r.timeout) }
+func (rlimitLimits) started(int) error             { return nil }
+func (rlimitLimits) kill()                         {}
+func (rlimitLimits) oomKilled() bool               { return false }
+func (rlimitLimits) release()                      {}
+
 // limitWithRlimits makes cmd start its program through prlimit(1).
 func limitWithRlimits(cmd *exec.Cmd, l isolation.Limits, timeout time.Duration) error {
 	if fi, err := os.Stat(prlimitPath); err != nil || fi.Mode().Perm()&0o111 == 0 {
