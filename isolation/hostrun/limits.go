@@ -108,6 +108,8 @@ func (r Runner) Explain(p isolation.Plan) isolation.Confinement {
 			c.Holds = append(c.Holds, "PrivateNetwork=yes")
 		}
 		c.Holds = append(c.Holds, egressHolds(p)...)
+		holds, missing := sandboxHolds(p, true)
+		c.Holds, c.Missing = append(c.Holds, holds...), append(c.Missing, missing...)
 		return c
 	}
 	c := isolation.Confinement{Mode: "process", Missing: []string{
@@ -126,6 +128,8 @@ func (r Runner) Explain(p isolation.Plan) isolation.Confinement {
 		c.Holds = append(c.Holds, "empty network namespace")
 	}
 	c.Holds = append(c.Holds, egressHolds(p)...)
+	holds, missing := sandboxHolds(p, false)
+	c.Holds, c.Missing = append(c.Holds, holds...), append(c.Missing, missing...)
 	return c
 }
 

@@ -38,8 +38,15 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 	if host.RunUserErr != nil {
 		return res, backend, &isolation.RunError{Reason: isolation.ReasonStart, Err: host.RunUserErr}
 	}
-	if _, err := s.prepareWorkspace(agent, host.RunUser); err != nil {
+	ws, err := s.prepareWorkspace(agent, host.RunUser)
+	if err != nil {
 		return res, backend, &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
+	}
+	if err := s.enforceWorkspaceQuota(ctx, agent, ws, host.RunUser); err != nil {
+		if isolation.ReasonOf(err) == "" {
+			err = &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot enforce workspace_quota", Err: err}
+		}
+		return res, backend, err
 	}
 	plan, err := runplan.Compile(cfg, agent.ID, r.ID, host)
 	if err != nil {
