@@ -3,6 +3,8 @@ package boltstore
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 
@@ -35,6 +37,8 @@ type Committer struct {
 	commitHook atomic.Pointer[func(tx *bolt.Tx, n int) error]
 	// commits and writes count successful commits and the writes they held.
 	commits, writes atomic.Uint64
+	// disk remembers a full disk, for the log and for DiskFull.
+	disk diskWatch
 }
 
 type writeReq struct {
@@ -93,6 +97,18 @@ func (c *Committer) Close() {
 func (c *Committer) Stats() (commits, writes uint64) {
 	return c.commits.Load(), c.writes.Load()
 }
+
+// SetLogger makes the committer log a full disk (at most once per
+// DiskFullLogInterval) and its end; without it, it logs nothing.
+func (c *Committer) SetLogger(log *slog.Logger) {
+	c.disk.mu.Lock()
+	c.disk.log = log
+	c.disk.mu.Unlock()
+}
+
+// DiskFull is the last refusal of a full disk while the disk stays full
+// (no commit has succeeded since), or nil.
+func (c *Committer) DiskFull() *DiskFullError { return c.disk.current() }
 
 // Waiting is how many writes wait for the next commit.
 func (c *Committer) Waiting() int { return len(c.reqs) }
@@ -171,9 +187,14 @@ func (c *Committer) commitGroup(group []*writeReq) {
 		}
 		if err := commit(tx, len(live)); err != nil {
 			_ = tx.Rollback() // bbolt has rolled back already; this is for a test's hook
+			if IsDiskFull(err) {
+				err = c.diskFull(err)
+				c.disk.refusedWrites(err.(*DiskFullError), len(live))
+			}
 			failAll(live, fmt.Errorf("cannot commit: %w", err))
 			return
 		}
+		c.disk.committed()
 		c.commits.Add(1)
 		c.writes.Add(uint64(len(live)))
 		for _, r := range live {
@@ -181,6 +202,17 @@ func (c *Committer) commitGroup(group []*writeReq) {
 		}
 		return
 	}
+}
+
+// diskFull is err as a *DiskFullError naming the database's directory and
+// its free space.
+func (c *Committer) diskFull(err error) error {
+	if e, ok := errors.AsType[*DiskFullError](err); ok {
+		return e
+	}
+	dir := filepath.Dir(c.db.Path())
+	free, _ := FreeBytes(dir)
+	return &DiskFullError{Dir: dir, Free: free, Err: err}
 }
 
 func failAll(reqs []*writeReq, err error) {

@@ -128,6 +128,7 @@ func New(cfg *config.Config, stateDir string, opts ...Option) (*Service, error) 
 		return nil, fmt.Errorf("cannot create intake service: %w", err)
 	}
 	s.store = st
+	st.w.SetLogger(s.log.With("db", DBName))
 	s.syncConnectors(cfg)
 	return s, nil
 }

@@ -8,10 +8,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
+	"time"
 	"unicode/utf8"
+
+	"github.com/berth-dev/berth/internal/boltstore"
 )
 
 const (
@@ -41,10 +46,26 @@ func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/hooks/{connector}", s.serveConnector)
 	mux.HandleFunc("/hooks/{connector}/{rest...}", s.serveConnector)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
+	mux.HandleFunc("GET /healthz", s.serveHealth)
 	return mux
+}
+
+// serveHealth answers GET /healthz: 200 while intake runs. While its state
+// disk is full (the last commit was refused for want of space) the body says
+// so, with the directory and the space free now; it says ok again after the
+// next commit that succeeds.
+func (s *Service) serveHealth(w http.ResponseWriter, _ *http.Request) {
+	full := s.store.w.DiskFull()
+	if full == nil {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		return
+	}
+	free, _ := boltstore.FreeBytes(full.Dir)
+	writeJSON(w, http.StatusOK, map[string]string{
+		"status":     "state disk full",
+		"state_dir":  full.Dir,
+		"free_bytes": strconv.FormatUint(free, 10),
+	})
 }
 
 func (s *Service) serveConnector(w http.ResponseWriter, r *http.Request) {
@@ -153,11 +174,30 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err := s.keep(log, m); err != nil {
-		log.Error("cannot accept message", "err", err)
-		writeError(w, http.StatusInternalServerError, "cannot store message")
+		s.refuseUnstored(w, log, err)
 		return
 	}
 	writeJSON(w, http.StatusAccepted, map[string]string{"id": in.ID})
+}
+
+// storeRetryAfter is the Retry-After of a message refused because intake.db
+// could not store it.
+const storeRetryAfter = 30 * time.Second
+
+// refuseUnstored answers a message that could not be stored: 503 with a
+// Retry-After, since nothing was kept and the same POST will be taken once
+// the store can write again. A full disk is logged by the store's committer
+// (once a minute, naming the state directory and its free space), so a
+// storm of refused POSTs does not become a storm of log lines.
+func (s *Service) refuseUnstored(w http.ResponseWriter, log *slog.Logger, err error) {
+	w.Header().Set("Retry-After", strconv.Itoa(int(storeRetryAfter/time.Second)))
+	if boltstore.IsDiskFull(err) {
+		log.Debug("message refused: the state disk is full", "err", err)
+		writeError(w, http.StatusServiceUnavailable, "intake's state disk is full; nothing was stored, retry later")
+		return
+	}
+	log.Error("cannot accept message", "err", err)
+	writeError(w, http.StatusServiceUnavailable, "cannot store message; nothing was stored, retry later")
 }
 
 func decodeWebhookMessage(body []byte) (webhookMessage, error) {

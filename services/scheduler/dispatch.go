@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/berth-dev/berth/internal/boltstore"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -23,7 +25,14 @@ func maxConcurrent(cfg *config.Config) int {
 // have a run, until max_concurrent_runs are running. It returns an error only
 // when the store fails.
 func (s *Service) dispatch() error {
+	s.store.logDiskTo(s.log)
 	claimed, err := s.claim()
+	if boltstore.IsDiskFull(err) {
+		// Nothing was claimed and the queue is as it was; the committer has
+		// logged the full disk. The next pass (a wake, or progressInterval)
+		// tries again, so the queue moves once there is room.
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -150,7 +159,10 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 	var historyErr error
 	now := s.clock.Now()
 	// Shares its commit with the Submits and other outcomes of the moment.
-	err := s.store.write(func(tx *bolt.Tx) error {
+	// A full disk does not lose the outcome: it is kept here, the run stays
+	// active (its agent starts nothing else), and the write is tried again
+	// until there is room (recordOutcome).
+	err := s.recordOutcome(r, func(tx *bolt.Tx) error {
 		historyErr = nil
 		cur, ok, err := getRun(tx, r.ID)
 		if err != nil {
@@ -225,4 +237,40 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 	s.publishCounts()
 	wake(s.wakeDispatch)
 	wake(s.wakeDeliver)
+}
+
+// Waits between the attempts to record an outcome on a full disk.
+const (
+	outcomeRetryFirst   = 100 * time.Millisecond
+	outcomeRetryLongest = 2 * time.Second
+)
+
+// recordOutcome commits fn (a finished run's record), trying again while
+// the disk is full, until it commits, fails otherwise, or the scheduler
+// stops. A stop gives up: the record still says running, and the next
+// start's reconcile queues the run again (or fails it after two
+// interruptions), which is what a crash at that moment does too.
+func (s *Service) recordOutcome(r Run, fn func(*bolt.Tx) error) error {
+	delay := outcomeRetryFirst
+	for attempt := 1; ; attempt++ {
+		err := s.store.write(fn)
+		if !boltstore.IsDiskFull(err) {
+			if err == nil && attempt > 1 {
+				s.log.Info("run outcome recorded once the disk had room", "run_id", r.ID, "agent", r.Agent, "attempts", attempt)
+			}
+			return err
+		}
+		if attempt == 1 {
+			s.log.Warn("cannot record run outcome: the state disk is full; it is kept and retried until there is room",
+				"run_id", r.ID, "agent", r.Agent, "err", err)
+		}
+		s.mu.Lock()
+		stopping := s.stopping
+		s.mu.Unlock()
+		if stopping {
+			return err
+		}
+		<-s.clock.After(delay)
+		delay = min(2*delay, outcomeRetryLongest)
+	}
 }

@@ -7,9 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/berth-dev/berth/isolation"
+	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/berth-dev/berth/isolation"
 
 	"github.com/berth-dev/berth/internal/boltstore"
 
@@ -227,6 +230,15 @@ type store struct {
 	// updates counts the commits of update: the writes that keep a
 	// transaction of their own.
 	updates atomic.Uint64
+	// logsDisk is done once the committer logs a full disk to the
+	// service's logger.
+	logsDisk sync.Once
+}
+
+// logDiskTo makes the committer log a full disk (once a minute while it
+// lasts) and its end to log; only the first call counts.
+func (s *store) logDiskTo(log *slog.Logger) {
+	s.logsDisk.Do(func() { s.w.SetLogger(log.With("db", DBName)) })
 }
 
 // openStore opens (creating and migrating) path. A second opener fails after
