@@ -285,6 +285,8 @@ func dbusError(err error) *dbus.Error {
 	case errors.Is(err, ErrInvalidArgument):
 		return bus.NewError(bus.ErrInvalidArgument, "%v", err)
 	}
+	// A full state disk is Internal too: intake retries it, and the
+	// message says why.
 	return bus.NewError(bus.ErrInternal, "%v", err)
 }
 

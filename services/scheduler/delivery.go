@@ -9,6 +9,7 @@ import (
 	"github.com/godbus/dbus/v5"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/berth-dev/berth/internal/boltstore"
 	"github.com/berth-dev/berth/internal/bus"
 )
 
@@ -225,6 +226,11 @@ func (s *Service) deliver(ctx context.Context, id string, rt *retry) (err, store
 	if c, bad := asCorrupt(err); bad {
 		s.setAside(c)
 		return nil, nil
+	}
+	if boltstore.IsDiskFull(err) {
+		// Retried with back-off; intake keeps replies by run id, so
+		// sending this one again is harmless.
+		return fmt.Errorf("cannot mark run %s delivered: %w", id, err), nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("cannot mark run %s delivered: %w", id, err)

@@ -144,6 +144,9 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot create scheduler: %w", err)
 	}
+	// A Submit refused by a full disk before the first dispatch pass is
+	// logged too.
+	st.logDiskTo(opts.Logger)
 	s := &Service{
 		opts:         opts,
 		stateDir:     stateDir,
