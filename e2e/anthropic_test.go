@@ -368,10 +368,12 @@ func TestAConfinedAgentTalksToAnAnthropicServerWithToolsAndFollowsTheThread(t *t
 	}
 
 	// A tool_use round trip: the model asks for shell, the agent runs it
-	// confined as nobody and returns a tool_result the model answers from.
-	reply := s.ask(t, "general", "T3", "run echo $((6*7)); env; id -un")
+	// confined as the agent's own uid and returns a tool_result the model
+	// answers from.
+	reply := s.ask(t, "general", "T3", "run echo $((6*7)); env; echo uid=$(id -u)")
 	got := text(reply)
-	if reply["state"] != "succeeded" || !strings.HasPrefix(got, "claude ran it: exit 0\n42\n") || !strings.HasSuffix(got, "\nnobody\n") {
+	_, ownUID := agentUIDAfter(got, "\nuid=")
+	if reply["state"] != "succeeded" || !strings.HasPrefix(got, "claude ran it: exit 0\n42\n") || !ownUID || !strings.HasSuffix(got, "\n") {
 		t.Errorf("shell through the model: state %v, error %v, reply %q", reply["state"], reply["error"], got)
 	}
 	for _, key := range []string{anthropicKey, fakeKey} {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -42,8 +43,8 @@ func TestContainerAgentAnswersFromAFreshContainerThatIsGoneAfterwards(t *testing
 	s := start(t, []agentSpec{{id: "boxed", extra: containerAgent}})
 	id := s.mustPost(t, "boxed", "/sh echo in-a-box as $(id -u) in $(pwd)")
 	reply := text(s.sink.wait(t, 3*time.Minute, id)[id])
-	if !strings.Contains(reply, "in-a-box as 65534 in /workspace") {
-		t.Fatalf("reply %q: want the agent in a container as nobody", reply)
+	if uid, ok := agentUIDAfter(reply, "in-a-box as "); !ok || !strings.Contains(reply, fmt.Sprintf("in-a-box as %d in /workspace", uid)) {
+		t.Fatalf("reply %q: want the agent in a container as its own uid (agent_uids)", reply)
 	}
 	runs := s.listRuns(t, nil)
 	if len(runs) != 1 || str(runs[0]["backend"]) != "container" {

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -50,11 +51,17 @@ type HostFacts struct {
 	// ConfigDir is protected from agents; "" means the directories of the
 	// loaded config files (Config.Sources).
 	ConfigDir string
-	// RunUser is [scheduler] run_as looked up on this host, when the
-	// scheduler switches to it (it is root); nil otherwise. RunUserErr is
-	// why the lookup failed.
+	// RunUser is the user the agent runs as when the scheduler switches
+	// users (it is root); nil otherwise (the agent runs as the scheduler).
+	// With AgentUser it is the agent's own uid, allocated from [scheduler]
+	// agent_uids (AgentUserFor); without, [scheduler] run_as looked up on
+	// this host. RunUserErr is why neither could be had.
 	RunUser    *isolation.RunUser
 	RunUserErr error
+	AgentUser  bool
+	// WorkspaceErr says why the run user cannot use the agent's workspace
+	// (an admin-configured one it cannot write); the run is refused.
+	WorkspaceErr error
 	// Systemd says host runs become transient units (for Explain).
 	Systemd bool
 	// ForceUnrestricted: every landlock agent runs unrestricted
@@ -136,14 +143,15 @@ func compile(cfg *config.Config, agentID, runID string, host HostFacts) (compile
 	p.KillGrace = KillGrace
 	p.Workspace = WorkspaceOf(a, host.StateDir)
 	c.why["timeout"] = fmt.Sprintf("%s: container_mode.timeout_seconds, else [scheduler] default_timeout_seconds; then the sandbox is killed (reason %q)", a.Timeout, isolation.ReasonTimeout)
-	if host.RunUser != nil {
-		c.why["user"] = fmt.Sprintf("%s (uid %d, gid %d): [scheduler] run_as; never root", host.RunUser.Name, host.RunUser.UID, host.RunUser.GID)
-	} else {
-		c.why["user"] = fmt.Sprintf("%s: [scheduler] run_as", p.RunAs)
-		if host.RunUserErr != nil {
-			c.why["user"] += fmt.Sprintf(" (cannot look it up: %v)", host.RunUserErr)
-			c.problems = append(c.problems, &isolation.RunError{Reason: isolation.ReasonStart, Err: host.RunUserErr})
-		}
+	c.why["user"] = userWhy(cfg, host)
+	if host.RunUser != nil && host.AgentUser {
+		p.RunAs = host.RunUser.Name
+	}
+	if host.RunUserErr != nil {
+		c.problems = append(c.problems, &isolation.RunError{Reason: isolation.ReasonStart, Err: host.RunUserErr})
+	}
+	if host.WorkspaceErr != nil {
+		c.problems = append(c.problems, &isolation.RunError{Reason: isolation.ReasonStart, Err: host.WorkspaceErr})
 	}
 
 	memory, err := config.ParseMemoryLimit(a.Container.MemoryLimit)
@@ -210,6 +218,44 @@ func compile(cfg *config.Config, agentID, runID string, host HostFacts) (compile
 	providers(&c, cfg, a, host)
 	egressPlan(&c, cfg, a, host)
 	return c, nil
+}
+
+// AgentUserFor is the run user of an agent whose uid (and gid, the same
+// number) berth allocated from [scheduler] agent_uids. No passwd entry
+// names it: its Name is the bare number, it has no home (HOME is the
+// workspace) and no supplementary group.
+func AgentUserFor(uid uint32) *isolation.RunUser {
+	return &isolation.RunUser{Name: strconv.FormatUint(uint64(uid), 10), UID: uid, GID: uid, Groups: []uint32{uid}}
+}
+
+// AgentUIDs is the range agents' own uids come from: [scheduler]
+// agent_uids, or config.DefaultAgentUIDs in a Config built without Load
+// (the zero range).
+func AgentUIDs(cfg *config.Config) config.UIDRange {
+	if r := cfg.Scheduler.AgentUIDs; r != (config.UIDRange{}) {
+		return r
+	}
+	return config.DefaultAgentUIDs
+}
+
+// userWhy says who the agent runs as and why.
+func userWhy(cfg *config.Config, host HostFacts) string {
+	u := host.RunUser
+	switch {
+	case u != nil && host.AgentUser:
+		return fmt.Sprintf("uid %d, gid %d, allocated from [scheduler] agent_uids (%s) for this agent only: file permissions keep other agents out of its workspace and per-user limits (RLIMIT_NPROC) count its processes alone; the uid has no passwd entry (tools see a bare number, HOME is the workspace) and is never given to another agent", u.UID, u.GID, AgentUIDs(cfg))
+	case u != nil:
+		why := fmt.Sprintf("%s (uid %d, gid %d): [scheduler] run_as; never root", u.Name, u.UID, u.GID)
+		if cfg.Scheduler.AgentUIDs.Off {
+			why += "; [scheduler] agent_uids = \"off\": every agent runs as this one user, so only Landlock separates agents and they share per-user limits"
+		}
+		return why
+	case host.RunUserErr != nil && !cfg.Scheduler.AgentUIDs.Off:
+		return fmt.Sprintf("the agent's own uid from [scheduler] agent_uids (%s), which cannot be had: %v", AgentUIDs(cfg), host.RunUserErr)
+	case host.RunUserErr != nil:
+		return fmt.Sprintf("%s: [scheduler] run_as (cannot look it up: %v)", cfg.Scheduler.RunAs, host.RunUserErr)
+	}
+	return fmt.Sprintf("the scheduler's own user: it is not root, so it cannot switch to [scheduler] run_as (%s) or to a uid of its own per agent ([scheduler] agent_uids)", cfg.Scheduler.RunAs)
 }
 
 // containerPlan fills in what a container run gets.

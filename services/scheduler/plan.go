@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -25,7 +28,7 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 	if err != nil {
 		return res, "", &isolation.RunError{Reason: ReasonAgentNotConfigured, Err: err}
 	}
-	host := s.hostFacts(cfg)
+	host := s.agentFacts(cfg, agent.ID)
 	kind := runplan.BackendOf(agent, host)
 	b := s.opts.Backends[string(kind)]
 	if b == nil {
@@ -152,9 +155,42 @@ func (s *Service) startEgress(ctx context.Context, plan isolation.Plan, host run
 	return proxy, token, nil
 }
 
+// agentFacts are hostFacts for a run of agentID: its run user is the
+// agent's own uid (allocated on first use, uids.go) when the scheduler is
+// root and [scheduler] agent_uids is not "off", and WorkspaceErr says
+// whether that user can use an admin-configured workspace. An agent that
+// is not configured gets the shared facts (and no uid).
+func (s *Service) agentFacts(cfg *config.Config, agentID string) runplan.HostFacts {
+	host := s.hostFacts(cfg)
+	a, err := cfg.Agent(agentID)
+	if err != nil || !s.perAgentUIDs(cfg) {
+		return host
+	}
+	host.AgentUser = true
+	host.RunUser, host.RunUserErr = nil, nil
+	uid, err := s.agentUID(a.ID, runplan.AgentUIDs(cfg))
+	if err != nil {
+		host.RunUserErr = err
+		return host
+	}
+	host.RunUser = runplan.AgentUserFor(uid)
+	if a.Workspace != "" {
+		host.WorkspaceErr = writableBy(runplan.WorkspaceOf(a, s.stateDir), host.RunUser)
+	}
+	return host
+}
+
+// perAgentUIDs says whether agents run as uids of their own: only a root
+// scheduler switches users at all.
+func (s *Service) perAgentUIDs(cfg *config.Config) bool {
+	return os.Geteuid() == 0 && !cfg.Scheduler.AgentUIDs.Off
+}
+
 // hostFacts describes this scheduler and host to runplan: the state and
-// config directories, the run user (looked up when the scheduler is root and
-// so switches to it), the scheduler's own environment for provider keys.
+// config directories, the run user shared by every agent ([scheduler]
+// run_as, looked up when the scheduler is root and agent_uids is "off"; a
+// run's own user comes from agentFacts), the scheduler's own environment
+// for provider keys.
 func (s *Service) hostFacts(cfg *config.Config) runplan.HostFacts {
 	host := runplan.HostFacts{
 		StateDir:  s.stateDir,
@@ -166,7 +202,7 @@ func (s *Service) hostFacts(cfg *config.Config) runplan.HostFacts {
 	if b := s.opts.Backends[string(isolation.BackendLandlock)]; b != nil && b.Name() == string(isolation.BackendUnrestricted) {
 		host.ForceUnrestricted = true
 	}
-	if os.Geteuid() == 0 && cfg.Scheduler.RunAs != "" {
+	if os.Geteuid() == 0 && cfg.Scheduler.AgentUIDs.Off && cfg.Scheduler.RunAs != "" {
 		host.RunUser, host.RunUserErr = isolation.LookupRunUser(cfg.Scheduler.RunAs)
 	}
 	host.EgressDir = filepath.Join(s.stateDir, "egress")
@@ -212,9 +248,12 @@ func (s *Service) saveHandle(runID, backend, handle string) error {
 	return nil
 }
 
-// prepareWorkspace makes the agent's workspace (0700, owned by the run user
-// when the scheduler is root). An existing configured workspace is left as
-// the admin made it.
+// prepareWorkspace makes the agent's workspace (0700) and, when the
+// scheduler is root, hands it to the run user. A workspace at the default
+// location that the run user does not own (berth ran the agent as a shared
+// run_as before, or the agent's uid changed) is handed over whole. An
+// existing admin-configured workspace is left as the admin made it, but a
+// run user that cannot write it fails the run, saying so.
 func (s *Service) prepareWorkspace(a config.Agent, runUser *isolation.RunUser) (string, error) {
 	ws := runplan.WorkspaceOf(a, s.stateDir)
 	defaultLocation := a.Workspace == ""
@@ -236,15 +275,96 @@ func (s *Service) prepareWorkspace(a config.Agent, runUser *isolation.RunUser) (
 		created = true
 	}
 	if !created && !defaultLocation {
+		if runUser != nil {
+			if err := writableBy(ws, runUser); err != nil {
+				return "", err
+			}
+		}
 		return ws, nil
+	}
+	fi, err := os.Lstat(ws)
+	if err != nil {
+		return "", fmt.Errorf("cannot inspect workspace %s: %w", ws, err)
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("workspace %s is not a directory", ws)
 	}
 	if err := os.Chmod(ws, 0o700); err != nil {
 		return "", fmt.Errorf("cannot set mode of workspace %s: %w", ws, err)
 	}
-	if runUser != nil {
-		if err := os.Chown(ws, int(runUser.UID), int(runUser.GID)); err != nil {
-			return "", fmt.Errorf("cannot hand workspace %s to %s: %w", ws, runUser.Name, err)
-		}
+	if runUser == nil {
+		return ws, nil
 	}
+	if created {
+		if err := os.Chown(ws, int(runUser.UID), int(runUser.GID)); err != nil {
+			return "", fmt.Errorf("cannot hand workspace %s to uid %d: %w", ws, runUser.UID, err)
+		}
+		return ws, nil
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid == runUser.UID && st.Gid == runUser.GID {
+		return ws, nil
+	}
+	skipped, err := handOver(ws, runUser)
+	if err != nil {
+		return "", err
+	}
+	s.log.Info("workspace handed to the agent's run user", "agent", a.ID, "uid", runUser.UID, "workspace", ws, "skipped_hard_links", skipped)
 	return ws, nil
+}
+
+// handOver chowns the workspace ws and everything in it to u, never
+// following a symbolic link. A regular file with more than one link is
+// left alone: its other names may lie outside the workspace. skipped
+// counts those.
+func handOver(ws string, u *isolation.RunUser) (skipped int, err error) {
+	err = filepath.WalkDir(ws, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink > 1 {
+					skipped++
+					return nil
+				}
+			}
+		}
+		return os.Lchown(path, int(u.UID), int(u.GID))
+	})
+	if err != nil {
+		return skipped, fmt.Errorf("cannot hand workspace %s to uid %d: %w", ws, u.UID, err)
+	}
+	return skipped, nil
+}
+
+// writableBy says, as a run error's cause, why u cannot create files in the
+// directory ws (by its owner, group and mode; ACLs are not read). nil when
+// it can, or when ws does not exist yet (the run creates it).
+func writableBy(ws string, u *isolation.RunUser) error {
+	fi, err := os.Stat(ws)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cannot inspect workspace %s: %w", ws, err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	mode := fi.Mode().Perm()
+	var can bool
+	switch {
+	case st.Uid == u.UID:
+		can = mode&0o300 == 0o300
+	case st.Gid == u.GID || slices.Contains(u.Groups, st.Gid):
+		can = mode&0o030 == 0o030
+	default:
+		can = mode&0o003 == 0o003
+	}
+	if !fi.IsDir() || !can {
+		return fmt.Errorf("workspace %s (the agent's workspace setting) is owned by %d:%d with mode %04o, so the agent's user %s (uid %d) cannot write it; berth leaves a configured workspace as the admin made it: chown -R %d:%d %s, or remove the setting to use one berth manages",
+			ws, st.Uid, st.Gid, mode, u.Name, u.UID, u.UID, u.GID, ws)
+	}
+	return nil
 }
