@@ -233,6 +233,8 @@ func TestRequestAndWorkspaceOfARun(t *testing.T) {
 	cfgDir := t.TempDir()
 	otherWS := filepath.Join(t.TempDir(), "beta-ws")
 	cfg := testConfig(4)
+	// About run_as: every agent as the one configured user.
+	cfg.Scheduler.AgentUIDs = config.UIDRange{Off: true}
 	cfg.Sources = []string{filepath.Join(cfgDir, "berth.toml")}
 	cfg.Agents[1].Workspace = otherWS
 	network := true // a remote provider needs it (checkProviderNetwork)
