@@ -9,6 +9,10 @@
 # Needs Go, dbus-daemon and systemd-socket-activate (installed when missing).
 # No Docker, no LLM key: the agent runs Landlock-confined with the offline
 # "local" provider. Try: scripts/quickstart.sh '/sh uname -a'
+# With OPENAI_API_KEY (or ANTHROPIC_API_KEY, *_BASE_URL, *_MODEL) set, the
+# demo agent talks to that model, still with no network of its own: its one
+# way out is its run's egress proxy (run as user "daemon"), which adds the
+# key on the way out, so the key never enters the sandbox.
 # --isolation container runs it in a fresh Docker container instead: Docker
 # (docker.io) and busybox-static are installed and dockerd started when
 # missing, and the agent image is built offline.

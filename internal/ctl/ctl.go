@@ -37,6 +37,8 @@ Commands:
   send [--timeout D] AGENT TEXT               submit TEXT to AGENT and wait for the reply
   providers test [NAME]                       the scheduler calls each provider (or NAME) once with its own environment: reachability, auth, model, latency
   sandbox explain [--json] AGENT              the plan the scheduler would use for AGENT: backend, image, limits, network, mounts, user, and why
+  egress explain [--method M] [--json] AGENT URL|HOST:PORT
+                                              would AGENT's egress proxy let the request pass, by which rule or why not (exit 0 pass, 1 refused, 2 bad question)
   container build [--agent ID] [--no-cache]   build an agent's images (default: [image_config]) and follow the build
   container status | images [--json] | clean [--all] | dockerfile [--agent ID] | rm TAG
 
@@ -75,6 +77,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = c.providers(args[1:])
 	case "sandbox":
 		err = c.sandbox(args[1:])
+	case "egress":
+		err = c.egress(args[1:])
 	case "container":
 		err = c.container(args[1:])
 	default:

@@ -80,12 +80,14 @@ func explain(w io.Writer, e explained) {
 		line("", "NOT AVAILABLE in this scheduler: runs fail")
 	}
 	line("timeout", "%s (then the sandbox is killed: reason %q)", time.Duration(p.Timeout), isolation.ReasonTimeout)
-	if p.User != nil {
-		line("user", "%s (uid %d, gid %d; run_as; never root)", p.User.Name, p.User.UID, p.User.GID)
-	} else {
-		line("user", "%s", why("user"))
-	}
+	line("user", "%s", why("user"))
 	line("network", "%s", why("network"))
+	if p.Network.Allowed {
+		line("", "DIRECT NETWORK: an admin's opt-in, logged on every run; no egress proxy, no rules, and the provider keys go into the sandbox")
+	}
+	if w := why("egress"); w != "" {
+		line("egress", "%s", w)
+	}
 	line("workspace", "%s (as %s inside)", p.Workspace, p.SandboxWorkspace)
 	switch p.Backend {
 	case isolation.BackendContainer:

@@ -74,6 +74,8 @@ func berthctl(conn *dbus.Conn, args ...string) (string, int) {
 		err = c.sandbox(args[1:])
 	case "providers":
 		err = c.providers(args[1:])
+	case "egress":
+		err = c.egress(args[1:])
 	}
 	var ee *exitErr
 	var ue *usageErr
@@ -137,7 +139,7 @@ func TestSandboxExplainShowsTheSchedulersOwnPlanAndWhy(t *testing.T) {
 		{"A_container_agent_shows_image_limits_network_mounts_user_and_runtime", []string{"boxed"}, ExitOK, []string{
 			"backend:   container — container_mode.enabled = true", "image:     berth-agent:<content hash>",
 			"runtime:   runc", "memory 256m with no extra swap, 256 pids, 1 CPU, tmpfs /tmp 256m", "network:   none",
-			"→ /workspace (rw)", "/srv/data → /data (ro)", "confined:  container", "holds: NetworkMode=none", "user:      nobody (uid 65534", "warm:      2 started container(s) kept waiting on stdin"}, nil},
+			"→ /workspace (rw)", "/srv/data → /data (ro)", "confined:  container", "holds: NetworkMode=none", "user:      uid 18790", "allocated from [scheduler] agent_uids", "warm:      2 started container(s) kept waiting on stdin"}, nil},
 		{"A_landlock_agent_shows_its_policy_and_what_protects_the_others", []string{"ops"}, ExitOK, []string{
 			"backend:   landlock", "read-write: " + filepath.Join(stateDir, "agents", "ops"), "read-only:  /usr", "/var/log",
 			filepath.Join(stateDir, "agents", "boxed"), "confined:", "holds: ", "providers: cloud (openai) m"}, []string{sandboxSecret}},
@@ -187,7 +189,8 @@ func TestSandboxExplainJSONDecodesToThePlan(t *testing.T) {
 func TestSandboxExplainNamesARunUserThatDoesNotExist(t *testing.T) {
 	t.Parallel()
 	testenv.NeedRoot(t) // only a root scheduler switches to (and so looks up) the run user
-	conn, _ := schedulerOnBus(t, "[scheduler]\nrun_as = \"berth-test-no-such-user\"\n\n[[agents]]\nid = \"ops\"\n", nil)
+	// agent_uids off: every agent runs as run_as.
+	conn, _ := schedulerOnBus(t, "[scheduler]\nrun_as = \"berth-test-no-such-user\"\nagent_uids = \"off\"\n\n[[agents]]\nid = \"ops\"\n", nil)
 	out, code := berthctl(conn, "sandbox", "explain", "ops")
 	if code != ExitFailed || !strings.Contains(out, "PROBLEM") || !strings.Contains(out, "berth-test-no-such-user") {
 		t.Fatalf("exit %d, want 1 with the missing run user named:\n%s", code, out)

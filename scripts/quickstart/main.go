@@ -34,9 +34,15 @@ import (
 )
 
 // demoMessage shows the sandbox at work: the offline local provider runs the
-// command with the shell tool, as the unprivileged run user, in the agent's
+// command with the shell tool, as the agent's own unprivileged uid (from
+// [scheduler] agent_uids: a number with no name), in the agent's
 // workspace, and Landlock keeps it from berth's own (world-readable) config.
-const demoMessage = `/sh echo "I am $(id -un), working in $(pwd)"; echo "reading berth's config:"; cat %s`
+const demoMessage = `/sh echo "I am uid $(id -u), working in $(pwd)"; echo "reading berth's config:"; cat %s`
+
+// egressUser runs the demo's egress proxy, which holds the provider key: an
+// unprivileged system user every Debian and Fedora system has, so the
+// quickstart creates none (a package install makes berth-egress).
+const egressUser = "daemon"
 
 func main() {
 	if err := run(); err != nil {
@@ -62,7 +68,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	work, err := os.MkdirTemp("", "berth-quickstart-")
+	work, err := workDir()
 	if err != nil {
 		return err
 	}
@@ -117,17 +123,21 @@ func run() error {
 			runAs = u.Username
 		}
 	}
-	providers, agentExtra, env := demoProvider(os.Getenv)
+	providers, remote, env := demoProvider(os.Getenv)
+	if remote && os.Geteuid() == 0 {
+		if _, err := user.Lookup(egressUser); err != nil {
+			return fmt.Errorf("the demo's egress proxy runs as user %s, which this system lacks (create it, e.g. useradd --system %s): %w", egressUser, egressUser, err)
+		}
+	}
+	agentExtra := ""
 	if *isolationFlag == "container" {
 		image, err := buildAgentImage(filepath.Join(binDir, "berth-agent"))
 		if err != nil {
 			return err
 		}
-		network := "none"
-		if agentExtra != "" { // a real provider: it needs the network
-			network = "bridge"
-		}
-		agentExtra += fmt.Sprintf("[agents.container_mode]\nenabled = true\nimage = %q\nnetwork = %q\n", image, network)
+		// network none with a real provider too: its one way out is the
+		// run's egress socket.
+		agentExtra = fmt.Sprintf("[agents.container_mode]\nenabled = true\nimage = %q\nnetwork = \"none\"\n", image)
 	}
 	cfg := demoConfig(providers, agentExtra, secretHex, ln.Addr().String(), runAs, filepath.Join(binDir, "berth-agent"))
 
@@ -142,7 +152,7 @@ func run() error {
 	}()
 	if message == "" {
 		message = fmt.Sprintf(demoMessage, stack.ConfigPath)
-		if agentExtra != "" { // a real model: ask it something it can answer with its tools
+		if remote { // a real model: ask it something it can answer with its tools
 			message = "Hello! Who are you, and which user do you run as on this host? Use your shell tool to find out."
 		}
 	}
@@ -191,6 +201,22 @@ func run() error {
 	return nil
 }
 
+// egressSocketTail is what follows the working directory in a run's egress
+// socket path: /suite/state/scheduler/egress/<36-byte run id>/egress.sock.
+const egressSocketTail = len("/suite/state/scheduler/egress/") + 36 + len("/egress.sock")
+
+// workDir makes the quickstart's working directory, short enough that the
+// runs' egress socket paths fit a Unix socket address (107 bytes): under
+// $TMPDIR when that leaves room, else under /tmp.
+func workDir() (string, error) {
+	work, err := os.MkdirTemp("", "berth-qs-")
+	if err != nil || len(work)+egressSocketTail <= 107 {
+		return work, err
+	}
+	os.Remove(work)
+	return os.MkdirTemp("/tmp", "berth-qs-")
+}
+
 // buildAgentImage builds the berth-agent image offline (FROM scratch, the
 // static berth-agent and busybox-static) unless the engine has it already.
 func buildAgentImage(agentBinary string) (string, error) {
@@ -213,11 +239,12 @@ func buildAgentImage(agentBinary string) (string, error) {
 // demoProvider picks the demo agent's provider from the environment:
 // OPENAI_API_KEY or OPENAI_BASE_URL (with OPENAI_MODEL), else
 // ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL (with ANTHROPIC_MODEL), else the
-// offline "local" provider; with both set, OpenAI wins. A real provider
-// needs the network, so the demo agent then gets allow_network; the key
-// reaches the scheduler through its environment (api_key_env) and the agent
-// only on stdin.
-func demoProvider(getenv func(string) string) (providers, agentExtra string, env []string) {
+// offline "local" provider; with both set, OpenAI wins. remote says a real
+// provider was picked. The demo agent keeps no network of its own either
+// way: it reaches a real provider through its run's egress proxy, and the
+// key reaches the scheduler through its environment (api_key_env) and from
+// there only the proxy, never the sandbox.
+func demoProvider(getenv func(string) string) (providers string, remote bool, env []string) {
 	for _, p := range []struct{ kind, prefix, model string }{
 		{"openai", "OPENAI", "gpt-4o-mini"},
 		{"anthropic", "ANTHROPIC", "claude-haiku-4-5"},
@@ -239,15 +266,17 @@ func demoProvider(getenv func(string) string) (providers, agentExtra string, env
 			fmt.Fprintf(&b, "api_key_env = %q\n", p.prefix+"_API_KEY")
 			env = append(env, p.prefix+"_API_KEY="+key)
 		}
-		fmt.Fprintf(os.Stderr, "==> demo agent uses %s (model %s)\n", p.kind, model)
-		return b.String(), "[agents.file_access]\nallow_network = true\n", env
+		fmt.Fprintf(os.Stderr, "==> demo agent uses %s (model %s) through its run's egress proxy (as user %s; the sandbox has no network and no key)\n", p.kind, model, egressUser)
+		return b.String(), true, env
 	}
-	return "[providers]\nprimary = \"local\"\n", "", nil
+	return "[providers]\nprimary = \"local\"\n", false, nil
 }
 
 // demoConfig is the suite's berth.toml: the providers and the demo agent's
 // extra settings from demoProvider, a webhook connector whose replies go to
-// replyAddr (host:port), and the scheduler running agentBinary as runAs.
+// replyAddr (host:port), and the scheduler running agentBinary as runAs
+// (agents get their own uids from [scheduler] agent_uids) and the egress
+// proxy, berth-egress beside it, as egressUser.
 func demoConfig(providers, agentExtra, secretHex, replyAddr, runAs, agentBinary string) string {
 	return fmt.Sprintf(`# written by scripts/quickstart.sh
 %s
@@ -268,5 +297,6 @@ reply_url = "http://%s/reply"
 [scheduler]
 run_as = %q
 agent_binary = %q
-`, providers, agentExtra, secretHex, replyAddr, runAs, agentBinary)
+egress_user = %q
+`, providers, agentExtra, secretHex, replyAddr, runAs, agentBinary, egressUser)
 }

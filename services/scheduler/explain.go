@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"sort"
 	"strings"
 	"sync"
@@ -32,7 +33,9 @@ type Explained struct {
 // compiles, with the keys left out.
 func (s *Service) ExplainAgentJSON(agent string) (string, error) {
 	cfg := s.cfg.Load()
-	host := s.hostFacts(cfg)
+	// The agent's own uid is allocated here if no run has yet: the plan
+	// shows the very user its runs get.
+	host := s.agentFacts(cfg, agent)
 	e, err := runplan.Explain(cfg, agent, host)
 	if isolation.ReasonOf(err) == runplan.ReasonAgentNotConfigured {
 		return "", fmt.Errorf("%w: %v", ErrNotFound, err)
@@ -137,13 +140,65 @@ func (s *Service) ExplainEgressJSON(agent, method, rawURL string) (string, error
 	if err != nil {
 		return "", fmt.Errorf("cannot explain the egress of %s: %w", agent, err)
 	}
-	v, err := e.Plan.Egress.Decide(method, rawURL)
+	target, err := egressTarget(method, rawURL)
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	data, err := json.Marshal(v)
+	v, err := e.Plan.Egress.Decide(method, target)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	v.URL = rawURL
+	out := EgressExplained{EgressVerdict: v, Agent: agent, Network: e.Plan.Network.Mode}
+	if e.Plan.Network.Allowed || e.Plan.Backend == isolation.BackendUnrestricted {
+		out.Allowed, out.Direct, out.Rule = true, true, ""
+		out.Reason = "not filtered: the sandbox has a direct network, so its requests bypass the egress proxy; network: " + e.Why["network"]
+		out.Note = ""
+	}
+	data, err := json.Marshal(out)
 	if err != nil {
 		return "", fmt.Errorf("cannot encode the egress verdict: %w", err)
 	}
 	return string(data), nil
+}
+
+// EgressExplained is dev.berth.Scheduler1.ExplainEgress's JSON: the proxy's
+// verdict and the agent's network mode, since a run with a direct network
+// (an admin's opt-in) never goes through the proxy.
+type EgressExplained struct {
+	isolation.EgressVerdict
+	Agent string `json:"agent"`
+	// Network is the plan's network mode: "none" (only the run's egress
+	// socket), "host" or "bridge" (direct and unfiltered).
+	Network string `json:"network"`
+	// Direct says the request bypasses the proxy: it passes unfiltered.
+	Direct bool `json:"direct,omitempty"`
+}
+
+// egressTarget makes what ExplainEgress was given a URL the proxy's rules
+// can decide: CONNECT takes a bare host:port, as a tunnel request does.
+func egressTarget(method, rawURL string) (string, error) {
+	if strings.Contains(rawURL, "://") {
+		return rawURL, nil
+	}
+	if strings.EqualFold(method, "CONNECT") {
+		if _, _, err := net.SplitHostPort(rawURL); err == nil && !strings.Contains(rawURL, "/") {
+			return "https://" + rawURL, nil
+		}
+		return "", fmt.Errorf("%q is not host:port, the target of a CONNECT", rawURL)
+	}
+	return "", fmt.Errorf("%q has no scheme: say https://%s (a tunnel, decided as CONNECT) or http://%s (decided per request), or CONNECT host:port", rawURL, rawURL, rawURL)
+}
+
+// ExplainEgress answers dev.berth.Scheduler1.ExplainEgress with the same
+// caller check as ExplainAgent: the verdict names the agent's rules.
+func (o *schedulerObject) ExplainEgress(sender dbus.Sender, agent, method, rawURL string) (string, *dbus.Error) {
+	if derr := readAuthorizer.Check(o.conn, sender); derr != nil {
+		return "", derr
+	}
+	out, err := o.s.ExplainEgressJSON(agent, method, rawURL)
+	if err != nil {
+		return "", dbusError(err)
+	}
+	return out, nil
 }
