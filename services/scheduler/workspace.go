@@ -2,14 +2,83 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
 
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/hostrun"
+	"github.com/berth-dev/berth/isolation/workspace"
 )
 
 // enforceWorkspaceQuota makes the agent's workspace ws hold at most the
-// agent's workspace_quota before a run uses it. runUser owns the
-// workspace's root.
+// agent's workspace_quota before a run uses it: its own ext4 image,
+// loop-mounted there (isolation/workspace). runUser owns the workspace's
+// root (prepareWorkspace made it so before). An error fails the run closed.
 func (s *Service) enforceWorkspaceQuota(ctx context.Context, a config.Agent, ws string, runUser *isolation.RunUser) error {
+	if a.WorkspaceQuota == 0 {
+		return nil
+	}
+	if quotasOnlyWhereAsked.Load() {
+		if _, asked := quotasAsked.Load(s.stateDir); !asked {
+			return nil
+		}
+	}
+	err := workspaceRefusal(s.stateDir)
+	if err != nil {
+		err = fmt.Errorf("cannot enforce workspace_quota %s on %s: %w", workspace.Size(a.WorkspaceQuota), ws, err)
+	} else {
+		err = workspace.Ensure(ctx, workspace.Options{
+			Dir:     ws,
+			Image:   workspaceImage(s.stateDir, a.ID),
+			Bytes:   a.WorkspaceQuota,
+			Systemd: hostrun.SystemdAvailable(),
+			Logger:  s.log.With("agent", a.ID),
+		})
+	}
+	if err != nil {
+		// The error names workspace_quota and why; the run fails closed.
+		return &isolation.RunError{Reason: isolation.ReasonConfinement, Err: err}
+	}
 	return nil
+}
+
+// workspaceImage is an agent's workspace image.
+func workspaceImage(stateDir, agent string) string { return workspace.ImagePath(stateDir, agent) }
+
+// releaseWorkspaces unmounts the workspace images this scheduler mounted
+// itself (without systemd), so its state directory can be removed; under
+// systemd the mount units stay, as the runs' units do. The images stay.
+func (s *Service) releaseWorkspaces() error {
+	if hostrun.SystemdAvailable() {
+		return nil
+	}
+	return workspace.Release(filepath.Dir(workspaceImage(s.stateDir, "")))
+}
+
+// workspaceRefusals is a seam for tests that can only make quotas fail:
+// state directory → why the quota of its scheduler cannot be enforced.
+var workspaceRefusals sync.Map
+
+// quotasOnlyWhereAsked is set by this package's tests (until their
+// helpers set workspace_quota = 0 and Close releases the mounts): only the
+// schedulers whose state directory is in quotasAsked get quotas, so other
+// tests can remove their state while it would still be mounted.
+var (
+	quotasOnlyWhereAsked atomic.Bool
+	quotasAsked          sync.Map
+)
+
+func workspaceRefusal(stateDir string) error {
+	if v, ok := workspaceRefusals.Load(stateDir); ok {
+		return v.(error)
+	}
+	return nil
+}
+
+// workspaceWhy explains an agent's workspace quota (sandbox explain).
+func workspaceWhy(a config.Agent, stateDir string) string {
+	return workspace.Why(a.WorkspaceQuota, workspaceImage(stateDir, a.ID))
 }

@@ -1,0 +1,162 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/landlock"
+)
+
+func init() { quotasOnlyWhereAsked.Store(true) }
+
+var (
+	quotaAgentOnce sync.Once
+	quotaAgentPath string
+	quotaAgentErr  error
+)
+
+// quotaAgent builds testdata/quotaagent next to the host runner's test
+// agent (a directory every user can enter).
+func quotaAgent(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Dir(testAgent(t))
+	quotaAgentOnce.Do(func() {
+		quotaAgentPath = filepath.Join(dir, "quotaagent")
+		out, err := exec.Command("go", "build", "-o", quotaAgentPath, "./testdata/quotaagent").CombinedOutput()
+		if err != nil {
+			quotaAgentErr = fmt.Errorf("go build: %w: %s", err, out)
+		}
+	})
+	if quotaAgentErr != nil {
+		t.Fatalf("cannot build quota agent: %v", quotaAgentErr)
+	}
+	return quotaAgentPath
+}
+
+// quotaService is a scheduler with the real landlock backend whose agent
+// alpha has workspace_quota quota; refusal, when set, is why it cannot
+// enforce quotas.
+func quotaService(t *testing.T, quota string, refusal error) (*Service, string) {
+	t.Helper()
+	testenv.NeedRoot(t)
+	_, err := os.Stat("/dev/loop-control")
+	testenv.Need(t, err == nil, "no loop devices")
+	stateDir := sharedStateDir(t)
+	quotasAsked.Store(stateDir, true)
+	t.Cleanup(func() { quotasAsked.Delete(stateDir) })
+	if refusal != nil {
+		workspaceRefusals.Store(stateDir, refusal)
+		t.Cleanup(func() { workspaceRefusals.Delete(stateDir) })
+	}
+	cfg := testConfig(4)
+	cfg.Scheduler.AgentBinary = quotaAgent(t)
+	cfg.Scheduler.AgentUIDs = config.DefaultAgentUIDs
+	cfg.Scheduler.AllowRlimitFallback = true
+	cfg.Agents[0].WorkspaceQuota = quota
+	s, err := New(cfg, stateDir, Options{
+		Backends: map[string]isolation.Backend{landlock.Name: landlock.New()},
+		Getenv:   func(string) string { return "" },
+		Logger:   quietLog,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	t.Cleanup(func() {
+		if err := s.releaseWorkspaces(); err != nil {
+			t.Errorf("releaseWorkspaces: %v", err)
+		}
+	})
+	start(t, s)
+	return s, filepath.Join(stateDir, "agents", "alpha")
+}
+
+func runText(t *testing.T, s *Service, msgID, text string) Run {
+	t.Helper()
+	return waitFinished(t, s, submit(t, s, msgID, "alpha", "text", text))
+}
+
+var wrote = regexp.MustCompile(`^wrote (\d+) MiB: (.*)$`)
+
+func TestWorkspaceQuotaStopsWritesOfAHostRunAtTheLimit(t *testing.T) {
+	t.Parallel()
+	s, ws := quotaService(t, "32m", nil)
+	if r := runText(t, s, "m1", "put keep written before"); r.State != StateSucceeded || r.Reply != "ok" {
+		t.Fatalf("put: state %q reason %q reply %q error %q", r.State, r.Reason, r.Reply, r.Error)
+	}
+	r := runText(t, s, "m2", "fill big 64")
+	if r.State != StateSucceeded {
+		t.Fatalf("a run that filled its workspace ended %q (%s: %s); want it to end with its reply", r.State, r.Reason, r.Error)
+	}
+	m := wrote.FindStringSubmatch(r.Reply)
+	if m == nil {
+		t.Fatalf("reply = %q", r.Reply)
+	}
+	if n, _ := strconv.Atoi(m[1]); n >= 32 || !strings.Contains(m[2], "no space left on device") {
+		t.Fatalf("the agent wrote %s MiB into a 32 MiB workspace and was told %q; want ENOSPC before 32 MiB", m[1], m[2])
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(ws, &st); err != nil || st.Type != unix.EXT4_SUPER_MAGIC {
+		t.Fatalf("workspace filesystem type %#x (%v); want its ext4 image", st.Type, err)
+	}
+	// The scheduler still records runs, and the next run sees the files.
+	if r := runText(t, s, "m3", "get keep"); r.State != StateSucceeded || r.Reply != "written before" {
+		t.Fatalf("next run: state %q reason %q reply %q error %q", r.State, r.Reason, r.Reply, r.Error)
+	}
+}
+
+func TestWorkspaceQuotaThatCannotBeEnforcedFailsTheRunClosed(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		quota      string
+		wantState  string
+		wantReason string
+		wantError  string
+		wantMount  bool
+	}{
+		{"A_quota_that_cannot_be_mounted_fails_the_run", "32m", StateFailed, isolation.ReasonConfinement, "confinement failed: cannot enforce workspace_quota 32m on ", false},
+		{"Quota_0_mounts_nothing_and_runs", "0", StateSucceeded, "", "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s, ws := quotaService(t, tc.quota, errors.New("no loop devices"))
+			r := runText(t, s, "m1", "put f x")
+			if r.State != tc.wantState || r.Reason != tc.wantReason || !strings.Contains(r.Error, tc.wantError) {
+				t.Fatalf("run = state %q reason %q error %q; want %q %q containing %q", r.State, r.Reason, r.Error, tc.wantState, tc.wantReason, tc.wantError)
+			}
+			var st, parent unix.Stat_t
+			if err := unix.Stat(ws, &st); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Stat(filepath.Dir(ws), &parent); err != nil {
+				t.Fatal(err)
+			}
+			if mounted := st.Dev != parent.Dev; mounted != tc.wantMount {
+				t.Fatalf("workspace mounted = %v; want %v", mounted, tc.wantMount)
+			}
+			if tc.wantState == StateFailed {
+				if !strings.HasSuffix(r.Error, ": no loop devices") {
+					t.Fatalf("error %q does not say why", r.Error)
+				}
+				if entries, _ := os.ReadDir(ws); len(entries) != 0 {
+					t.Fatalf("a run that failed closed wrote %v", entries)
+				}
+			}
+		})
+	}
+}
