@@ -158,6 +158,8 @@ func start(t *testing.T, agents []agentSpec, env ...string) *suite {
 	sink := newReplySink(t)
 	var cfg strings.Builder
 	fmt.Fprintf(&cfg, "[providers]\nprimary = \"local\"\n\n")
+	// Small workspace images: the suite makes many agents at once.
+	fmt.Fprintf(&cfg, "[agent_defaults]\nworkspace_quota = \"64m\"\n\n")
 	for _, a := range agents {
 		fmt.Fprintf(&cfg, "[[agents]]\nid = %q\nmax_iterations = 4\n%s\n\n", a.id, a.extra)
 	}

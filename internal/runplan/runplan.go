@@ -22,6 +22,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/workspace"
 )
 
 // Reasons a run is refused at compile time (before anything starts).
@@ -142,6 +143,7 @@ func compile(cfg *config.Config, agentID, runID string, host HostFacts) (compile
 	p.Timeout = a.Timeout
 	p.KillGrace = KillGrace
 	p.Workspace = WorkspaceOf(a, host.StateDir)
+	c.why["workspace"] = workspace.Why(a.WorkspaceQuota, workspace.ImagePath(host.StateDir, a.ID))
 	c.why["timeout"] = fmt.Sprintf("%s: container_mode.timeout_seconds, else [scheduler] default_timeout_seconds; then the sandbox is killed (reason %q)", a.Timeout, isolation.ReasonTimeout)
 	c.why["user"] = userWhy(cfg, host)
 	if host.RunUser != nil && host.AgentUser {

@@ -170,7 +170,8 @@ func (r *gatedRun) reply(text string) {
 // testConfig has agents alpha, beta and gamma on the landlock backend.
 func testConfig(maxConcurrent int) *config.Config {
 	return &config.Config{
-		Agents: []config.AgentSettings{{ID: "alpha"}, {ID: "beta"}, {ID: "gamma"}},
+		Agents:        []config.AgentSettings{{ID: "alpha"}, {ID: "beta"}, {ID: "gamma"}},
+		AgentDefaults: config.AgentSettings{WorkspaceQuota: "0"},
 		Scheduler: config.Scheduler{
 			MaxConcurrentRuns: maxConcurrent,
 			DefaultTimeout:    time.Minute,

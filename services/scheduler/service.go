@@ -179,6 +179,11 @@ func (s *Service) Reload(cfg *config.Config) {
 
 // Close closes scheduler.db. Call it after Run has returned.
 func (s *Service) Close() error {
+	// Without systemd the scheduler mounted its agents' workspace images
+	// itself; under systemd they are units and stay.
+	if err := s.releaseWorkspaces(); err != nil {
+		s.log.Warn("cannot unmount workspace images", "err", err)
+	}
 	if err := s.store.close(); err != nil {
 		return fmt.Errorf("cannot close %s: %w", DBName, err)
 	}
