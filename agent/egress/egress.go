@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentproto"
@@ -112,6 +113,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header()[k] = v
 	}
 	w.WriteHeader(resp.StatusCode)
+	if !streamed(resp) {
+		// A body of known length (a download, a package): copied in large
+		// writes; flushing each read would cost a write per 32 KiB.
+		io.Copy(w, resp.Body)
+		return
+	}
+	// A stream (a model's server-sent events, chunked output): each piece
+	// reaches the tool as it arrives.
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := resp.Body.Read(buf)
@@ -125,6 +134,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// streamed says a response must be passed on as it arrives: an event
+// stream, or a body of unknown length.
+func streamed(resp *http.Response) bool {
+	if resp.ContentLength < 0 {
+		return true
+	}
+	ct := resp.Header.Get("Content-Type")
+	return strings.HasPrefix(ct, "text/event-stream")
 }
 
 // connect asks the egress proxy for the tunnel and splices it to the tool.
@@ -173,7 +192,12 @@ func (p *Proxy) connect(w http.ResponseWriter, r *http.Request) {
 		done <- struct{}{}
 	}()
 	go func() {
-		io.Copy(client, br)
+		// What the reader already buffered first, then the connection
+		// itself, so the copy can splice.
+		if n := br.Buffered(); n > 0 {
+			io.CopyN(client, br, int64(n))
+		}
+		io.Copy(client, up)
 		if cw, ok := client.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()
 		}
