@@ -4,17 +4,30 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/isolation"
 )
 
-// Without systemd the runner cannot give a run a cgroup of its own; it sets
-// rlimits instead. The agent starts through prlimit(1), which lowers its own
-// limits (soft and hard, so they cannot be raised again) after the switch to
-// the run_as user and then executes berth-agent: the limits hold before the
-// agent runs, and no capability is needed to set them. They are weaker than
-// cgroup limits, and Explain says so.
+// Without systemd a host run's limits hold in one of three ways (ADR 13),
+// decided per run by newRunLimits:
+//
+//   - a cgroup of its own where one is writable (cgroup*.go): memory with no
+//     swap, pids and CPU for the run as a whole, an OOM kill tells, and every
+//     process in it is killed at the end;
+//   - per-process rlimits, only when the admin accepted them
+//     ([scheduler] allow_rlimit_fallback = true, Limits.RlimitFallback): the
+//     agent starts through prlimit(1), which lowers its own limits (soft and
+//     hard, so they cannot be raised again) after the switch to the run_as
+//     user and then executes berth-agent, so the limits hold before the agent
+//     runs and no capability is needed;
+//   - else the run fails closed: a memory limit nothing can enforce for the
+//     run as a whole is not run with.
+//
+// Explain says which one holds on this machine.
 
 // prlimitPath is util-linux's prlimit (essential on Debian and Fedora).
 var prlimitPath = "/usr/bin/prlimit"
@@ -31,7 +44,7 @@ func rlimits(l isolation.Limits, timeout time.Duration) []rlimit {
 		{"core", "RLIMIT_CORE", 0},
 	}
 	if timeout > 0 {
-		rs = append(rs, rlimit{"cpu", "RLIMIT_CPU", uint64((timeout + time.Second - 1) / time.Second)})
+		rs = append(rs, rlimit{"cpu", "RLIMIT_CPU", cpuSeconds(timeout)})
 	}
 	return rs
 }
@@ -55,10 +68,22 @@ type runLimits interface {
 	release()
 }
 
-// newRunLimits chooses how a plan's limits hold for a plain host process.
+// newRunLimits chooses how a plan's limits hold for a plain host process:
+// a cgroup, accepted rlimits, or a *RunError that fails the run closed.
 func newRunLimits(spec isolation.Spec) (runLimits, error) {
-	return rlimitLimits{l: spec.Limits, timeout: spec.Timeout}, nil
+	host, err := probeCgroups()
+	if err == nil {
+		return newCgroupLimits(host, spec.RunID, limitsOf(spec.Limits), spec.Timeout), nil
+	}
+	if spec.Limits.RlimitFallback {
+		return rlimitLimits{l: spec.Limits, timeout: spec.Timeout}, nil
+	}
+	return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: noCgroupDetail, Err: err}
 }
+
+// noCgroupDetail is why a run without systemd or a writable cgroup fails.
+const noCgroupDetail = "the run's memory, processes and CPU cannot be limited as a whole: no systemd and no writable cgroup " +
+	"(set [scheduler] allow_rlimit_fallback = true to accept per-process rlimits instead)"
 
 // rlimitLimits are per-process rlimits set through prlimit(1).
 type rlimitLimits struct {
@@ -66,19 +91,21 @@ type rlimitLimits struct {
 	timeout time.Duration
 }
 
-func (r rlimitLimits) prepare(cmd *exec.Cmd) error { return limitWithRlimits(cmd, r.l, r.timeout) }
-func (rlimitLimits) started(int) error             { return nil }
-func (rlimitLimits) kill()                         {}
-func (rlimitLimits) oomKilled() bool               { return false }
-func (rlimitLimits) release()                      {}
+func (r rlimitLimits) prepare(cmd *exec.Cmd) error {
+	return startThroughPrlimit(cmd, rlimits(r.l, r.timeout))
+}
+func (rlimitLimits) started(int) error { return nil }
+func (rlimitLimits) kill()             {}
+func (rlimitLimits) oomKilled() bool   { return false }
+func (rlimitLimits) release()          {}
 
-// limitWithRlimits makes cmd start its program through prlimit(1).
-func limitWithRlimits(cmd *exec.Cmd, l isolation.Limits, timeout time.Duration) error {
+// startThroughPrlimit makes cmd start its program through prlimit(1) with rs.
+func startThroughPrlimit(cmd *exec.Cmd, rs []rlimit) error {
 	if fi, err := os.Stat(prlimitPath); err != nil || fi.Mode().Perm()&0o111 == 0 {
 		return fmt.Errorf("cannot set rlimits: %s is missing (install util-linux)", prlimitPath)
 	}
 	args := []string{prlimitPath}
-	for _, rl := range rlimits(l, timeout) {
+	for _, rl := range rs {
 		args = append(args, fmt.Sprintf("--%s=%d:%d", rl.option, rl.value, rl.value))
 	}
 	cmd.Args = append(append(args, "--"), cmd.Args...)
@@ -112,16 +139,25 @@ func (r Runner) Explain(p isolation.Plan) isolation.Confinement {
 		c.Holds, c.Missing = append(c.Holds, holds...), append(c.Missing, missing...)
 		return c
 	}
-	c := isolation.Confinement{Mode: "process", Missing: []string{
-		"MemoryMax: RLIMIT_DATA limits each process, not the run as a whole",
-		"TasksMax: RLIMIT_NPROC counts every process of the run_as user",
-		"CPUQuota: no CPU share limit",
-		"PrivateTmp, ProtectSystem: no mount namespace (Landlock still confines file access)",
-	}}
-	for _, rl := range rlimits(p.Limits, p.Timeout) {
-		c.Holds = append(c.Holds, fmt.Sprintf("%s=%d", rl.name, rl.value))
+	c := isolation.Confinement{Mode: "process"}
+	host, err := probeCgroups()
+	switch {
+	case err == nil:
+		c.Holds, c.Missing = cgroupHolds(host, p)
+	case p.Limits.RlimitFallback:
+		c.Holds = append(c.Holds, "per-process rlimits instead of a cgroup, accepted by [scheduler] allow_rlimit_fallback = true (no writable cgroup: "+err.Error()+")")
+		for _, rl := range rlimits(p.Limits, p.Timeout) {
+			c.Holds = append(c.Holds, fmt.Sprintf("%s=%d", rl.name, rl.value))
+		}
+		c.Missing = append(c.Missing,
+			"MemoryMax: RLIMIT_DATA limits each process, not the run as a whole",
+			"TasksMax: RLIMIT_NPROC counts every process of the run's user",
+			"CPUQuota: no CPU share limit",
+			"processes that leave the agent's session are not killed when the run ends")
+	default:
+		c.Missing = append(c.Missing, "runs fail closed (confinement failed): no systemd and no writable cgroup to limit memory, processes and CPU of the run as a whole ("+err.Error()+"); [scheduler] allow_rlimit_fallback = true accepts per-process rlimits instead")
 	}
-	c.Holds = append(c.Holds, "NoNewPrivileges (set by berth-agent before Landlock)", "the process group is killed when the run ends")
+	c.Holds = append(c.Holds, "NoNewPrivileges (set by berth-agent before Landlock)", "the agent's session is killed when the run ends")
 	if allowNetwork {
 		c.Missing = append(c.Missing, "network namespace (allow_network = true)")
 	} else {
@@ -139,4 +175,38 @@ func egressHolds(p isolation.Plan) []string {
 		return nil
 	}
 	return []string{"egress only through the run's socket " + p.Egress.SandboxSocket + " (loopback up, proxy on " + p.Egress.ProxyAddr + "); no provider key in the sandbox"}
+}
+
+// cgroupHolds are Explain's lines for a run in a cgroup of host: the files
+// and values the run's cgroup gets, where, and what is kept as rlimits.
+func cgroupHolds(host cgroupHost, p isolation.Plan) (holds, missing []string) {
+	c := newCgroupLimits(host, p.RunID, limitsOf(p.Limits), p.Timeout)
+	name := c.name
+	if p.RunID == "" {
+		name = "<run id>." + strconv.Itoa(os.Getpid())
+	}
+	for _, parent := range host.parents {
+		var vals []string
+		for _, f := range c.files(parent) {
+			vals = append(vals, f[0]+"="+f[1])
+		}
+		scope := "whole run"
+		if parent.has("memory") && host.swap {
+			scope += "; swap off"
+		}
+		holds = append(holds, fmt.Sprintf("cgroup v%d %s: %s (%s)", host.version, filepath.Join(parent.dir(), name), strings.Join(vals, " "), scope))
+	}
+	if !host.swap {
+		missing = append(missing, "swap of the run is not limited: the kernel does not account swap to cgroups")
+	}
+	if host.noCPU != "" {
+		missing = append(missing, "CPU quota: "+host.noCPU)
+	}
+	for _, rl := range beltAndBraces(p.Timeout) {
+		holds = append(holds, fmt.Sprintf("%s=%d", rl.name, rl.value))
+	}
+	holds = append(holds,
+		"an OOM kill in the run's cgroup ends the run with reason \""+isolation.ReasonOutOfMemory+"\"",
+		"every process in the run's cgroup is killed when the run ends, and the cgroup is removed")
+	return holds, missing
 }

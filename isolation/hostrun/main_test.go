@@ -13,8 +13,11 @@ import (
 )
 
 // base is a 0755 directory every test user can enter (t.TempDir's parent is
-// 0700); the test agent binary lives in it.
-var base, testAgent string
+// 0700); the test agent binary lives in it, and the real berth-agent.
+var base, testAgent, berthAgent string
+
+// berthAgentBuild says why the real berth-agent could not be built, if so.
+var berthAgentBuild error
 
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
@@ -37,6 +40,7 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(base)
 		os.Exit(1)
 	}
+	berthAgent, berthAgentBuild = testenv.Build(base, "berth-agent", "github.com/berth-dev/berth/cmd/berth-agent")
 	code := m.Run()
 	os.RemoveAll(base)
 	os.Exit(code)
