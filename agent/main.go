@@ -44,6 +44,13 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 		return agentproto.ExitBadRequest
 	}
 	log = log.With("run_id", req.RunID, "agent", req.Agent.ID)
+	// Before anything binds or starts: the host's sockets leave the view.
+	if masked, err := confine.MaskSelf(req); err != nil {
+		log.Error("refusing to run: confinement failed", "reason", err.Error())
+		return agentproto.ExitConfinement
+	} else if len(masked) > 0 {
+		log.Info("masked the host's socket directories", "masked", masked)
+	}
 
 	if req.Egress != nil {
 		// Bound before Landlock forbids binds; served until the run ends.
@@ -62,6 +69,10 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 		abi, err := confine.EffectiveABI()
 		if err == nil {
 			launcher, err = confine.Enforce(req.Policy, abi, log)
+		}
+		if err == nil {
+			// After Landlock (and its no_new_privs), before any tool runs.
+			err = confine.InstallFilter()
 		}
 		if err != nil {
 			log.Error("refusing to run: confinement failed", "reason", err.Error())

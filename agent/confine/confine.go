@@ -1,7 +1,11 @@
 // Package confine restricts the berth-agent process with Landlock before it
 // opens a file or starts a tool, and its tool processes further still: they
 // start through a launcher into a nested Landlock domain that cannot reach
-// the agent's /proc entry nor trace it (Launcher). It fails closed: when the kernel cannot enforce what
+// the agent's /proc entry nor trace it (Launcher). After Landlock it loads a
+// syscall filter that every tool inherits (InstallFilter, seccomp.go), and it
+// hides the host's socket directories in a host run's mount namespace
+// (MaskSocketDirs, masks.go; MaskSelf when berth-agent must do it itself).
+// It fails closed: when the kernel cannot enforce what
 // the policy asks, Enforce returns an error and the caller must not run
 // anything.
 package confine

@@ -1,7 +1,8 @@
 // Package hostrun runs berth-agent as a plain host process: as an unprivileged
 // user, with a minimal environment, in its own process group, cut off from the
-// network when the policy says so, with the request on stdin and the response
-// on stdout. The landlock and unrestricted backends share it; what confines
+// network when the policy says so, in mount and IPC namespaces of its own that
+// hide the host's sockets (namespace.go), with the request on stdin and the
+// response on stdout. The landlock and unrestricted backends share it; what confines
 // the agent's file access is berth-agent itself, following the request's
 // Policy.
 package hostrun
@@ -24,6 +25,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-dev/berth/agent/confine"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -142,8 +144,16 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, s
 			Credential: cred,
 		},
 	}
+	root := os.Geteuid() == 0
+	if isolatesHost(spec) && root {
+		*inNamespace = true
+		if err := enterMaskedNamespaces(spec.Plan); err != nil {
+			stdinW.Close()
+			return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot hide the host's sockets from the run", Err: err}
+		}
+	}
 	if !spec.Policy.Network {
-		if spec.Egress != nil && os.Geteuid() == 0 {
+		if spec.Egress != nil && root {
 			// The in-sandbox proxy listens on 127.0.0.1: the namespace needs
 			// its loopback up, which the unprivileged agent cannot do.
 			*inNamespace = true
@@ -154,6 +164,12 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, s
 		} else {
 			cutNetwork(cmd.SysProcAttr, spec.Egress != nil)
 		}
+	}
+	if isolatesHost(spec) && !root {
+		// berth-agent masks the socket directories itself, in its own
+		// user namespace, and then drops CAP_SYS_ADMIN with the rest.
+		userNamespace(cmd.SysProcAttr, syscall.CLONE_NEWNS|syscall.CLONE_NEWIPC, []uintptr{unix.CAP_SYS_ADMIN})
+		cmd.Env = append(cmd.Env, confine.MaskEnv+"=1")
 	}
 	lim, err := newRunLimits(spec)
 	if err != nil {
@@ -168,8 +184,8 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, s
 	if err := cmd.Start(); err != nil {
 		stdinW.Close()
 		lim.release()
-		if !spec.Policy.Network && isNamespaceError(err) {
-			return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot cut network", Err: err}
+		if cmd.SysProcAttr.Cloneflags != 0 && isNamespaceError(err) {
+			return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot make the run's namespaces (network, mount, IPC)", Err: err}
 		}
 		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start " + spec.AgentBinary, Err: err}
 	}
@@ -307,17 +323,14 @@ func cutNetwork(attr *syscall.SysProcAttr, egress bool) {
 		attr.Cloneflags |= syscall.CLONE_NEWNET
 		return
 	}
-	uid, gid := os.Geteuid(), os.Getegid()
-	attr.Cloneflags |= syscall.CLONE_NEWUSER | syscall.CLONE_NEWNET
-	attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}}
-	attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}}
-	attr.GidMappingsEnableSetgroups = false
+	var caps []uintptr
 	if egress {
 		// berth-agent brings lo up for its egress proxy (it needs
 		// CAP_NET_ADMIN in its own namespace for that), then drops every
 		// capability before it reads anything or starts a tool.
-		attr.AmbientCaps = []uintptr{unix.CAP_NET_ADMIN}
+		caps = []uintptr{unix.CAP_NET_ADMIN}
 	}
+	userNamespace(attr, syscall.CLONE_NEWNET, caps)
 }
 
 // enterNamespaceWithLoopback moves the calling thread (locked, and ended

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -30,10 +31,23 @@ type helperOutcome struct {
 
 func runHelper() int {
 	runAs := os.Getenv("HELPER_RUN_AS")
-	s := isolation.Spec{Plan: isolation.Plan{RunID: "r1", Workspace: os.Getenv("HELPER_WORKSPACE"), AgentBinary: os.Getenv("HELPER_AGENT"), RunAs: runAs, Timeout: 30 * time.Second}, Request: agentproto.Request{
+	text := os.Getenv("HELPER_TEXT")
+	if text == "" {
+		text = "whoami"
+	}
+	ws := os.Getenv("HELPER_WORKSPACE")
+	s := isolation.Spec{Plan: isolation.Plan{RunID: "r1", Workspace: ws, AgentBinary: os.Getenv("HELPER_AGENT"), RunAs: runAs, Timeout: 30 * time.Second}, Request: agentproto.Request{
 		Version: agentproto.Version, RunID: "r1",
-		Message: agentproto.Message{Text: "whoami"},
+		Message:  agentproto.Message{Text: text},
+		Provider: agentproto.Provider{Name: "local", Kind: "local"},
 	}}
+	// A non-root scheduler cannot make cgroups: it runs with rlimits, by the
+	// admin's choice ([scheduler] allow_rlimit_fallback).
+	s.Limits.RlimitFallback = true
+	if read := os.Getenv("HELPER_ALLOW_READ"); read != "" {
+		// The real berth-agent: a Landlock policy as a host run gets it.
+		s.Policy = isolation.HostPolicy(isolation.FileAccess{AllowRead: strings.Split(read, ":")}, ws, nil)
+	}
 	res, err := hostrun.Runner{}.Run(context.Background(), s)
 	out := helperOutcome{Reply: res.Response.Reply, Reason: isolation.ReasonOf(err)}
 	if err != nil {
@@ -46,7 +60,7 @@ func runHelper() int {
 }
 
 // runAsNobody runs this test binary as nobody in helper mode.
-func runAsNobody(t *testing.T, runAs string) helperOutcome {
+func runAsNobody(t *testing.T, runAs string, env ...string) helperOutcome {
 	t.Helper()
 	uid, gid := nobody(t)
 	self, err := os.Executable()
@@ -64,6 +78,7 @@ func runAsNobody(t *testing.T, runAs string) helperOutcome {
 		"HELPER_WORKSPACE=" + workspace(t),
 		"HELPER_AGENT=" + testAgent,
 	}
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Dir = base
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{uint32(gid)}}}

@@ -23,8 +23,9 @@ import (
 // in berth-runs.slice, started by PID 1 through its private D-Bus socket
 // (root only). The unit gets the cgroup limits (MemoryMax, TasksMax,
 // CPUQuota, RuntimeMaxSec) and the sandboxing (ProtectSystem=strict,
-// PrivateTmp, NoNewPrivileges, PrivateNetwork) of a hardened service; the
-// agent still confines itself with Landlock inside it.
+// PrivateTmp, NoNewPrivileges, PrivateNetwork, TemporaryFileSystem over the
+// host's socket directories, PrivateIPC) of a hardened service; the agent
+// still confines itself with Landlock and its syscall filter inside it.
 //
 // The request carries the provider key, so it must reach the agent's stdin
 // and nothing else: the runner makes three pipes and hands their far ends to
@@ -288,7 +289,13 @@ func unitProperties(u unitRun, name string, stdin, stdout, stderr int) []sdbus.P
 			// Bind mounts, not ReadWritePaths: they also show paths under
 			// /tmp through PrivateTmp. "-" paths may be missing.
 			prop("BindPaths", bindPaths(append(egressDirs(u.spec.Plan), u.readWrite...))),
-			prop("BindReadOnlyPaths", bindPaths(append([]string{u.spec.AgentBinary}, u.readOnly...))),
+			prop("BindReadOnlyPaths", bindPaths(without(append(append([]string{u.spec.AgentBinary}, u.readOnly...), unitKeeps(u.spec.Plan)...), append(egressDirs(u.spec.Plan), u.readWrite...)))),
+			// The host's socket directories are empty (only the binds above
+			// show what the plan names inside them), SysV IPC is the run's
+			// own, and so is its session keyring.
+			prop("TemporaryFileSystem", unitMasks()),
+			prop("PrivateIPC", true),
+			prop("KeyringMode", "private"),
 		)
 	}
 	// The network follows allow_network for every run, unrestricted ones too:
@@ -314,6 +321,22 @@ func egressDirs(p isolation.Plan) []string {
 		return nil
 	}
 	return []string{filepath.Dir(p.Egress.SandboxSocket)}
+}
+
+// without is paths less those in drop (a path bound read-write is not
+// bound read-only too).
+func without(paths, drop []string) []string {
+	dropped := map[string]bool{}
+	for _, d := range drop {
+		dropped[filepath.Clean(d)] = true
+	}
+	var out []string
+	for _, p := range paths {
+		if !dropped[filepath.Clean(p)] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func bindPaths(paths []string) []bindPath {

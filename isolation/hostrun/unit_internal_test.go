@@ -3,6 +3,7 @@ package hostrun
 import (
 	"context"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 
@@ -54,6 +55,58 @@ func TestTransientUnitProperties(t *testing.T) {
 				if _, ok := got[name]; !ok {
 					t.Errorf("%s missing: every run gets resource limits", name)
 				}
+			}
+		})
+	}
+}
+
+// A confined unit hides the host's sockets behind a tmpfs on /run and gets
+// its own IPC namespace; what the plan names under /run (its egress socket
+// directory, an allowed path, the resolver's file) is bound back.
+func TestTransientUnitHidesTheHostsSocketsAndSeparatesIPC(t *testing.T) {
+	t.Parallel()
+	egress := &isolation.EgressPlan{Socket: "/run/berth-test-egress/r1/egress.sock", SandboxSocket: "/run/berth-test-egress/r1/egress.sock"}
+	tests := []struct {
+		name         string
+		policy       agentproto.Policy
+		wantMasks    bool
+		wantReadOnly string
+	}{
+		{"A_confined_run_masks_run_and_binds_its_egress_directory_back", agentproto.Policy{AllowRead: []string{"/run/berth-test-allowed"}}, true, "/run/berth-test-allowed"},
+		{"An_unrestricted_run_gets_no_masks", agentproto.Policy{Unrestricted: true}, false, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			spec := isolation.Spec{Plan: isolation.Plan{RunID: "r1", Workspace: "/ws", AgentBinary: "/usr/libexec/berth/berth-agent", Policy: tc.policy, Egress: egress}}
+			props := map[string]any{}
+			for _, p := range unitProperties(newUnitRun(spec, nil, nil), UnitName("r1"), 10, 11, 12) {
+				props[p.Name] = p.Value.Value()
+			}
+			tmpfs, _ := props["TemporaryFileSystem"].([]tmpfsMount)
+			hasRun := slices.ContainsFunc(tmpfs, func(m tmpfsMount) bool { return m.Path == "/run" && strings.Contains(m.Options, "nosuid") })
+			if hasRun != tc.wantMasks {
+				t.Errorf("TemporaryFileSystem %+v: /run masked = %v, want %v", tmpfs, hasRun, tc.wantMasks)
+			}
+			if ipc, _ := props["PrivateIPC"].(bool); ipc != tc.wantMasks {
+				t.Errorf("PrivateIPC = %v, want %v", ipc, tc.wantMasks)
+			}
+			if !tc.wantMasks {
+				return
+			}
+			rw, _ := props["BindPaths"].([]bindPath)
+			ro, _ := props["BindReadOnlyPaths"].([]bindPath)
+			bound := func(list []bindPath, path string) bool {
+				return slices.ContainsFunc(list, func(b bindPath) bool { return b.Source == path && b.Destination == path })
+			}
+			if !bound(rw, "/run/berth-test-egress/r1") {
+				t.Errorf("BindPaths %+v lack the egress socket's directory", rw)
+			}
+			if bound(ro, "/run/berth-test-egress/r1") {
+				t.Errorf("BindReadOnlyPaths %+v bind the egress directory a second time", ro)
+			}
+			if !bound(ro, tc.wantReadOnly) {
+				t.Errorf("BindReadOnlyPaths %+v lack %s", ro, tc.wantReadOnly)
 			}
 		})
 	}

@@ -1,0 +1,167 @@
+package confine
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// A host run's named Unix sockets are out of reach by mounts, not Landlock
+// (before ABI 9 Landlock does not govern connect() on a path socket): in the
+// run's own mount namespace the directories that hold the host's sockets are
+// empty tmpfs, and only the paths the run's plan names are bound back into
+// them. The scheduler does it for a root host run, on the thread that starts
+// the agent; berth-agent does it itself when a non-root scheduler started it
+// in a user namespace of its own (MaskEnv).
+
+// MaskedDir is a directory a host run sees as an empty tmpfs.
+type MaskedDir struct {
+	Path string
+	// Mode and Size are the tmpfs's mount options.
+	Mode string
+	Size string
+}
+
+// MaskedDirs are the socket directories of the host: /run (the system bus,
+// the journal, systemd's and every service's sockets, users' runtime dirs),
+// /var/run when it is not a link to /run, X11 and ICE sockets, and /dev/shm
+// (POSIX shared memory, which the run's IPC namespace does not cover).
+// Missing ones are skipped.
+var MaskedDirs = []MaskedDir{
+	{Path: "/run", Mode: "0755", Size: "1m"},
+	{Path: "/var/run", Mode: "0755", Size: "1m"},
+	{Path: "/tmp/.X11-unix", Mode: "1777", Size: "64k"},
+	{Path: "/tmp/.ICE-unix", Mode: "1777", Size: "64k"},
+	{Path: "/dev/shm", Mode: "1777", Size: "64m"},
+}
+
+// MaskEnv, set to "1" in berth-agent's environment, tells it that it runs in
+// a user and mount namespace of its own with CAP_SYS_ADMIN there, and must
+// mask MaskedDirs itself before anything else (MaskSocketDirs), then drop
+// every capability. berth-agent removes it from its environment.
+const MaskEnv = "BERTH_MASK_SOCKET_DIRS"
+
+// Masked reports the directories of MaskedDirs that exist here as
+// directories of their own (not links), in order: what MaskSocketDirs masks.
+func Masked() []MaskedDir {
+	var out []MaskedDir
+	for _, m := range MaskedDirs {
+		fi, err := os.Lstat(m.Path)
+		if err != nil || !fi.IsDir() {
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// KeepPaths are the paths of keep that a mask would hide (strictly inside a
+// masked directory, after following links), cleaned and deduplicated:
+// what MaskSocketDirs binds back. A path that is a masked directory or
+// contains one does not lift its mask.
+func KeepPaths(masks []MaskedDir, keep []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, p := range keep {
+		if !filepath.IsAbs(p) {
+			continue
+		}
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		p = filepath.Clean(p)
+		if seen[p] {
+			continue
+		}
+		for _, m := range masks {
+			if strings.HasPrefix(p, m.Path+"/") {
+				seen[p] = true
+				out = append(out, p)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// MaskSocketDirs masks MaskedDirs in the calling thread's mount namespace,
+// which must be its own (unshared, or made with the process) and in which
+// it holds CAP_SYS_ADMIN: it makes every mount private (nothing propagates
+// back to the host), mounts an empty tmpfs on each masked directory and binds
+// each of keep that a mask hides back to where it was. It returns what it
+// masked. It stops at the first failure, saying what failed; the caller must
+// then not start the run.
+func MaskSocketDirs(keep []string) ([]string, error) {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return nil, fmt.Errorf("cannot make the run's mounts private: %w", err)
+	}
+	masks := Masked()
+	// The kept paths are opened before the masks hide them, and bound back
+	// from those descriptors afterwards.
+	type kept struct {
+		path string
+		fd   int
+		dir  bool
+	}
+	var keeps []kept
+	defer func() {
+		for _, k := range keeps {
+			unix.Close(k.fd)
+		}
+	}()
+	for _, p := range KeepPaths(masks, keep) {
+		fd, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			if os.IsNotExist(err) {
+				continue
+			}
+			return nil, fmt.Errorf("cannot keep %s visible: %w", p, err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("cannot keep %s visible: %w", p, err)
+		}
+		keeps = append(keeps, kept{path: p, fd: fd, dir: st.Mode&unix.S_IFMT == unix.S_IFDIR})
+	}
+	var done []string
+	for _, m := range masks {
+		opts := "mode=" + m.Mode + ",size=" + m.Size
+		if err := unix.Mount("tmpfs", m.Path, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
+			return done, fmt.Errorf("cannot mask %s: %w", m.Path, err)
+		}
+		done = append(done, m.Path)
+	}
+	for _, k := range keeps {
+		if err := bindBack(k.path, k.fd, k.dir); err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// bindBack binds the file or directory open as fd onto path, creating the
+// mount point (and its parents) in the tmpfs that hides it.
+func bindBack(path string, fd int, dir bool) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("cannot keep %s visible: %w", path, err)
+	}
+	if dir {
+		if err := os.Mkdir(path, 0o755); err != nil && !os.IsExist(err) {
+			return fmt.Errorf("cannot keep %s visible: %w", path, err)
+		}
+	} else {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o644)
+		if err != nil {
+			return fmt.Errorf("cannot keep %s visible: %w", path, err)
+		}
+		f.Close()
+	}
+	if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", fd), path, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("cannot keep %s visible: %w", path, err)
+	}
+	return nil
+}

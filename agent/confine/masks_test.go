@@ -1,0 +1,49 @@
+package confine
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// What a mask would hide of a plan's paths is bound back; a path that is a
+// masked directory, or contains one, does not lift the mask; links are
+// followed, so the file /etc/resolv.conf points into /run stays.
+func TestKeepPathsAreWhatAMaskWouldHide(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	run := filepath.Join(root, "run")
+	target := filepath.Join(run, "resolve", "stub-resolv.conf")
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(target, []byte("nameserver 127.0.0.53\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(root, "resolv.conf")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	masks := []MaskedDir{{Path: run}}
+	tests := []struct {
+		name string
+		keep string
+		want []string
+	}{
+		{"A_directory_inside_a_mask_is_kept", filepath.Join(run, "berth-egress", "r1"), []string{filepath.Join(run, "berth-egress", "r1")}},
+		{"A_link_into_a_mask_keeps_its_target", link, []string{target}},
+		{"The_masked_directory_itself_is_not_kept", run, nil},
+		{"A_parent_of_the_mask_is_not_kept", root, nil},
+		{"A_path_outside_every_mask_needs_no_keeping", "/usr/bin", nil},
+		{"A_relative_path_is_ignored", "run/x", nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := KeepPaths(masks, []string{tc.keep}); !slices.Equal(got, tc.want) {
+				t.Errorf("KeepPaths(%s) = %q, want %q", tc.keep, got, tc.want)
+			}
+		})
+	}
+}
