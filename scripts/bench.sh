@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
 # Every benchmark of berth, each figure beside its baseline from the same
 # run, printed as one Markdown table (docs/benchmarks.md explains them):
-#   container  scripts/bench-container.sh: Submit → agent has its request,
-#              cold and warm, beside `docker run --rm -i`
+#   container  scripts/bench-container.sh: Submit → agent has its request
+#              and → the run's end, cold and warm, beside `docker run --rm -i`
+#              (to its log line and to its exit), and the engine calls
 #   scheduler  scripts/bench-scheduler.sh: the scheduler at 1k/10k/100k runs
 #   intake     go test -bench in services/intake: durable accepts beside a
 #              naive one-commit-per-message server, the hand-off of a
 #              backlog (instant Submitter and the real scheduler over a
-#              private bus) beside one Submit at a time, retries while the
-#              scheduler is down
+#              private bus, one agent's and 64 agents', in batches beside
+#              one Submit per message) beside one Submit at a time,
+#              retries while the scheduler is down
+#   e2e        go test -bench WholePath in e2e: signed POST → reply from a
+#              fake platform through the real daemons (Landlock host runs,
+#              local provider): p50 at one sender beside an unrestricted
+#              agent's, runs/s of one agent and of 8 agents
+#   egress     scripts/bench-egress.sh, when it exists: the egress proxy
+#              beside direct requests
 #
-#   scripts/bench.sh [container] [scheduler] [intake]   (as root; default: all)
+#   scripts/bench.sh [container] [scheduler] [intake] [e2e] [egress]
+#                                             (as root; default: all)
 #
 # Finishes within 10 minutes on a 2-core machine: each part has a time box
 # (BENCH_CONTAINER_RUNS, default 20 runs per variant; BENCH_REPS, default 3
-# repetitions of each intake figure, medians reported).
+# repetitions of each intake figure, medians reported; BENCH_E2E_RUNS,
+# default 60 messages per figure of the whole path).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(container scheduler intake)
+[ ${#parts[@]} -gt 0 ] || parts=(container scheduler intake e2e egress)
 has() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 
 out=$(mktemp -d)
@@ -31,15 +41,19 @@ trim() { echo "$1" | sed 's/^ *//; s/ *$//'; }
 if has container; then
 	echo "== container (scripts/bench-container.sh -n ${BENCH_CONTAINER_RUNS:-20})" >&2
 	if timeout 240 scripts/bench-container.sh -n "${BENCH_CONTAINER_RUNS:-20}" >"$out/container" 2>"$out/container.err"; then
-		# | path | median | p95 | median vs docker run |
-		while IFS='|' read -r _ path median p95 ratio _; do
-			median=$(trim "$median"); p95=$(trim "$p95"); ratio=$(trim "$ratio")
+		# | path | read median | p95 | vs docker run | ended median | p95 | vs docker run |
+		while IFS='|' read -r _ path rm rp rr fm fp fr _; do
+			rm=$(trim "$rm"); rp=$(trim "$rp"); rr=$(trim "$rr"); fm=$(trim "$fm"); fp=$(trim "$fp"); fr=$(trim "$fr")
 			case "$path" in
-			*docker\ run*) row "container: \`docker run --rm -i\` → request read" "$median (p95 $p95)" "(the baseline)" "100 %" ;;
-			*berth\ cold*) row "container: berth cold → request read" "$median (p95 $p95)" "docker run, same run" "$ratio (target ≤ 60 %)" ;;
-			*berth\ warm*) row "container: berth warm → request read" "$median (p95 $p95)" "docker run, same run" "$ratio (target p50 ≤ 25 ms)" ;;
+			*docker\ run*) row "container: \`docker run --rm -i\` → request read / → exit" "$rm (p95 $rp) / $fm (p95 $fp)" "(the baseline)" "100 %" ;;
+			*berth\ cold,*) row "container: berth cold, removal after the run → run ended" "$fm (p95 $fp)" "docker run → exit, same run" "$fr" ;;
+			*berth\ warm,*) row "container: berth warm, removal after the run → run ended" "$fm (p95 $fp)" "docker run → exit, same run" "$fr (target p50 ≤ 25 ms POST → reply)" ;;
+			*berth\ cold*) row "container: berth cold → request read / → run ended" "$rm (p95 $rp) / $fm (p95 $fp)" "docker run, same run" "$rr / $fr (target ≤ 60 %)" ;;
+			*berth\ warm*) row "container: berth warm → request read / → run ended" "$rm (p95 $rp) / $fm (p95 $fp)" "docker run, same run" "$rr / $fr (target p50 ≤ 25 ms POST → reply)" ;;
 			esac
-		done < <(grep '^| ' "$out/container" | grep -v '^| path')
+		done < <(grep '^| ' "$out/container" | grep -v -e '^| path' -e '^| step' -e '^|---' | grep -v -e '^| prepare' -e '^| create' -e '^| attach' -e '^| start' -e '^| total' -e '^| remove')
+		steps=$(grep -E '^\| (prepare|create|attach|start|remove)' "$out/container" | awk -F'|' '{ gsub(/ /, "", $2); gsub(/^ +| +$/, "", $3); printf "%s%s %s", sep, $2, $3; sep=", " }')
+		row "container: cold path engine calls (median ms)" "$steps" "" ""
 	else
 		row "container" "did not run: $(tail -n1 "$out/container.err")" "" ""
 	fi
@@ -79,13 +93,17 @@ if has intake; then
 				"naive one commit per message: $(metric "$b" naive_msg/s) msg/s" \
 				"$(metric "$b" x_naive)× (target ≥ 3× and ≥ 10,000 msg/s at 50)"
 		done
-		row "intake: hand-off of 10,000, instant Submitter" \
+		row "intake: hand-off of one agent's 10,000, instant Submitter (SubmitBatch)" \
 			"$(metric BenchmarkHandOff/pipelined msg/s) msg/s, $(metric BenchmarkHandOff/pipelined commits/msg) commits/msg" \
 			"one Submit at a time: $(metric BenchmarkHandOff/serial msg/s) msg/s" "target ≥ 2,000 msg/s"
-		if grep -q '^BenchmarkHandOffToTheScheduler/pipelined' "$out/intake"; then
-			row "intake: hand-off of 10,000 to the real scheduler over D-Bus" \
-				"$(metric BenchmarkHandOffToTheScheduler/pipelined msg/s) msg/s, $(metric BenchmarkHandOffToTheScheduler/pipelined commits/msg) intake commits/msg" \
-				"one Submit at a time: $(metric BenchmarkHandOffToTheScheduler/serial msg/s) msg/s" "target ≥ 2,000 msg/s"
+		if grep -q '^BenchmarkHandOffToTheScheduler/one-agent/batched' "$out/intake"; then
+			serial="one Submit at a time: $(metric BenchmarkHandOffToTheScheduler/serial msg/s) msg/s"
+			row "intake: hand-off of one agent's 10,000 to the real scheduler over D-Bus (SubmitBatch)" \
+				"$(metric BenchmarkHandOffToTheScheduler/one-agent/batched msg/s) msg/s, $(metric BenchmarkHandOffToTheScheduler/one-agent/batched commits/msg) intake commits/msg" \
+				"one Submit per message, in order: $(metric BenchmarkHandOffToTheScheduler/one-agent/submit msg/s) msg/s; $serial" "target ≥ 2,000 msg/s"
+			row "intake: hand-off of 64 agents' 10,000 to the real scheduler over D-Bus (SubmitBatch)" \
+				"$(metric BenchmarkHandOffToTheScheduler/64-agents/batched msg/s) msg/s, $(metric BenchmarkHandOffToTheScheduler/64-agents/batched commits/msg) intake commits/msg" \
+				"one Submit per message, 64 in flight: $(metric BenchmarkHandOffToTheScheduler/64-agents/submit msg/s) msg/s; $serial" "target ≥ 2,000 msg/s"
 		else
 			row "intake: hand-off to the real scheduler" "skipped (needs root and dbus-daemon)" "" ""
 		fi
@@ -94,6 +112,36 @@ if has intake; then
 			"" "target ≤ 2 fsyncs/msg"
 	else
 		row "intake" "did not run: $(grep -m1 -E 'FAIL|panic|cannot' "$out/intake" || tail -n1 "$out/intake")" "" ""
+	fi
+fi
+
+if has e2e; then
+	echo "== e2e (go test ./e2e -bench WholePath)" >&2
+	if timeout 300 go test ./e2e -run '^$' -bench '^BenchmarkWholePath$' -benchtime 1x -count 1 -timeout 5m >"$out/e2e" 2>&1; then
+		# value UNIT of the first line of benchmark NAME.
+		e2e() {
+			awk -v name="$1" -v unit="$2" '$1 ~ "^"name"(-[0-9]+)?$" { for (i = 3; i < NF; i++) if ($(i+1) == unit) { printf "%.1f", $i; exit } }' "$out/e2e"
+		}
+		b=BenchmarkWholePath/latency
+		row "landlock: POST → reply, one sender (p50)" "$(e2e $b landlock_p50_ms) ms (p95 $(e2e $b landlock_p95_ms) ms)" \
+			"unrestricted agent, same path: $(e2e $b unrestricted_p50_ms) ms; POST → 202 alone: $(e2e $b accept_p50_ms) ms" "target p50 ≤ 25 ms"
+		row "landlock: the run, split at the agent's \"confined\" line (p50)" "started → confined $(e2e $b start_to_confined_p50_ms) ms, confined → ended $(e2e $b confined_to_end_p50_ms) ms" "" ""
+		row "landlock: one agent's backlog, POST → last reply" "$(e2e BenchmarkWholePath/one-agent runs/s) runs/s" "" "target ≥ 30 runs/s"
+		row "landlock: 8 agents' backlog, POST → last reply" "$(e2e BenchmarkWholePath/8-agents runs/s) runs/s" "" "target ≥ 100 runs/s on 2 cores"
+	else
+		row "e2e" "did not run: $(grep -m1 -E 'FAIL|panic|cannot|did not' "$out/e2e" || tail -n1 "$out/e2e")" "" ""
+	fi
+fi
+
+if has egress && [ -f scripts/bench-egress.sh ]; then
+	echo "== egress (scripts/bench-egress.sh)" >&2
+	if timeout 180 bash scripts/bench-egress.sh >"$out/egress" 2>"$out/egress.err"; then
+		# | path | direct | through the egress proxy | proxy vs direct |
+		while IFS='|' read -r _ path direct proxy ratio _; do
+			row "egress: $(trim "$path")" "$(trim "$proxy")" "direct: $(trim "$direct")" "$(trim "$ratio")"
+		done < <(grep '^| ' "$out/egress" | grep -v -e '^| path' -e '^|---')
+	else
+		row "egress" "did not run: $(tail -n1 "$out/egress.err")" "" ""
 	fi
 fi
 

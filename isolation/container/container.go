@@ -108,6 +108,11 @@ type Options struct {
 	BuildTimeout  time.Duration
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
+	// RemoveInBackground removes a run's container after Run has returned
+	// instead of before: the removal (an engine call of tens of
+	// milliseconds) is then not in the reply's path. Drain waits for the
+	// removals under way; a crash before one is what Sweep is for.
+	RemoveInBackground bool
 }
 
 // Backend runs agents in containers.
@@ -125,6 +130,9 @@ type Backend struct {
 	infoAt time.Time
 	images map[string]string      // agent binary identity → image tag
 	builds map[string]*imageBuild // agent binary identity → build under way
+
+	removeInBackground bool
+	removals           sync.WaitGroup // background removals under way
 
 	poolMu  sync.Mutex
 	pools   map[string]*pool // agent id → its warm pool
@@ -161,16 +169,17 @@ func New(opts Options) (*Backend, error) {
 		opts.BuildTimeout = DefaultBuildTimeout
 	}
 	return &Backend{
-		cli:           cli,
-		instance:      InstanceLabel(opts.Instance),
-		busybox:       opts.Busybox,
-		engineTimeout: opts.EngineTimeout,
-		buildTimeout:  opts.BuildTimeout,
-		log:           opts.Logger,
-		images:        map[string]string{},
-		builds:        map[string]*imageBuild{},
-		pools:         map[string]*pool{},
-		owned:         map[string]bool{},
+		cli:                cli,
+		instance:           InstanceLabel(opts.Instance),
+		busybox:            opts.Busybox,
+		engineTimeout:      opts.EngineTimeout,
+		buildTimeout:       opts.BuildTimeout,
+		log:                opts.Logger,
+		removeInBackground: opts.RemoveInBackground,
+		images:             map[string]string{},
+		builds:             map[string]*imageBuild{},
+		pools:              map[string]*pool{},
+		owned:              map[string]bool{},
 	}, nil
 }
 
@@ -415,6 +424,7 @@ func (b *Backend) Run(ctx context.Context, spec isolation.Spec) (isolation.Resul
 
 // start is the StartFunc of container runs.
 func (b *Backend) start(ctx context.Context, spec isolation.Spec, input []byte, stdout, stderr io.Writer) (isolation.Sandbox, error) {
+	began := time.Now()
 	p, err := b.prepare(ctx, spec.Plan)
 	if err != nil {
 		return nil, err
@@ -422,6 +432,7 @@ func (b *Backend) start(ctx context.Context, spec isolation.Spec, input []byte, 
 	if err := ctx.Err(); err != nil {
 		return nil, &isolation.RunError{Reason: isolation.ReasonCanceled, Err: context.Cause(ctx)}
 	}
+	steps := []any{"run_id", spec.RunID, "agent", spec.AgentID, "prepare_ms", sinceMS(began)}
 	var s *session
 	// A run with an egress socket needs its own mount of the run's socket
 	// directory, which no waiting container has.
@@ -429,8 +440,9 @@ func (b *Backend) start(ctx context.Context, spec isolation.Spec, input []byte, 
 		s = b.takeWarm(spec, p.hash)
 	}
 	if s == nil {
+		created := time.Now()
 		createCtx, cancel := b.call(context.WithoutCancel(ctx))
-		created, err := b.cli.ContainerCreate(createCtx, client.ContainerCreateOptions{Config: p.config, HostConfig: p.host, Name: containerName(spec.RunID)})
+		c, err := b.cli.ContainerCreate(createCtx, client.ContainerCreateOptions{Config: p.config, HostConfig: p.host, Name: containerName(spec.RunID)})
 		cancel()
 		if err != nil {
 			if errors.Is(err, context.DeadlineExceeded) {
@@ -438,10 +450,14 @@ func (b *Backend) start(ctx context.Context, spec isolation.Spec, input []byte, 
 			}
 			return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create container", Err: err}
 		}
-		if s, err = b.begin(ctx, created.ID); err != nil {
-			b.release(created.ID)
+		steps = append(steps, "create_ms", sinceMS(created))
+		if s, err = b.begin(ctx, c.ID); err != nil {
+			b.release(c.ID)
 			return nil, err
 		}
+		steps = append(steps, s.steps...)
+	} else {
+		steps = append(steps, "warm", true)
 	}
 	s.b = b
 	s.output(stdout, stderr)
@@ -449,8 +465,12 @@ func (b *Backend) start(ctx context.Context, spec isolation.Spec, input []byte, 
 		_, _ = s.attach.Conn.Write(input)
 		_ = s.attach.CloseWrite()
 	}()
+	b.log.Debug("container has its request", append(steps, "total_ms", sinceMS(began))...)
 	return s, nil
 }
+
+// sinceMS is the milliseconds since t, for the timing lines at debug level.
+func sinceMS(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
 
 // session is a started container whose stdin is still open: attached and
 // waited for before it started, so none of its output is lost. Its output
@@ -467,6 +487,7 @@ type session struct {
 	errOut   *switchWriter
 	copied   chan struct{}
 	released sync.Once
+	steps    []any // attach_ms, start_ms: how long begin's engine calls took
 }
 
 func (s *session) close() {
@@ -546,10 +567,15 @@ func (s *session) Inspect(ctx context.Context, suspect bool) bool {
 	return false
 }
 
-// Release closes the streams and removes the container.
+// Release closes the streams and removes the container (in the
+// background with Options.RemoveInBackground).
 func (s *session) Release() {
 	s.released.Do(func() {
 		s.close()
+		if s.b.removeInBackground {
+			s.b.removals.Go(func() { s.b.release(s.id) })
+			return
+		}
 		s.b.release(s.id)
 	})
 }
@@ -586,6 +612,7 @@ func (w *switchWriter) set(to io.Writer) {
 // begin attaches to a created container, starts it and returns with the
 // agent blocked on its stdin.
 func (b *Backend) begin(ctx context.Context, id string) (*session, error) {
+	attached := time.Now()
 	attachCtx, cancel := b.call(ctx)
 	attach, err := b.cli.ContainerAttach(attachCtx, id, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
 	cancel()
@@ -612,6 +639,8 @@ func (b *Backend) begin(ctx context.Context, id string) (*session, error) {
 		defer close(s.copied)
 		_, _ = stdcopy.StdCopy(s.out, s.errOut, attach.Reader)
 	}()
+	started := time.Now()
+	s.steps = []any{"attach_ms", float64(started.Sub(attached).Microseconds()) / 1000}
 	startCtx, cancel := b.call(ctx)
 	_, err = b.cli.ContainerStart(startCtx, id, client.ContainerStartOptions{})
 	cancel()
@@ -622,16 +651,20 @@ func (b *Backend) begin(ctx context.Context, id string) (*session, error) {
 		}
 		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start container", Err: err}
 	}
+	s.steps = append(s.steps, "start_ms", sinceMS(started))
 	return s, nil
 }
 
 // remove deletes a container and its anonymous volumes, running or not.
 func (b *Backend) remove(id string) {
+	began := time.Now()
 	ctx, cancel := b.call(context.Background())
 	defer cancel()
 	if err := removeContainer(ctx, b.cli, id); err != nil {
 		b.log.Error("cannot remove container; the next scheduler start removes it", "container", id, "err", err)
+		return
 	}
+	b.log.Debug("container removed", "container", id, "remove_ms", sinceMS(began), "background", b.removeInBackground)
 }
 
 func removeContainer(ctx context.Context, cli *client.Client, id string) error {

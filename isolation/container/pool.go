@@ -65,8 +65,9 @@ func (b *Backend) Warm(specs []isolation.Spec) {
 	}
 }
 
-// Drain stops every pool and removes its waiting containers. Containers
-// already serving a run are removed by that run.
+// Drain stops every pool and removes its waiting containers, and waits for
+// the removals of finished runs' containers under way. Containers already
+// serving a run are removed by that run.
 func (b *Backend) Drain(ctx context.Context) error {
 	b.poolMu.Lock()
 	pools := b.pools
@@ -79,6 +80,7 @@ func (b *Backend) Drain(ctx context.Context) error {
 		for _, pl := range pools {
 			b.stopPool(pl)
 		}
+		b.removals.Wait() // RemoveInBackground: what finished runs left
 	}()
 	select {
 	case <-done:

@@ -1,9 +1,14 @@
 // Command bench-container measures how long a message waits for its
-// container: from Submit to berth-agent having read its request (the time of
-// its "confined with Landlock" log line, written right after the read), for
-// a cold container agent, a warm one (container_mode.warm = 1) and, in the
-// same run, `docker run --rm -i` of the same image with the same flags. It
-// prints median and p95 of each. Run it through scripts/bench-container.sh.
+// container and its reply: from Submit to berth-agent having read its
+// request (the time of its "confined with Landlock" log line, written right
+// after the read) and to the run's end (its reply committed to
+// scheduler.db: what intake is handed next), for a cold container agent, a
+// warm one (container_mode.warm = 1), each with the container removed
+// before the run ends (as berth-scheduler does by default) and after it
+// (container.Options.RemoveInBackground), and, in the same run, `docker run
+// --rm -i` of the same image with the same flags (to its log line, and to
+// its exit). It prints median and p95 of each, and the backend's engine
+// calls of the cold path. Run it through scripts/bench-container.sh.
 package main
 
 import (
@@ -22,6 +27,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/moby/moby/client"
@@ -108,19 +114,31 @@ agent_binary = %[2]q
 		return err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	backend, err := container.New(container.Options{Client: cli, Instance: stateDir, Logger: quiet})
-	if err != nil {
-		return err
+	steps := &stepLog{}
+	// Two schedulers, one per way of removing: the one berth-scheduler
+	// uses by default, and removal after the run has ended.
+	type variant struct {
+		backend *container.Backend
+		svc     *scheduler.Service
 	}
-	svc, err := scheduler.New(cfg, stateDir, scheduler.Options{Backends: map[string]isolation.Backend{container.Name: backend}, Logger: quiet})
-	if err != nil {
-		return err
+	var variants [2]variant
+	for i, background := range []bool{false, true} {
+		dir := stateDir + []string{"", "-bg"}[i]
+		backend, err := container.New(container.Options{Client: cli, Instance: dir, Logger: slog.New(steps), RemoveInBackground: background})
+		if err != nil {
+			return err
+		}
+		svc, err := scheduler.New(cfg, dir, scheduler.Options{Backends: map[string]isolation.Backend{container.Name: backend}, Logger: quiet})
+		if err != nil {
+			return err
+		}
+		defer svc.Close()
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- svc.Run(runCtx) }()
+		defer func() { stop(); <-done }()
+		variants[i] = variant{backend, svc}
 	}
-	defer svc.Close()
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(runCtx) }()
-	defer func() { stop(); <-done }()
 
 	dockerWS := filepath.Join(work, "docker-ws")
 	if err := os.Mkdir(dockerWS, 0o700); err != nil {
@@ -130,74 +148,150 @@ agent_binary = %[2]q
 		return err
 	}
 
-	fmt.Fprintf(os.Stderr, "==> %d runs each of docker run, cold and warm (image %s, %d CPUs)\n", *n, image, runtime.NumCPU())
-	var dockerRun, cold, warm []time.Duration
+	fmt.Fprintf(os.Stderr, "==> %d runs each of docker run, cold and warm, each removing before and after the run's end (image %s, %d CPUs)\n", *n, image, runtime.NumCPU())
+	names := []string{"docker", "cold", "warm", "cold-bg", "warm-bg"}
+	read, finished := map[string][]time.Duration{}, map[string][]time.Duration{}
 	for i := range *n + 1 {
-		d, err := viaDockerRun(image, dockerWS, i)
-		if err != nil {
-			return fmt.Errorf("docker run: %w", err)
-		}
-		c, err := viaScheduler(svc, "cold", i)
-		if err != nil {
-			return fmt.Errorf("cold: %w", err)
-		}
-		if err := waitPool(backend, "warm", 1); err != nil {
-			return err
-		}
-		w, err := viaScheduler(svc, "warm", i)
-		if err != nil {
-			return fmt.Errorf("warm: %w", err)
+		for _, name := range names {
+			var r, f time.Duration
+			var err error
+			v := variants[0]
+			if strings.HasSuffix(name, "-bg") {
+				v = variants[1]
+			}
+			switch agent := strings.TrimSuffix(name, "-bg"); agent {
+			case "docker":
+				r, f, err = viaDockerRun(image, dockerWS, i)
+			case "warm":
+				if err = waitPool(v.backend, "warm", 1); err == nil {
+					r, f, err = viaScheduler(v.svc, agent, i)
+				}
+			default:
+				r, f, err = viaScheduler(v.svc, agent, i)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if i == 0 {
+				continue // the first of each warms caches (image, engine info)
+			}
+			read[name], finished[name] = append(read[name], r), append(finished[name], f)
 		}
 		if i == 0 {
-			continue // the first of each warms caches (image, engine info)
+			steps.reset()
 		}
-		dockerRun, cold, warm = append(dockerRun, d), append(cold, c), append(warm, w)
 	}
-	dm, dp := stats(dockerRun)
-	cm, cp := stats(cold)
-	wm, wp := stats(warm)
-	fmt.Printf("Submit (or docker run) → berth-agent read its request, %d runs each, %d CPUs\n\n", *n, runtime.NumCPU())
-	fmt.Printf("| path | median | p95 | median vs docker run |\n|---|---|---|---|\n")
-	fmt.Printf("| `docker run --rm -i` (same image and flags) | %s | %s | 100 %% |\n", ms(dm), ms(dp))
-	fmt.Printf("| berth cold (fresh container per message) | %s | %s | %.0f %% |\n", ms(cm), ms(cp), 100*float64(cm)/float64(dm))
-	fmt.Printf("| berth warm (container_mode.warm = 1) | %s | %s | %.0f %% |\n", ms(wm), ms(wp), 100*float64(wm)/float64(dm))
+	dr, _ := stats(read["docker"])
+	df, _ := stats(finished["docker"])
+	fmt.Printf("Submit (or docker run) → berth-agent read its request, and → the run's end (reply stored; docker run: exit), %d runs each, %d CPUs\n\n", *n, runtime.NumCPU())
+	fmt.Printf("| path | request read: median | p95 | median vs docker run | run ended: median | p95 | median vs docker run |\n|---|---|---|---|---|---|---|\n")
+	for _, row := range []struct{ name, label string }{
+		{"docker", "`docker run --rm -i` (same image and flags)"},
+		{"cold", "berth cold (fresh container per message)"},
+		{"warm", "berth warm (`container_mode.warm = 1`)"},
+		{"cold-bg", "berth cold, container removed after the run's end"},
+		{"warm-bg", "berth warm, container removed after the run's end"},
+	} {
+		rm, rp := stats(read[row.name])
+		fm, fp := stats(finished[row.name])
+		fmt.Printf("| %s | %s | %s | %.0f %% | %s | %s | %.0f %% |\n", row.label, ms(rm), ms(rp), 100*float64(rm)/float64(dr), ms(fm), ms(fp), 100*float64(fm)/float64(df))
+	}
+	fmt.Printf("\nThe container backend's steps (medians, ms; debug lines of isolation/container):\n\n")
+	fmt.Printf("| step | cold | warm |\n|---|---|---|\n")
+	for _, key := range []string{"prepare_ms", "create_ms", "attach_ms", "start_ms", "total_ms"} {
+		fmt.Printf("| %s | %s | %s |\n", strings.TrimSuffix(key, "_ms"), steps.median("cold", key), steps.median("warm", key))
+	}
+	fmt.Printf("| remove | %s | %s |\n", steps.median("", "remove_ms"), "(same)")
+	fmt.Printf("\nremove is in the run's path (before its end) unless the container is removed after the run's end.\n")
 	return nil
 }
 
 // viaScheduler submits one message and returns how long it took until the
-// agent read it.
-func viaScheduler(svc *scheduler.Service, agent string, i int) (time.Duration, error) {
+// agent read it and until the run ended (its reply stored).
+func viaScheduler(svc *scheduler.Service, agent string, i int) (time.Duration, time.Duration, error) {
 	start := time.Now()
 	id, err := svc.Submit(map[string]string{
 		"id": fmt.Sprintf("bench-%s-%d-%d", agent, i, start.UnixNano()), "agent": agent,
 		"connector": "bench", "channel": "bench", "author": "bench", "text": "/sh true",
 	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
 		r, err := svc.GetRun(id)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if scheduler.Finished(r.State) {
 			if r.State != scheduler.StateSucceeded {
-				return 0, fmt.Errorf("run %s %s: %s", id, r.State, r.Reason)
+				return 0, 0, fmt.Errorf("run %s %s: %s", id, r.State, r.Reason)
 			}
 			read, err := requestRead(strings.NewReader(r.StderrTail))
-			return read.Sub(start), err
+			return read.Sub(start), r.FinishedAt.Sub(start), err
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("run %s did not finish within a minute", id)
+			return 0, 0, fmt.Errorf("run %s did not finish within a minute", id)
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(time.Millisecond)
 	}
+}
+
+// stepLog is a slog handler that keeps the container backend's timing
+// lines: what each engine call of a run took.
+type stepLog struct {
+	mu    sync.Mutex
+	lines []map[string]any
+}
+
+func (l *stepLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *stepLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *stepLog) WithGroup(string) slog.Handler            { return l }
+
+func (l *stepLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "container has its request" && r.Message != "container removed" {
+		return nil
+	}
+	line := map[string]any{}
+	r.Attrs(func(a slog.Attr) bool {
+		line[a.Key] = a.Value.Any()
+		return true
+	})
+	l.mu.Lock()
+	l.lines = append(l.lines, line)
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *stepLog) reset() {
+	l.mu.Lock()
+	l.lines = nil
+	l.mu.Unlock()
+}
+
+// median is the median of key over the lines of agent ("" for any).
+func (l *stepLog) median(agent, key string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var vs []float64
+	for _, line := range l.lines {
+		if a, _ := line["agent"].(string); agent != "" && a != agent {
+			continue
+		}
+		if v, ok := line[key].(float64); ok {
+			vs = append(vs, v)
+		}
+	}
+	if len(vs) == 0 {
+		return "—"
+	}
+	slices.Sort(vs)
+	return fmt.Sprintf("%.1f", vs[len(vs)/2])
 }
 
 // viaDockerRun runs the same request through the docker CLI with the flags
 // the backend gives its containers.
-func viaDockerRun(image, workspace string, i int) (time.Duration, error) {
+func viaDockerRun(image, workspace string, i int) (time.Duration, time.Duration, error) {
 	id := fmt.Sprintf("bench-docker-%d", i)
 	c := config.Container{Network: "none"}
 	req, _ := json.Marshal(agentproto.Request{
@@ -223,10 +317,11 @@ func viaDockerRun(image, workspace string, i int) (time.Duration, error) {
 	cmd.Stderr = &stderr
 	start := time.Now()
 	if err := cmd.Run(); err != nil {
-		return 0, fmt.Errorf("%v: %s", err, stderr.String())
+		return 0, 0, fmt.Errorf("%v: %s", err, stderr.String())
 	}
+	exited := time.Since(start)
 	read, err := requestRead(&stderr)
-	return read.Sub(start), err
+	return read.Sub(start), exited, err
 }
 
 // requestRead finds the time berth-agent logged right after reading and

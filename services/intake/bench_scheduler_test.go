@@ -2,6 +2,7 @@ package intake
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
@@ -25,10 +26,20 @@ func (instantBackend) Run(_ context.Context, spec isolation.Spec) (isolation.Res
 
 func (instantBackend) Kill(context.Context, string) error { return nil }
 
-// BenchmarkHandOffToTheScheduler: a backlog of 10,000 reaching the real
+// submitOnly hides a Submitter's SubmitBatch: the hand-off as it was
+// before SubmitBatch, one Submit per message.
+type submitOnly struct{ sub Submitter }
+
+func (o submitOnly) Submit(ctx context.Context, msg map[string]string) (string, error) {
+	return o.sub.Submit(ctx, msg)
+}
+
+// BenchmarkHandOffToTheScheduler: a backlog reaching the real
 // berth-scheduler service (its store, its dispatcher with a backend that
-// finishes at once) over a private system bus, pipelined beside one Submit
-// at a time (on a smaller backlog).
+// finishes at once) over a private system bus: one agent's 10,000 and 64
+// agents' 10,000, each in batches (SubmitBatch) beside one Submit per
+// message (pipelined across agents, one at a time within one), and one
+// Submit at a time (the window set to 1) as the baseline of all.
 func BenchmarkHandOffToTheScheduler(b *testing.B) {
 	if _, err := exec.LookPath("dbus-daemon"); err != nil || os.Getuid() != 0 {
 		b.Skip("needs root and dbus-daemon")
@@ -37,16 +48,21 @@ func BenchmarkHandOffToTheScheduler(b *testing.B) {
 		name    string
 		window  int
 		backlog int
+		agents  int
+		batches bool
 	}{
-		{"serial", 1, 1000},
-		{"pipelined", submitWindow, 10000},
+		{"serial", 1, 1000, 1, false},
+		{"one-agent/submit", submitWindow, 1000, 1, false},
+		{"one-agent/batched", submitWindow, 10000, 1, true},
+		{"64-agents/submit", submitWindow, 10000, 64, false},
+		{"64-agents/batched", submitWindow, 10000, 64, true},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			var rates, perMsg []float64
 			for range benchReps() {
 				bus := testbus.Start(b, testbus.Options{})
 				cfg := &config.Config{
-					Agents: []config.AgentSettings{{ID: "ops-agent"}, {ID: "helper"}},
+					Agents: []config.AgentSettings{{ID: "ops-agent", WorkspaceQuota: "0"}, {ID: "helper", WorkspaceQuota: "0"}},
 					Scheduler: config.Scheduler{
 						MaxConcurrentRuns: 4,
 						DefaultTimeout:    time.Minute,
@@ -54,7 +70,11 @@ func BenchmarkHandOffToTheScheduler(b *testing.B) {
 						AgentBinary:       "/nonexistent/berth-agent",
 					},
 				}
-				sched, err := scheduler.New(cfg, b.TempDir(), scheduler.Options{
+				for i := range tc.agents {
+					cfg.Agents = append(cfg.Agents, config.AgentSettings{ID: fmt.Sprintf("agent-%02d", i), WorkspaceQuota: "0"})
+				}
+				schedDir := b.TempDir()
+				sched, err := scheduler.New(cfg, schedDir, scheduler.Options{
 					Backends: map[string]isolation.Backend{"landlock": instantBackend{}},
 					Getenv:   func(string) string { return "" },
 					Logger:   quietLogger,
@@ -69,12 +89,16 @@ func BenchmarkHandOffToTheScheduler(b *testing.B) {
 				schedDone := make(chan error, 1)
 				go func() { schedDone <- sched.Run(ctx) }()
 
-				s, err := New(testConfig(""), b.TempDir(), WithLogger(quietLogger), WithSubmitter(BusSubmitter{Conn: bus.Conn(b)}))
+				var sub Submitter = BusSubmitter{Conn: bus.Conn(b)}
+				if !tc.batches {
+					sub = submitOnly{sub}
+				}
+				s, err := New(testConfig(""), b.TempDir(), WithLogger(quietLogger), WithSubmitter(sub))
 				if err != nil {
 					b.Fatal(err)
 				}
 				s.submitWindow = tc.window
-				fillBacklog(b, s, tc.backlog)
+				fillBacklogOf(b, s, tc.backlog, tc.agents)
 				rate, commits := handOff(b, s, tc.backlog)
 				s.Close()
 				cancel()

@@ -167,8 +167,21 @@ func (i *instantSubmitter) Submit(_ context.Context, msg map[string]string) (str
 	return "run-" + strconv.FormatInt(i.n.Add(1), 10), nil
 }
 
-// fillBacklog accepts n pending messages for connector hooks.
-func fillBacklog(b *testing.B, s *Service, n int) {
+func (i *instantSubmitter) SubmitBatch(ctx context.Context, msgs []map[string]string) ([]string, []error, error) {
+	ids := make([]string, len(msgs))
+	for k, msg := range msgs {
+		ids[k], _ = i.Submit(ctx, msg)
+	}
+	return ids, make([]error, len(msgs)), nil
+}
+
+// fillBacklog accepts n pending messages for connector hooks, all for
+// agent ops-agent.
+func fillBacklog(b *testing.B, s *Service, n int) { fillBacklogOf(b, s, n, 1) }
+
+// fillBacklogOf accepts n pending messages for connector hooks, for agents
+// agent-00, agent-01, … in turn (ops-agent when agents is 1).
+func fillBacklogOf(b *testing.B, s *Service, n, agents int) {
 	b.Helper()
 	var wg sync.WaitGroup
 	var failed atomic.Value
@@ -180,7 +193,11 @@ func fillBacklog(b *testing.B, s *Service, n int) {
 	for range 64 {
 		wg.Go(func() {
 			for i := range ids {
-				_, _, err := s.store.accept(inboxEntry{Connector: "hooks", ID: fmt.Sprintf("b-%06d", i), Channel: "ops", Author: "ada", Text: "deploy the thing", Agent: "ops-agent", ReceivedAt: time.Now()})
+				agent := "ops-agent"
+				if agents > 1 {
+					agent = fmt.Sprintf("agent-%02d", i%agents)
+				}
+				_, _, err := s.store.accept(inboxEntry{Connector: "hooks", ID: fmt.Sprintf("b-%06d", i), Channel: "ops", Author: "ada", Text: "deploy the thing", Agent: agent, ReceivedAt: time.Now()})
 				if err != nil {
 					failed.Store(err)
 				}
@@ -218,9 +235,9 @@ func handOff(b *testing.B, s *Service, n int) (float64, float64) {
 	return float64(n) / took.Seconds(), float64(c1-c0) / float64(n)
 }
 
-// BenchmarkHandOff: a backlog reaching a Submitter that answers at once,
-// pipelined (submitWindow in flight per connector) beside one Submit at a
-// time (the baseline, on a smaller backlog).
+// BenchmarkHandOff: one agent's backlog reaching a Submitter that answers
+// at once, in batches (SubmitBatch) beside one Submit at a time (the
+// baseline, on a smaller backlog).
 func BenchmarkHandOff(b *testing.B) {
 	for _, tc := range []struct {
 		name    string
@@ -233,7 +250,11 @@ func BenchmarkHandOff(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			var rates, perMsg []float64
 			for range benchReps() {
-				s, err := New(testConfig(""), b.TempDir(), WithLogger(quietLogger), WithSubmitter(&instantSubmitter{}))
+				var sub Submitter = &instantSubmitter{}
+				if tc.window == 1 {
+					sub = submitOnly{sub}
+				}
+				s, err := New(testConfig(""), b.TempDir(), WithLogger(quietLogger), WithSubmitter(sub))
 				if err != nil {
 					b.Fatal(err)
 				}

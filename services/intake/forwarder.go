@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,10 +20,57 @@ type Submitter interface {
 	Submit(ctx context.Context, msg map[string]string) (runID string, err error)
 }
 
-// BusSubmitter calls dev.berth.Scheduler1.Submit over D-Bus. Auto-start is
-// allowed: the call starts the scheduler when it is not running.
+// BatchSubmitter is a Submitter that also hands many messages over in one
+// call (dev.berth.Scheduler1.SubmitBatch), queued in the order given.
+type BatchSubmitter interface {
+	Submitter
+	// SubmitBatch returns each message's run id or, at the same index, why
+	// it was not taken (an error that classifies like a failed Submit's).
+	// err is for the call as a whole: none of the messages was taken.
+	// errBatchUnsupported says the scheduler has no SubmitBatch.
+	SubmitBatch(ctx context.Context, msgs []map[string]string) (runIDs []string, errs []error, err error)
+}
+
+// errBatchUnsupported is SubmitBatch's error from a scheduler that predates
+// it: the messages go one Submit at a time.
+var errBatchUnsupported = errors.New("the scheduler has no SubmitBatch")
+
+// BusSubmitter calls dev.berth.Scheduler1.Submit and SubmitBatch over D-Bus.
+// Auto-start is allowed: the call starts the scheduler when it is not
+// running.
 type BusSubmitter struct {
 	Conn *dbus.Conn
+}
+
+// SubmitBatch implements BatchSubmitter. The scheduler reports each refused
+// message as "<D-Bus error name>: <text>"; it comes back as that dbus.Error,
+// so that it classifies as the same Submit's error would.
+func (b BusSubmitter) SubmitBatch(ctx context.Context, msgs []map[string]string) ([]string, []error, error) {
+	var runIDs, refusals []string
+	obj := b.Conn.Object(bus.SchedulerName, bus.SchedulerPath)
+	if err := obj.CallWithContext(ctx, bus.SchedulerInterface+".SubmitBatch", 0, msgs).Store(&runIDs, &refusals); err != nil {
+		if bus.ErrorName(err) == "org.freedesktop.DBus.Error.UnknownMethod" {
+			return nil, nil, errBatchUnsupported
+		}
+		return nil, nil, fmt.Errorf("cannot submit to %s: %w", bus.SchedulerName, err)
+	}
+	if len(runIDs) != len(msgs) || len(refusals) != len(msgs) {
+		return nil, nil, fmt.Errorf("cannot submit to %s: %d run ids and %d errors for %d messages", bus.SchedulerName, len(runIDs), len(refusals), len(msgs))
+	}
+	errs := make([]error, len(msgs))
+	for i, refusal := range refusals {
+		switch {
+		case refusal != "":
+			name, text, ok := strings.Cut(refusal, ": ")
+			if !ok {
+				name, text = bus.ErrInternal, refusal
+			}
+			errs[i] = fmt.Errorf("cannot submit to %s: %w", bus.SchedulerName, dbus.Error{Name: name, Body: []any{text}})
+		case runIDs[i] == "":
+			errs[i] = fmt.Errorf("cannot submit to %s: empty run id", bus.SchedulerName)
+		}
+	}
+	return runIDs, errs, nil
 }
 
 // Submit implements Submitter.
@@ -71,16 +119,32 @@ func (s *Service) forwardPass(context.Context) (time.Duration, bool) {
 	return 0, false
 }
 
-// submitWindow is how many Submits one connector's worker keeps in flight.
-// The scheduler takes them concurrently and their marks in intake.db share
-// commits, so a backlog drains at the speed of many Submits, not one. The
-// Submits of one agent are made one after another, in the order the
-// messages arrived, since the scheduler runs an agent's messages in the
-// order it is given them: only different agents' messages overlap.
+// submitWindow is how many calls to the scheduler one connector's worker
+// keeps in flight. The scheduler takes them concurrently and their marks
+// in intake.db share commits, so a backlog drains at the speed of many
+// calls, not one. One agent's messages go in order, one call after another
+// (a SubmitBatch of up to maxBatch of them, or one Submit each), since the
+// scheduler runs an agent's messages in the order it is given them: only
+// different agents' calls overlap.
 const submitWindow = 64
 
-// readWindow is how many due messages one read of the pending index returns.
-const readWindow = 256
+// maxBatch and maxBatchBytes bound one SubmitBatch: at most maxBatch of one
+// agent's messages (the scheduler takes up to 512) and texts of at most
+// maxBatchBytes in all, far below the bus's message size limit. A message
+// larger than that goes alone.
+const (
+	maxBatch      = 256
+	maxBatchBytes = 4 << 20
+)
+
+// batchRetryAfter is how long a lane goes one Submit at a time after the
+// scheduler said it has no SubmitBatch (an older scheduler, until upgraded).
+const batchRetryAfter = time.Minute
+
+// readWindow is how many due messages one read of the pending index
+// returns: enough that a backlog of many agents still makes batches of
+// several messages each.
+const readWindow = 1024
 
 // forwardLane is one connector's retry state. It is kept in memory only: a
 // failed Submit writes nothing, so a scheduler that stays down costs no
@@ -91,6 +155,7 @@ type forwardLane struct {
 	waiting     map[string]retryState // message key → its failed Submits
 	failures    int                   // passes in a row in which no Submit got through
 	pausedUntil time.Time
+	noBatchTill time.Time // one Submit at a time until then (batchRetryAfter)
 }
 
 type retryState struct {
@@ -142,11 +207,34 @@ func (l *forwardLane) blockedAgents(now time.Time) map[string]bool {
 	return blocked
 }
 
-// agentChain orders one agent's Submits within a pass: each waits for the
-// one before it, and none is made once one before it failed.
+// agentChain orders one agent's calls within a pass: each waits until the
+// scheduler has answered the one before it, and none is made once one
+// before it failed.
 type agentChain struct {
 	done   chan struct{}
 	failed bool // set before done is closed
+	once   sync.Once
+}
+
+// release lets the agent's next call go (or fail, when failed).
+func (c *agentChain) release(failed bool) {
+	c.once.Do(func() {
+		c.failed = failed
+		close(c.done)
+	})
+}
+
+// batchesOff reports whether the lane submits one message at a time for now.
+func (l *forwardLane) batchesOff(now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return now.Before(l.noBatchTill)
+}
+
+func (l *forwardLane) turnBatchesOff(until time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.noBatchTill = until
 }
 
 func (l *forwardLane) forget(key string) {
@@ -166,12 +254,14 @@ func (s *Service) submitFailures(connectorID, id string) (int, string) {
 }
 
 // forwardConnector submits the pending messages of one connector that are
-// due, oldest first, up to submitWindow at a time, and returns when to pass
-// again. It reads the pending index a window at a time and skips messages
-// that wait for a retry without reading them. When more Submits fail than
-// succeed it stops starting new ones; when none got through (the scheduler
-// is down) the whole lane pauses with back-off and its next pass starts
-// again at the oldest message, so a pass reads only the few it tries.
+// due, oldest first, and returns when to pass again. Each agent's due
+// messages go in batches of up to maxBatch, in order, one batch after
+// another; up to submitWindow calls are in flight at a time. It reads the
+// pending index a window at a time and skips messages that wait for a
+// retry without reading them. When more Submits fail than succeed it stops
+// starting new ones; when none got through (the scheduler is down) the
+// whole lane pauses with back-off and its next pass starts again at the
+// oldest message, so a pass reads only the few it tries.
 func (s *Service) forwardConnector(ctx context.Context, connectorID string) (time.Duration, bool) {
 	box := s.submitter.Load()
 	if box == nil {
@@ -188,7 +278,7 @@ func (s *Service) forwardConnector(ctx context.Context, connectorID string) (tim
 	var (
 		wg             sync.WaitGroup
 		window         = make(chan struct{}, s.submitWindow)
-		mu             sync.Mutex // guards succeeded, failed, failedKeys
+		mu             sync.Mutex // guards succeeded, failedKeys
 		succeeded      int
 		failedKeys     []string
 		after          []byte
@@ -205,45 +295,38 @@ func (s *Service) forwardConnector(ctx context.Context, connectorID string) (tim
 read:
 	for ctx.Err() == nil {
 		now := s.clock.Now()
-		batch, last, end, err := s.store.dueMessages(connectorID, after, readWindow,
+		due, last, end, err := s.store.dueMessages(connectorID, after, readWindow,
 			func(key string) bool { return lane.notYet(key, now) })
 		if err != nil {
 			readErr = err
 			break
 		}
 		after = last
-		for _, m := range batch {
-			if blocked[m.Agent] {
-				continue // behind a message of its agent that waits for a retry
-			}
+		for _, batch := range agentBatches(due, blocked) {
 			window <- struct{}{}
 			if ctx.Err() != nil || tooManyFailures() {
 				<-window
 				stopped = true
 				break read
 			}
-			prev, cur := chains[m.Agent], &agentChain{done: make(chan struct{})}
-			chains[m.Agent] = cur
+			agent := batch[0].Agent
+			prev, cur := chains[agent], &agentChain{done: make(chan struct{})}
+			chains[agent] = cur
 			wg.Go(func() {
 				defer func() { <-window }()
-				defer close(cur.done)
 				if prev != nil {
 					// prev holds a window slot of its own and was started
 					// first, so this wait always ends.
 					<-prev.done
 					if prev.failed {
-						cur.failed = true // stays pending, tried after prev
+						cur.release(true) // stays pending, tried after prev
 						return
 					}
 				}
-				ok := s.forward(ctx, box.Submitter, m, lane)
-				cur.failed = !ok
+				taken, failed := s.forwardBatch(ctx, box.Submitter, batch, lane, cur.release)
 				mu.Lock()
-				if ok {
-					succeeded++
-				} else {
-					failedKeys = append(failedKeys, m.Key())
-				}
+				succeeded += taken
+				failedKeys = append(failedKeys, failed...)
 				mu.Unlock()
 			})
 		}
@@ -294,6 +377,114 @@ read:
 	return max(next.Sub(now), 0), true
 }
 
+// agentBatches splits due messages (oldest first) into the batches they are
+// submitted in: each holds one agent's messages in their order, at most
+// maxBatch of them and maxBatchBytes of text. Messages of a blocked agent
+// (one of its messages waits for a retry) are left out.
+func agentBatches(due []inboxEntry, blocked map[string]bool) [][]inboxEntry {
+	var (
+		out   [][]inboxEntry
+		open  = map[string]int{} // agent → index in out of its batch being filled
+		bytes = map[string]int{}
+	)
+	for _, m := range due {
+		if blocked[m.Agent] {
+			continue
+		}
+		i, ok := open[m.Agent]
+		if ok && (len(out[i]) == maxBatch || bytes[m.Agent]+len(m.Text) > maxBatchBytes) {
+			ok = false
+		}
+		if !ok {
+			out = append(out, nil)
+			i = len(out) - 1
+			open[m.Agent], bytes[m.Agent] = i, 0
+		}
+		out[i] = append(out[i], m)
+		bytes[m.Agent] += len(m.Text)
+	}
+	return out
+}
+
+// forwardBatch hands one agent's messages (in order) to the scheduler and
+// records each outcome: submitted, refused for good (with an error reply),
+// or a retry in memory. It calls handedOn once the scheduler has answered,
+// before the outcomes are recorded, so the agent's next batch need not wait
+// for intake's commit; failed says the agent's later messages must wait. It
+// returns how many messages the scheduler took (or refused for good) and
+// the keys of those that wait for a retry.
+func (s *Service) forwardBatch(ctx context.Context, sub Submitter, msgs []inboxEntry, lane *forwardLane, handedOn func(failed bool)) (taken int, retry []string) {
+	bs, canBatch := sub.(BatchSubmitter)
+	if canBatch && len(msgs) > 1 && !lane.batchesOff(s.clock.Now()) {
+		subs := make([]map[string]string, len(msgs))
+		for i, m := range msgs {
+			subs[i] = submission(m)
+		}
+		// Not cut short by shutdown: a finished call is recorded instead of
+		// repeated after the restart.
+		callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callTimeout)
+		runIDs, errs, err := bs.SubmitBatch(callCtx, subs)
+		cancel()
+		switch {
+		case err == nil:
+			mustWait := false
+			for _, e := range errs {
+				mustWait = mustWait || (e != nil && !submitCanNeverSucceed(e))
+			}
+			handedOn(mustWait)
+			return s.recordBatch(msgs, runIDs, errs, lane)
+		case errors.Is(err, errBatchUnsupported):
+			s.log.Info("the scheduler has no SubmitBatch; submitting one message at a time", "connector", msgs[0].Connector)
+			lane.turnBatchesOff(s.clock.Now().Add(batchRetryAfter))
+		case submitCanNeverSucceed(err):
+			// Something in the batch cannot cross the bus; one Submit each
+			// finds which message it is and refuses only that one.
+		default:
+			handedOn(true)
+			// The head of the agent's line waits for the retry; the rest
+			// stay pending behind it, as after a failed Submit.
+			m := msgs[0]
+			attempts := lane.attempts(m.Key()) + 1
+			delay := s.backoff.delay(attempts)
+			s.log.Warn("scheduler did not take messages; will retry", "connector", m.Connector, "agent", m.Agent,
+				"message_id", m.ID, "messages", len(msgs), "attempts", attempts, "retry_in", delay, "err", err)
+			lane.retry(m.Key(), m.Agent, attempts, s.clock.Now().Add(delay), err)
+			return 0, []string{m.Key()}
+		}
+	}
+	defer handedOn(false) // no-op once a failure released the chain
+	for _, m := range msgs {
+		if !s.forward(ctx, sub, m, lane) {
+			handedOn(true) // the rest stay pending, tried after m
+			return taken, []string{m.Key()}
+		}
+		taken++
+	}
+	return taken, nil
+}
+
+// recordBatch records the outcome of each message of an answered
+// SubmitBatch; the marks of different messages share commits.
+func (s *Service) recordBatch(msgs []inboxEntry, runIDs []string, errs []error, lane *forwardLane) (taken int, retry []string) {
+	ok := make([]bool, len(msgs))
+	var wg sync.WaitGroup
+	for i, m := range msgs {
+		wg.Go(func() {
+			attempts := lane.attempts(m.Key()) + 1
+			ok[i] = s.record(m, lane, attempts, runIDs[i], errs[i])
+		})
+	}
+	wg.Wait()
+	for i, m := range msgs {
+		if ok[i] {
+			taken++
+		} else {
+			retry = append(retry, m.Key())
+		}
+	}
+	return taken, retry
+}
+
 // submitCanNeverSucceed reports whether a Submit error is the same on every
 // retry: the scheduler refused the message (InvalidArgument), the bus refused
 // its arguments, or it cannot be encoded at all (a NUL or invalid UTF-8 in a
@@ -313,18 +504,24 @@ func submitCanNeverSucceed(err error) bool {
 	return false
 }
 
-// forward submits one message and records the outcome: submitted, refused
-// for good (with an error reply), or a retry in memory. It reports whether
-// the scheduler took it (or refused it for good).
+// forward submits one message and records the outcome (record). It
+// reports whether the scheduler took it (or refused it for good).
 func (s *Service) forward(ctx context.Context, sub Submitter, m inboxEntry, lane *forwardLane) bool {
 	// The call is not cut short by shutdown: a finished Submit is recorded
 	// instead of repeated after the restart.
 	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callTimeout)
 	defer cancel()
-	key := m.Key()
-	attempts := lane.attempts(key) + 1
-	log := s.log.With("connector", m.Connector, "message_id", m.ID, "agent", m.Agent)
+	attempts := lane.attempts(m.Key()) + 1
 	runID, err := sub.Submit(callCtx, submission(m))
+	return s.record(m, lane, attempts, runID, err)
+}
+
+// record stores what the scheduler answered for m: submitted with its run
+// id, refused for good (with an error reply), or a retry in memory. It
+// reports whether the scheduler took it (or refused it for good).
+func (s *Service) record(m inboxEntry, lane *forwardLane, attempts int, runID string, err error) bool {
+	key := m.Key()
+	log := s.log.With("connector", m.Connector, "message_id", m.ID, "agent", m.Agent)
 	now := s.clock.Now()
 	if err != nil && submitCanNeverSucceed(err) {
 		// Retrying cannot help (its agent was removed from the config, a
