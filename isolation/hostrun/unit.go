@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -247,7 +248,7 @@ func unitProperties(u unitRun, name string, stdin, stdout, stderr int) []sdbus.P
 		sdbus.PropDescription(fmt.Sprintf("berth run %s (agent %s)", u.spec.RunID, u.spec.AgentID)),
 		sdbus.PropType("exec"),
 		sdbus.PropSlice(RunsSlice),
-		sdbus.PropExecStart([]string{u.spec.AgentBinary}, true),
+		sdbus.PropExecStart(unitCommand(u), true),
 		// The unit stays loaded after the agent exits so its exit status
 		// can be read; the runner stops it right after.
 		sdbus.PropRemainAfterExit(true),
@@ -270,7 +271,7 @@ func unitProperties(u unitRun, name string, stdin, stdout, stderr int) []sdbus.P
 	if u.spec.Timeout > 0 {
 		props = append(props, prop("RuntimeMaxUSec", uint64((u.spec.Timeout+runtimeGrace)/time.Microsecond)))
 	}
-	if u.cred != nil {
+	if u.cred != nil && !nameless(u.cred.Uid) {
 		props = append(props,
 			prop("User", strconv.FormatUint(uint64(u.cred.Uid), 10)),
 			prop("Group", strconv.FormatUint(uint64(u.cred.Gid), 10)),
@@ -468,4 +469,29 @@ func killUnit(ctx context.Context, handle string) error {
 	defer conn.Close()
 	stopUnit(ctx, conn, name)
 	return nil
+}
+
+// setprivPath is util-linux's setpriv (essential on Debian and Fedora, like
+// prlimit).
+var setprivPath = "/usr/bin/setpriv"
+
+// nameless says uid has no passwd entry, as an agent's own uid from
+// [scheduler] agent_uids has not. systemd's User= needs an entry for a
+// numeric uid too (the unit would fail with 217/USER), so such a unit
+// starts the agent through setpriv, which switches to the bare ids and
+// drops every capability before executing it.
+func nameless(uid uint32) bool {
+	_, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+	return err != nil
+}
+
+// unitCommand is the unit's ExecStart.
+func unitCommand(u unitRun) []string {
+	if u.cred == nil || !nameless(u.cred.Uid) {
+		return []string{u.spec.AgentBinary}
+	}
+	uid := strconv.FormatUint(uint64(u.cred.Uid), 10)
+	gid := strconv.FormatUint(uint64(u.cred.Gid), 10)
+	return []string{setprivPath, "--reuid=" + uid, "--regid=" + gid, "--clear-groups",
+		"--inh-caps=-all", "--bounding-set=-all", "--", u.spec.AgentBinary}
 }

@@ -2,9 +2,11 @@ package hostrun
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/berth-dev/berth/internal/agentproto"
@@ -168,6 +170,39 @@ func TestTransientUnitEndsGiveTheSameReasonsAsEveryBackend(t *testing.T) {
 			})
 			if got := isolation.ReasonOf(err); got != tc.reason || !strings.Contains(err.Error(), tc.detail) {
 				t.Fatalf("unit end %+v gave %v, want reason %q with %q", tc.end, err, tc.reason, tc.detail)
+			}
+		})
+	}
+}
+
+// systemd's User= needs a passwd entry even for a numeric uid; an agent's
+// own uid from agent_uids has none, so its unit switches through setpriv.
+func TestAUnitForAUIDWithoutANameSwitchesThroughSetpriv(t *testing.T) {
+	t.Parallel()
+	spec := isolation.Spec{Plan: isolation.Plan{RunID: "r1", AgentID: "a", Workspace: "/ws", AgentBinary: "/usr/libexec/berth/berth-agent"}}
+	for _, tc := range []struct {
+		name     string
+		uid      uint32
+		wantUser bool
+	}{
+		{"A uid with a passwd entry is the unit's User", 65534, true},
+		{"A uid without one is set by setpriv", 1879048192 + 4242, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			u := newUnitRun(spec, nil, &syscall.Credential{Uid: tc.uid, Gid: tc.uid})
+			got := map[string]string{}
+			for _, p := range unitProperties(u, UnitName("r1"), 10, 11, 12) {
+				got[p.Name] = p.Value.String()
+			}
+			_, hasUser := got["User"]
+			exec := got["ExecStart"]
+			if hasUser != tc.wantUser {
+				t.Errorf("User set = %v, want %v (ExecStart %s)", hasUser, tc.wantUser, exec)
+			}
+			usesSetpriv := strings.Contains(exec, "setpriv") && strings.Contains(exec, fmt.Sprintf("--reuid=%d", tc.uid)) && strings.Contains(exec, "--clear-groups")
+			if usesSetpriv == tc.wantUser {
+				t.Errorf("ExecStart = %s: setpriv = %v, want %v", exec, usesSetpriv, !tc.wantUser)
 			}
 		})
 	}
