@@ -66,7 +66,20 @@ func (s *Service) warmPools(ctx context.Context) {
 		if !ok {
 			continue
 		}
-		if _, err := s.prepareWorkspace(a, host.RunUser); err != nil {
+		// The agent's own uid and its workspace image, as a run of its
+		// gets them: a container warmed on the bare directory would
+		// bypass the quota.
+		host := s.agentFacts(cfg, a.ID)
+		if host.RunUserErr != nil {
+			s.log.Warn("cannot warm containers", "agent", a.ID, "backend", kind, "err", host.RunUserErr)
+			continue
+		}
+		ws, err := s.prepareWorkspace(a, host.RunUser)
+		if err != nil {
+			s.log.Warn("cannot warm containers", "agent", a.ID, "backend", kind, "err", err)
+			continue
+		}
+		if err := s.enforceWorkspaceQuota(ctx, a, ws, host.RunUser); err != nil {
 			s.log.Warn("cannot warm containers", "agent", a.ID, "backend", kind, "err", err)
 			continue
 		}
