@@ -298,5 +298,16 @@ reply_url = "http://%s/reply"
 run_as = %q
 agent_binary = %q
 egress_user = %q
-`, providers, agentExtra, secretHex, replyAddr, runAs, agentBinary, egressUser)
+%s`, providers, agentExtra, secretHex, replyAddr, runAs, agentBinary, egressUser, rlimitFallback())
+}
+
+// rlimitFallback is the quickstart's allow_rlimit_fallback: a scheduler
+// that is not root can make no cgroup for its runs, and without systemd
+// its runs would fail closed; the demo accepts per-process rlimits then
+// and says so.
+func rlimitFallback() string {
+	if os.Geteuid() == 0 {
+		return ""
+	}
+	return "# not root: no cgroup per run, so per-process rlimits (see berthctl sandbox explain)\nallow_rlimit_fallback = true\n"
 }
