@@ -316,49 +316,9 @@ func (s *Service) Submit(msg map[string]string) (string, error) {
 	// Called again when the group is applied a second time: every result is
 	// set afresh.
 	err := s.store.write(func(tx *bolt.Tx) error {
-		r, created, refused = Run{}, false, nil
-		// The idempotency lookup comes first: a retried Submit of a message
-		// that was taken gets its run id even if the agent has since been
-		// removed from the config, and one that shares the commit of its
-		// first Submit finds the run that one wrote.
-		if existing := messagesBucket(tx).Get([]byte(id)); existing != nil {
-			r.ID = string(existing)
-			return nil
-		}
-		if !slices.Contains(known, agent) {
-			// Nothing written: refused without costing the group a rollback.
-			refused = fmt.Errorf("%w: unknown agent %q (configured agents: %s)", ErrInvalidArgument, agent, strings.Join(known, ", "))
-			return nil
-		}
-		seq, err := queueBucket(tx).NextSequence()
-		if err != nil {
-			return fmt.Errorf("cannot number run: %w", err)
-		}
-		// The time is the committer's, so that run ids (which sort by
-		// creation time) follow the queue's order.
-		now := s.clock.Now()
-		r = Run{
-			ID:          newRunID(now),
-			MessageID:   cleanText(id),
-			Agent:       agent,
-			Connector:   cleanText(msg["connector"]),
-			Channel:     cleanText(msg["channel"]),
-			ChannelName: cleanText(msg["channel_name"]),
-			Thread:      cleanText(msg["thread"]),
-			Author:      cleanText(msg["author"]),
-			Text:        cleanText(msg["text"]),
-			State:       StateQueued,
-			CreatedAt:   now,
-			Seq:         seq,
-		}
-		if err := putRun(tx, r); err != nil {
-			return err
-		}
-		if err := messagesBucket(tx).Put([]byte(id), []byte(r.ID)); err != nil {
-			return fmt.Errorf("cannot index message id: %w", err)
-		}
-		created = true
-		return nil
+		var err error
+		r, created, refused, err = s.queueMessage(tx, msg, known)
+		return err
 	})
 	if err != nil {
 		return "", fmt.Errorf("cannot store run: %w", err)
