@@ -6,12 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 
 	"github.com/goreleaser/nfpm/v2"
 	_ "github.com/goreleaser/nfpm/v2/deb" // registers the deb packager
 	_ "github.com/goreleaser/nfpm/v2/rpm" // registers the rpm packager
+
+	"github.com/berth-dev/berth/internal/version"
 )
 
 // Options says what Build makes.
@@ -49,7 +50,7 @@ func Build(o Options) ([]string, error) {
 			return nil, fmt.Errorf("cannot create build directory: %w", err)
 		}
 		defer os.RemoveAll(tmp)
-		if err := buildBinaries(o.Root, tmp, o.Arch); err != nil {
+		if err := buildBinaries(o.Root, tmp, o.Arch, o.Version); err != nil {
 			return nil, err
 		}
 		binDir = tmp
@@ -67,16 +68,25 @@ func Build(o Options) ([]string, error) {
 	return paths, nil
 }
 
-// buildBinaries builds every binary of the package: static, trimmed, stripped.
-func buildBinaries(root, binDir, arch string) error {
+// buildBinaries builds every binary of the package.
+func buildBinaries(root, binDir, arch, ver string) error {
 	for _, b := range binaries {
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(binDir, b.name), "./cmd/"+b.name)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("cannot build %s: %w", b.name, err)
+		if err := buildBinary(root, binDir, arch, ver, b.name); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// buildBinary builds cmd/<name>: static, trimmed, stripped, stamped with the
+// package version (berth-imaged tags isolation images with it).
+func buildBinary(root, binDir, arch, ver, name string) error {
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w "+version.LDFlag(ver), "-o", filepath.Join(binDir, name), "./cmd/"+name)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("cannot build %s: %w", name, err)
 	}
 	return nil
 }
@@ -250,45 +260,10 @@ func maintainerScripts(root, format string) (scriptSet, error) {
 	}}, nil
 }
 
-var describeRe = regexp.MustCompile(`^v?(\d+\.\d+\.\d+)(?:-(\d+)-g([0-9a-f]+))?$`)
-
-// Version is the package version from `git describe`: v1.2.3 → 1.2.3, three
-// commits after it → 1.2.3+3.gabcdef0 (sorts after 1.2.3); without a tag
-// 0.0.0+<commit>.
-func Version(root string) (string, error) {
-	if out, err := gitOutput(root, "describe", "--tags", "--match", "v[0-9]*"); err == nil {
-		if v, ok := versionFromDescribe(out); ok {
-			return v, nil
-		}
-	}
-	sha, err := gitOutput(root, "rev-parse", "--short=12", "HEAD")
-	if err != nil {
-		return "", fmt.Errorf("cannot find a version: no git tag and no commit: %w", err)
-	}
-	return "0.0.0+" + sha, nil
-}
-
-// versionFromDescribe turns `git describe` output into a package version.
-func versionFromDescribe(describe string) (string, bool) {
-	m := describeRe.FindStringSubmatch(describe)
-	if m == nil {
-		return "", false
-	}
-	if m[2] == "" {
-		return m[1], true
-	}
-	return m[1] + "+" + m[2] + ".g" + m[3], true
-}
-
-func gitOutput(root string, args ...string) (string, error) {
-	cmd := exec.Command("git", args...)
-	cmd.Dir = root
-	out, err := cmd.Output()
-	if err != nil {
-		return "", err
-	}
-	return strings.TrimSpace(string(out)), nil
-}
+// Version is the package version of the checkout at root, from `git
+// describe` (internal/version.FromGit): v1.2.3 → 1.2.3, three commits after
+// it → 1.2.3+3.gabcdef0 (sorts after 1.2.3); without a tag 0.0.0+<commit>.
+func Version(root string) (string, error) { return version.FromGit(root) }
 
 // repoRoot is the directory above the working directory that holds the
 // berth module's go.mod.

@@ -6,8 +6,9 @@
 //
 //	cd packaging && go run . [--out DIR] [--version V] [--arch ARCH] [--formats deb,rpm]
 //
-// It is its own module so that nfpm's dependencies stay out of the daemons'
-// go.mod.
+// It lives in the main module (ADR 5): nfpm links into this program only,
+// never into the daemons. Every binary is stamped with the package version
+// (internal/version), which berth-imaged puts into isolation image tags.
 package main
 
 import (

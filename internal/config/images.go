@@ -123,3 +123,10 @@ func CheckImageEnv(cfg *Config, getenv func(string) string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// DefaultImage is the global [image_config] resolved the way an agent
+// without an image_config of its own gets it: what the image service builds
+// for the "default" target.
+func (c *Config) DefaultImage() ImageConfig {
+	return c.image(&ImageSettings{})
+}

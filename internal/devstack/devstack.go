@@ -27,6 +27,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/testbus"
+	"github.com/berth-dev/berth/internal/version"
 )
 
 // Binaries are the programs Build produces. A suite's config points
@@ -43,8 +44,10 @@ func Build(repoRoot, binDir string) error {
 	if err := os.Chmod(binDir, 0o755); err != nil {
 		return fmt.Errorf("cannot chmod %s: %w", binDir, err)
 	}
+	// A dev build's version (isolation image tags carry it).
+	ldflags := "-ldflags=-s -w " + version.LDFlag(version.Dev(repoRoot))
 	for _, name := range Binaries {
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(binDir, name), "./cmd/"+name)
+		cmd := exec.Command("go", "build", "-trimpath", ldflags, "-o", filepath.Join(binDir, name), "./cmd/"+name)
 		cmd.Dir = repoRoot
 		// berth-agent goes into sandboxes and images: static.
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -232,14 +232,23 @@ func (s *Server) record(d isolation.EgressDecision) {
 	logDecision(s.log, d)
 }
 
-// logDecision logs one decision; log carries run_id and agent.
+// logDecision logs one decision; log carries run_id and agent (the journal
+// has them as RUN_ID and AGENT: journalctl RUN_ID=<run> ALLOWED=false finds
+// a run's refusals). The rule that matched and the reason for a refusal are
+// left out when empty, so the journal holds no empty fields.
 func logDecision(log *slog.Logger, d isolation.EgressDecision) {
 	level := slog.LevelInfo
 	if !d.Allowed {
 		level = slog.LevelWarn
 	}
-	log.Log(context.Background(), level, "egress decision", "method", d.Method, "host", d.Host, "port", d.Port,
-		"path", d.Path, "allowed", d.Allowed, "rule", d.Rule, "reason", d.Reason, "bytes_up", d.BytesUp, "bytes_down", d.BytesDown)
+	attrs := []any{"method", d.Method, "host", d.Host, "port", d.Port, "path", d.Path, "allowed", d.Allowed}
+	if d.Rule != "" {
+		attrs = append(attrs, "rule", d.Rule)
+	}
+	if d.Reason != "" {
+		attrs = append(attrs, "reason", d.Reason)
+	}
+	log.Log(context.Background(), level, "egress decision", append(attrs, "bytes_up", d.BytesUp, "bytes_down", d.BytesDown)...)
 }
 
 // refuse answers 403 (or code) with the reason in the body and records it.

@@ -7,20 +7,25 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/godbus/dbus/v5"
+	"github.com/moby/moby/client"
 
+	"github.com/berth-dev/berth/imagectl"
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/testbus"
 	"github.com/berth-dev/berth/internal/testdocker"
 	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/version"
 )
 
-// buildImaged builds berth-imaged into an open directory.
-func buildImaged(t *testing.T) string {
+// buildImaged builds berth-imaged into an open directory, with extra go
+// build flags.
+func buildImaged(t *testing.T, flags ...string) string {
 	t.Helper()
 	dir, err := testenv.OpenDir("berth-imaged-bin-")
 	if err != nil {
@@ -28,7 +33,7 @@ func buildImaged(t *testing.T) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	_, file, _, _ := runtime.Caller(0)
-	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "berth-imaged"), "./cmd/berth-imaged")
+	cmd := exec.Command("go", append(append([]string{"build", "-o", filepath.Join(dir, "berth-imaged")}, flags...), "./cmd/berth-imaged")...)
 	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("cannot build berth-imaged: %v\n%s", err, out)
@@ -83,5 +88,30 @@ func TestImagedExitsWithTheIdleStatus(t *testing.T) {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != daemon.ExitIdle {
 		t.Fatalf("berth-imaged exited with %v, want status %d\n%s", err, daemon.ExitIdle, out)
+	}
+}
+
+func TestIsolationImagesAreTaggedWithTheVersionTheBinaryWasStampedWith(t *testing.T) {
+	t.Parallel()
+	cli := testdocker.Engine(t)
+	needBusybox(t)
+	// As packaging stamps a package version (with '+', which a tag cannot hold).
+	binDir := buildImaged(t, "-ldflags="+version.LDFlag("7.8.9+1.gfeed"))
+	_, cfgPath := writeConfig(t, "[[agents]]\nid = \"boxed\"\n[agents.container_mode]\nenabled = true\n")
+	b := testbus.Start(t, testbus.Options{BinDir: binDir, Env: []string{
+		"BERTH_CONFIG=" + cfgPath, "BERTH_STATE_DIR=" + t.TempDir(),
+	}})
+	var tag string
+	call := imagesObject(b.Conn(t)).Call(bus.ImagesInterface+".EnsureIsolationImage", 0, "boxed")
+	if err := call.Store(&tag); err != nil {
+		t.Fatalf("EnsureIsolationImage(boxed): %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = cli.ImageRemove(ctx, tag, client.ImageRemoveOptions{})
+	})
+	if want := imagectl.IsolatedRepository + ":7.8.9_1.gfeed-"; !strings.HasPrefix(tag, want) {
+		t.Errorf("the isolation image is %q, want it tagged %s<hash>", tag, want)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -25,6 +24,7 @@ import (
 	"github.com/berth-dev/berth/imagectl"
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/version"
 )
 
 // DefaultTarget names the global [image_config] as a build target.
@@ -50,7 +50,7 @@ type Options struct {
 	Logger *slog.Logger
 	Clock  clockwork.Clock
 	// Version is berth's version, the isolation tags' first part (default:
-	// the binary's module version).
+	// the one the build stamped, internal/version).
 	Version string
 	// Fetcher gets packages (default: the host's apt when it has one, else
 	// the build container fetches them itself).
@@ -124,7 +124,7 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 		s.clock = clockwork.NewRealClock()
 	}
 	if s.version == "" {
-		s.version = moduleVersion()
+		s.version = version.String()
 	}
 	if s.timeout <= 0 {
 		s.timeout = 30 * time.Minute
@@ -152,14 +152,6 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 	}
 	_ = os.RemoveAll(s.tmpDir)
 	return s, nil
-}
-
-// moduleVersion is the version Go stamped into the binary, else "0.0.0-dev".
-func moduleVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "0.0.0-dev"
 }
 
 // Reload swaps the configuration; running builds keep what they started with.
@@ -214,13 +206,7 @@ func (s *Service) engineCtx(ctx context.Context) (context.Context, context.Cance
 func (s *Service) imageSettings(target string) (config.ImageConfig, error) {
 	cfg := s.cfg.Load()
 	if target == "" || target == DefaultTarget {
-		g := cfg.ImageConfig
-		enabled := g.Enabled != nil && *g.Enabled
-		base := g.BaseImage
-		if base == "" {
-			base = config.DefaultBaseImage
-		}
-		return config.ImageConfig{Enabled: enabled, Image: g.Image, BaseImage: base, Packages: slices.Clone(g.Packages), EnvVars: maps.Clone(g.EnvVars)}, nil
+		return cfg.DefaultImage(), nil
 	}
 	a, err := cfg.Agent(target)
 	if err != nil {
