@@ -20,6 +20,19 @@
 # screenshots land in $BERTH_INSTALL_TEST_ARTIFACTS (default
 # /var/tmp/berth-install-test-artifacts). BERTH_INSTALL_TEST_ONLY=cockpit
 # installs berth and runs only that step.
+#
+# After it, with the host's engine still the container's, an agent with
+# image_config packages = ["jq"] gets its image through `berthctl container
+# build` (the installed berth-imaged, D-Bus-activated by the container's
+# systemd) and a message runs `jq --version` in its container. The
+# container has no network, as a server without Debian's mirror: its apt
+# points at a local flat mirror (copy:) that the host fills with exactly
+# the .debs jq needs beyond berth-base:bookworm, and berth-imaged fetches
+# from it with that apt, as it would through any mirror or proxy. The
+# engine is the host's, so the paths it binds into a run's container must be
+# the host's too: one host directory is bound at the same path into the
+# systemd container and holds that agent's workspace. berth-base:bookworm
+# comes from scripts/base-image.sh (run here when missing; it is cached).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -29,8 +42,9 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 started=$SECONDS
-ensure_packages debootstrap:debootstrap rpm:rpm dpkg-deb:dpkg chromium:chromium nsenter:util-linux
+ensure_packages debootstrap:debootstrap rpm:rpm dpkg-deb:dpkg chromium:chromium nsenter:util-linux dpkg-scanpackages:dpkg-dev
 ensure_docker
+bash scripts/base-image.sh >/dev/null
 
 cache=/var/cache/berth-install-test
 suite=bookworm
@@ -39,6 +53,12 @@ image=berth-install-test:$suite-$(printf '%s' "$include" | sha256sum | cut -c1-1
 work=$(mktemp -d /tmp/berth-install-test.XXXXXX)
 container=berth-install-test-$$
 artifacts=${BERTH_INSTALL_TEST_ARTIFACTS:-/var/tmp/berth-install-test-artifacts}
+# engine_dir is bound at the same path into the container: what a container
+# run binds from it (its workspace) is where the host's engine looks. No
+# "berth" in its name: the purge check looks for such names.
+engine_dir=/var/lib/install-test-engine/$$
+# The images the jq step builds on the host's engine, removed at the end.
+built_images=()
 
 step() { echo "==> $*"; }
 fail() {
@@ -55,6 +75,11 @@ cleanup() {
   else
     echo "kept container $container (docker exec -it $container bash)"
   fi
+  if ((${#built_images[@]})); then
+    docker rmi "${built_images[@]}" >/dev/null 2>&1 || true
+  fi
+  [ -n "${BERTH_INSTALL_TEST_KEEP:-}" ] || rm -rf "$engine_dir"
+  rmdir /var/lib/install-test-engine 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -204,11 +229,87 @@ id cockpit-viewer >/dev/null 2>&1 || useradd -m -s /bin/bash cockpit-viewer' || 
   echo "    Cockpit step took $((SECONDS - t0))s"
 }
 
+# local_mirror: a flat apt repository in $cache/jq-mirror with the .debs
+# that jq needs beyond berth-base:bookworm — resolved against the base's
+# dpkg status and downloaded by the host's apt, as berth-imaged does it —
+# and its Packages index. The container's apt gets it as its only source.
+local_mirror() {
+  local mirror=$cache/jq-mirror status=$work/base-status cid
+  mkdir -p "$mirror/partial"
+  cid=$(docker create berth-base:bookworm /nonexistent) || return 1
+  docker cp "$cid:/var/lib/dpkg/status" "$status" >/dev/null && docker rm "$cid" >/dev/null || return 1
+  fetch_jq() {
+    apt-get -q -y --download-only --no-install-recommends -o Dir::State::status="$status" \
+      -o Dir::Cache::archives="$mirror" -o Debug::NoLocking=1 install jq >"$work/jq-download.log" 2>&1
+  }
+  # The host's lists may be older than the mirror: refresh them once.
+  fetch_jq || { apt-get update -qq && fetch_jq; } || { cat "$work/jq-download.log" >&2; return 1; }
+  ls "$mirror"/jq_*.deb >/dev/null || { echo "apt fetched no jq" >&2; return 1; }
+  (cd "$mirror" && dpkg-scanpackages --multiversion . /dev/null >Packages 2>"$work/scan.log") || { cat "$work/scan.log" >&2; return 1; }
+  inside 'rm -rf /etc/apt/sources.list /etc/apt/sources.list.d /var/lib/apt/lists/* /srv/local-mirror && mkdir -p /etc/apt/sources.list.d /srv/local-mirror'
+  tar -C "$mirror" --exclude=./partial --exclude=./lock -cf - . | docker exec -i "$container" tar -C /srv/local-mirror -xf -
+  inside 'echo "deb [trusted=yes] copy:/srv/local-mirror ./" >/etc/apt/sources.list.d/local-mirror.list && apt-get update -q' >"$work/apt-update.log" 2>&1 ||
+    { cat "$work/apt-update.log" >&2; return 1; }
+}
+
+# jq_step: berthctl container build --agent jq through the installed
+# berth-imaged (D-Bus-activated by systemd) on the host's engine, with the
+# .debs from the container's apt; then a message whose shell command runs
+# jq in that agent's container.
+jq_step() {
+  local t0=$SECONDS build tag images sandbox
+  local_mirror || fail "cannot give the container a local Debian mirror with jq"
+  # berth-imaged reads apt's lists at each build; the scheduler starts afresh
+  # with the engine (the cockpit step gave it) and its drop-in.
+  inside 'systemctl restart berth-scheduler.service' || fail "cannot restart the scheduler"
+  build=$(inside 'berthctl container build --agent jq' 2>&1) || fail "berthctl container build --agent jq: $build"
+  tag=$(tail -1 <<<"$build")
+  images=$(inside 'berthctl container images')
+  sandbox=$(awk '$2 == "sandbox" && $NF ~ /(^|,)jq(,|$)/ { print $1 }' <<<"$images")
+  built_images+=("$tag" $sandbox)
+  # The package version reaches the tag ('+' and '~' become '_').
+  [[ $tag == "berth-isolated:${version//[^A-Za-z0-9._-]/_}-"* ]] || fail "the isolation image is $tag, want berth-isolated:${version//[^A-Za-z0-9._-]/_}-<hash>: $build"
+  grep -q 'fetching jq' <<<"$build" || fail "the build did not fetch jq with apt: $build"
+  [ -n "$sandbox" ] || fail "berthctl container images shows no container image for jq: $images"
+  docker image inspect "$tag" "$sandbox" >/dev/null || fail "the host's engine has no $tag or $sandbox"
+  id=$(post '/sh jq --version && echo "{\"in\": \"$PWD\"}" | jq -r .in' CJQ)
+  reply=$(await "$id" 120s)
+  grep -qx 'jq-1\.[0-9.]*' <<<"$reply" && grep -qx /workspace <<<"$reply" || fail "the jq run's reply: $reply $(inside "berthctl runs show $(await "$id" 1s run_id)")"
+  jq_run=$(await "$id" 1s run_id)
+  [ "$(run_field "$jq_run" backend)" = container ] || fail "the jq run did not use the container backend: $(inside "berthctl runs show $jq_run")"
+  awk -v tag="$tag" '$1 == tag && $5 != "never" { found = 1 } END { exit !found }' <<<"$(inside 'berthctl container images')" ||
+    fail "the run did not use $tag: $(inside 'berthctl container images')"
+  echo "    $tag (container image $sandbox); jq step took $((SECONDS - t0))s"
+}
+
+# container_limits: what this container cannot give berth, in a drop-in of
+# its own (both the full test and the cockpit-only one write it after the
+# first install).
+container_limits() {
+  inside 'cat >/etc/berth/berth.d/40-install-test-container.toml <<EOF
+# workspace_quota loop-mounts an ext4 image at each workspace, and this
+# container has no loop devices (Docker gives it none): no quotas here; the
+# Go suite tests them with real loop devices.
+[agent_defaults]
+workspace_quota = "0"
+
+# Per-agent uids are off for now: under this systemd (252) a transient unit
+# whose User= is a uid with no passwd entry fails with status 217/USER
+# ("Failed to determine user credentials"). Every agent runs as berth-agent.
+[scheduler]
+agent_uids = "off"
+EOF'
+}
+
 ensure_image
+mkdir -p "$engine_dir"
 step "boot systemd in $image"
+# NET_ADMIN: systemd as PID 1 brings up the loopback of a unit's
+# PrivateNetwork= namespace, where a run's in-sandbox egress proxy listens.
 docker run -d --name "$container" --network none --hostname berth-install-test \
-  --cap-add SYS_ADMIN --security-opt seccomp=unconfined --cgroupns=host \
+  --cap-add SYS_ADMIN --cap-add NET_ADMIN --security-opt seccomp=unconfined --cgroupns=host \
   -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock -v /var/run/docker.sock:/run/host-docker.sock \
+  -v "$engine_dir:$engine_dir" \
   "$image" /lib/systemd/systemd >/dev/null
 for _ in $(seq 1 60); do
   state=$(inside 'systemctl is-system-running 2>/dev/null' || true)
@@ -227,6 +328,7 @@ if [ "${BERTH_INSTALL_TEST_ONLY:-}" = cockpit ]; then
   step "apt install berth"
   inside 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends /root/pkg.deb' >"$work/apt.log" 2>&1 ||
     { cat "$work/apt.log"; fail "apt-get install"; }
+  container_limits || fail "cannot write the container's limits drop-in"
   step "Cockpit: berth-cockpit with Debian's Cockpit; the page in Chromium as an admin and as a plain user"
   cockpit_step
   echo "install test (cockpit step only) passed in $((SECONDS - started))s"
@@ -236,6 +338,7 @@ fi
 step "apt install (the older version first; the upgrade comes later)"
 inside 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends /root/old.deb' >"$work/apt.log" 2>&1 ||
   { cat "$work/apt.log"; fail "apt-get install"; }
+container_limits || fail "cannot write the container's limits drop-in"
 
 step "users, files and units enabled per preset; only the socket runs"
 inside 'getent passwd berth && getent passwd berth-agent && getent group berth-admin' >/dev/null || fail "users or groups missing"
@@ -285,6 +388,45 @@ systemd-run --quiet --unit=install-test-receiver /usr/local/bin/installprobe rec
 for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/9999) 2>/dev/null && exit 0; sleep 0.1; done; exit 1' ||
   fail "cannot set up the connector or the receiver"
 
+# jq: a container agent with one real Debian package; its image is built in
+# the jq step, once the container has an engine. Its workspace is on the
+# directory the host's engine shares (ReadWritePaths= in a drop-in, as the
+# unit says a workspace elsewhere needs), without a quota: the quota's loop
+# mount would be made in this container, where the host's engine cannot see
+# it. fenced: a landlock agent whose egress rules refuse what it asks for.
+inside "set -e
+cat >/etc/berth/berth.d/60-install-test-images.toml <<EOF
+[[agents]]
+id = \"jq\"
+workspace = \"$engine_dir/jq\"
+workspace_quota = \"0\"
+[agents.container_mode]
+enabled = true
+[agents.image_config]
+enabled = true
+packages = [\"jq\"]
+env_vars = { INSTALL_TEST = \"$$\" }
+
+[[agents]]
+id = \"fenced\"
+[agents.egress]
+allow = [\"allowed.invalid\"]
+
+[[bindings]]
+connector = \"hooks\"
+channel_id = \"CJQ\"
+agent = \"jq\"
+
+[[bindings]]
+connector = \"hooks\"
+channel_id = \"CFENCED\"
+agent = \"fenced\"
+EOF
+mkdir -p /etc/systemd/system/berth-scheduler.service.d
+printf '[Service]\nReadWritePaths=$engine_dir\n' >/etc/systemd/system/berth-scheduler.service.d/install-test-engine.conf
+systemctl daemon-reload
+berthctl config check >/dev/null" || fail "cannot configure the jq and fenced agents"
+
 # post TEXT [CHANNEL]: prints the message id.
 post() { inside "installprobe post --secret-file /etc/berth/hooks.secret --channel ${2:-C1} $(printf '%q' "$1")"; }
 await() { inside "installprobe wait --id $1 --timeout ${2:-60s} --field ${3:-text}"; }
@@ -330,6 +472,19 @@ send_run=$(sed -n 's/^run \([^ ]*\) queued for agent ops$/\1/p' <<<"$sent")
 journal_has -u berth-scheduler "RUN_ID=$send_run" || fail "journalctl -u berth-scheduler RUN_ID=$send_run finds nothing"
 journal_has -u berth-scheduler "RUN_ID=$send_run" AGENT=ops BACKEND=landlock ||
   fail "journalctl -u berth-scheduler RUN_ID=$send_run AGENT=ops BACKEND=landlock finds nothing"
+
+step "egress: a request the agent's rules refuse gets a 403 through HTTP_PROXY, and the decision is in the journal with the run's RUN_ID"
+# bash's /dev/tcp plays the client: the proxy address comes from HTTP_PROXY,
+# as curl would take it.
+id=$(post '/sh bash -c '\''p=${HTTP_PROXY#http://}; p=${p%/}; exec 3<>/dev/tcp/${p%:*}/${p##*:} && printf "GET http://refused.invalid/ HTTP/1.1\r\nHost: refused.invalid\r\nConnection: close\r\n\r\n" >&3 && head -1 <&3'\''' CFENCED)
+reply=$(await "$id" 30s)
+grep -q '^HTTP/1\.[01] 403' <<<"$reply" || fail "the refused request's answer: $reply"
+fenced_run=$(await "$id" 1s run_id)
+journal_has "RUN_ID=$fenced_run" HOST=refused.invalid ALLOWED=false ||
+  fail "journalctl RUN_ID=$fenced_run finds no refused egress decision: $(inside "journalctl --no-pager -o verbose RUN_ID=$fenced_run | tail -60")"
+decision=$(inside "journalctl --no-pager -q -o cat --output-fields=MESSAGE,REASON,AGENT RUN_ID=$fenced_run HOST=refused.invalid ALLOWED=false")
+grep -qx 'egress decision' <<<"$decision" && grep -qx fenced <<<"$decision" && grep -qi 'rule' <<<"$decision" ||
+  fail "the egress decision's journal entry lacks its message, agent or reason: $decision"
 
 step "a Landlock run is a transient unit with MemoryMax and TasksMax"
 id=$(post '/sh sleep 4; echo slept')
@@ -494,6 +649,10 @@ grep -qx WatchdogUSec=30s <<<"$(inside 'systemctl show -p WatchdogUSec berth-int
 
 step "Cockpit: berth-cockpit with Debian's Cockpit; the page in Chromium as an admin and as a plain user"
 cockpit_step
+
+step "image_config: a jq image built with berthctl through the installed berth-imaged and the container's apt; a container run uses it"
+jq_step
+inside 'rm -r /etc/systemd/system/berth-scheduler.service.d && systemctl daemon-reload'
 
 step "apt-get purge leaves no berth files, units or users behind"
 inside 'DEBIAN_FRONTEND=noninteractive apt-get purge -y -q berth berth-cockpit' >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; fail "purge"; }
