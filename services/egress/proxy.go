@@ -478,7 +478,14 @@ func (s *Server) roundTrip(w http.ResponseWriter, out *http.Request, d isolation
 		w.Header()[k] = v
 	}
 	w.WriteHeader(resp.StatusCode)
-	down, _ := io.Copy(flushWriter{w}, resp.Body)
+	var dst io.Writer = w
+	if resp.ContentLength < 0 || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		// A stream (a model's server-sent events, chunked output): each
+		// piece goes on as it arrives. A body of known length is copied in
+		// large writes instead.
+		dst = flushWriter{w}
+	}
+	down, _ := io.Copy(dst, resp.Body)
 	d.Allowed, d.BytesUp, d.BytesDown = true, up.n, down
 	s.record(d)
 }

@@ -309,12 +309,19 @@ func TestInternalDestinationsAreRefusedAtDialTimeUnlessARuleNamesThem(t *testing
 
 func TestDecisionsAreRecordedWithBytesAndBounded(t *testing.T) {
 	t.Parallel()
+	recorded := make(chan struct{}, 3)
 	oa := fakeOpenAI(t)
 	p := startProxy(t, egress.Policy{RunID: "r1", Providers: []egress.Provider{{Name: "openai", Kind: "openai", BaseURL: oa.URL + "/v1", Model: "m", Key: openKey}}},
-		egress.Options{MaxDecisions: 2})
+		egress.Options{MaxDecisions: 2, OnDecision: func(isolation.EgressDecision) { recorded <- struct{}{} }})
+	// A provider call is recorded once its body is copied, which may be
+	// after the client has it: each request waits for its decision, so the
+	// order (and which one is dropped) is the requests'.
 	do(t, p.origin(token), "POST", "http://egress/providers/openai/chat/completions", `{"model":"m"}`)
+	<-recorded
 	do(t, p.client(token), "GET", "http://refused.example/a", "")
+	<-recorded
 	do(t, p.client(token), "GET", "http://refused.example/b", "")
+	<-recorded
 	p.srv.Close() // the run ends: every decision is in
 	got, dropped := p.srv.Decisions()
 	if len(got) != 2 || dropped != 1 {
