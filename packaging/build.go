@@ -111,7 +111,9 @@ func info(o Options, format, binDir string) (*nfpm.Info, error) {
 		License:     "Apache-2.0",
 		Description: "systemd-native agent gateway\n" + description,
 		Overridables: nfpm.Overridables{
-			Depends:  []string{"dbus", "systemd"},
+			// e2fsprogs: workspace images (mkfs.ext4, resize2fs);
+			// util-linux: prlimit, setpriv, mount, losetup.
+			Depends:  []string{"dbus", "systemd", "e2fsprogs", "util-linux"},
 			Contents: nfpmContents(contents(), o.Root, binDir),
 			Scripts:  scripts.common,
 			RPM: nfpm.RPM{

@@ -93,7 +93,7 @@ func TestPackages(t *testing.T) {
 
 	t.Run("The_config_is_a_conffile_and_the_dependencies_are_declared", func(t *testing.T) {
 		control := run(t, "dpkg-deb", "-I", deb)
-		for _, want := range []string{"Version: 1.2.3+4.gabc-1", "Depends: dbus, systemd", "Recommends: docker.io | docker-ce, busybox-static"} {
+		for _, want := range []string{"Version: 1.2.3+4.gabc-1", "Depends: dbus, systemd, e2fsprogs, util-linux", "Recommends: docker.io | docker-ce, busybox-static"} {
 			if !strings.Contains(control, want) {
 				t.Errorf("control has no %q:\n%s", want, control)
 			}

@@ -287,17 +287,10 @@ jq_step() {
 # first install).
 container_limits() {
   inside 'cat >/etc/berth/berth.d/40-install-test-container.toml <<EOF
-# workspace_quota loop-mounts an ext4 image at each workspace, and this
-# container has no loop devices (Docker gives it none): no quotas here; the
-# Go suite tests them with real loop devices.
+# Small workspace images (a quota of 64m each): loop devices of the host are
+# passed in, and systemd mounts each image as a transient .mount unit.
 [agent_defaults]
-workspace_quota = "0"
-
-# Per-agent uids are off for now: under this systemd (252) a transient unit
-# whose User= is a uid with no passwd entry fails with status 217/USER
-# ("Failed to determine user credentials"). Every agent runs as berth-agent.
-[scheduler]
-agent_uids = "off"
+workspace_quota = "64m"
 EOF'
 }
 
@@ -308,6 +301,7 @@ step "boot systemd in $image"
 # PrivateNetwork= namespace, where a run's in-sandbox egress proxy listens.
 docker run -d --name "$container" --network none --hostname berth-install-test \
   --cap-add SYS_ADMIN --cap-add NET_ADMIN --security-opt seccomp=unconfined --cgroupns=host \
+  --device-cgroup-rule 'b 7:* rmw' --device /dev/loop-control $(for d in /dev/loop[0-9]*; do printf -- '--device %s ' "$d"; done) \
   -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock -v /var/run/docker.sock:/run/host-docker.sock \
   -v "$engine_dir:$engine_dir" \
   "$image" /lib/systemd/systemd >/dev/null
@@ -318,6 +312,10 @@ for _ in $(seq 1 60); do
 done
 case $state in running | degraded) ;; *) fail "systemd did not come up (state: $state)" ;; esac
 [ "$(inside 'cat /proc/1/comm')" = systemd ] || fail "PID 1 is not systemd"
+# systemd leaves / private in a container (on a host it makes it shared at
+# boot): services' own mount namespaces would not see the workspace images
+# systemd mounts later, and berth-scheduler fails such runs closed.
+inside 'mount --make-rshared /' || fail "cannot make / a shared mount"
 docker cp "$deb" "$container:/root/pkg.deb"
 docker cp "$olddeb" "$container:/root/old.deb"
 docker cp "$cockpit_deb" "$container:/root/berth-cockpit.deb"
@@ -410,7 +408,7 @@ env_vars = { INSTALL_TEST = \"$$\" }
 [[agents]]
 id = \"fenced\"
 [agents.egress]
-allow = [\"allowed.invalid\"]
+allow = [\"allowed.invalid\", \"127.0.0.1:9999\"]
 
 [[bindings]]
 connector = \"hooks\"
@@ -427,14 +425,20 @@ printf '[Service]\nReadWritePaths=$engine_dir\n' >/etc/systemd/system/berth-sche
 systemctl daemon-reload
 berthctl config check >/dev/null" || fail "cannot configure the jq and fenced agents"
 
+# Agents run as uids of their own from [scheduler] agent_uids, the lowest
+# first: the first 32 of the default range cover every agent here (pgrep -u
+# takes the list).
+agent_uids=$(seq -s, 1879048192 1879048223)
 # post TEXT [CHANNEL]: prints the message id.
 post() { inside "installprobe post --secret-file /etc/berth/hooks.secret --channel ${2:-C1} $(printf '%q' "$1")"; }
 await() { inside "installprobe wait --id $1 --timeout ${2:-60s} --field ${3:-text}"; }
 
 step "a signed webhook starts intake by socket activation; the scheduler is D-Bus-activated; the reply arrives"
-id=$(post '/sh id -un') || fail "POST to the socket"
+id=$(post '/sh id -u') || fail "POST to the socket"
 reply=$(await "$id") || fail "no reply"
-grep -q '^berth-agent$' <<<"$reply" || fail "reply: $reply"
+# The agent's own uid, without a passwd entry: started by setpriv, since
+# systemd's User= needs one.
+grep -qE '^18790(4[89]|5[0-9])[0-9]{3}$' <<<"$reply" || fail "reply: want a uid of [scheduler] agent_uids: $reply"
 inside 'systemctl is-active -q berth-intake.service' || fail "intake did not start"
 inside "journalctl -u dbus --no-pager | grep -q \"Activating via systemd: service name='dev.berth.Scheduler1' unit='berth-scheduler.service'\"" ||
   fail "berth-scheduler was not D-Bus-activated"
@@ -486,6 +490,21 @@ decision=$(inside "journalctl --no-pager -q -o cat --output-fields=MESSAGE,REASO
 grep -qx 'egress decision' <<<"$decision" && grep -qx fenced <<<"$decision" && grep -qi 'rule' <<<"$decision" ||
   fail "the egress decision's journal entry lacks its message, agent or reason: $decision"
 
+step "egress: a request the rules allow leaves through berth-egress (a child of the hardened scheduler unit)"
+# 401: the reply receiver refuses the unsigned GET, which proves the dial
+# went out.
+id=$(post '/sh bash -c '\''p=${HTTP_PROXY#http://}; p=${p%/}; exec 3<>/dev/tcp/${p%:*}/${p##*:} && printf "GET http://127.0.0.1:9999/ HTTP/1.1\r\nHost: 127.0.0.1:9999\r\nConnection: close\r\n\r\n" >&3 && head -1 <&3'\''' CFENCED)
+reply=$(await "$id" 30s)
+grep -q '^HTTP/1\.[01] 401' <<<"$reply" || fail "an allowed request did not reach the receiver: $reply"
+
+step "workspace_quota: the agent's workspace is its own ext4 image, mounted by a transient .mount unit; writes stop at the quota"
+mount_unit=$(inside "systemd-escape --path --suffix=mount /var/lib/berth/scheduler/agents/ops")
+inside "systemctl is-active -q $mount_unit" || fail "$mount_unit is not active: $(inside "systemctl status --no-pager $mount_unit 2>&1 | tail -20")"
+inside "findmnt -n -o FSTYPE /var/lib/berth/scheduler/agents/ops" | grep -qx ext4 || fail "the ops workspace is not an ext4 mount"
+id=$(post '/sh dd if=/dev/zero of=fill bs=1M count=100 2>&1 | grep -i "no space"; rm -f fill; echo after-fill')
+reply=$(await "$id" 60s)
+grep -qi 'no space left' <<<"$reply" && grep -q after-fill <<<"$reply" || fail "a write past the quota: $reply"
+
 step "a Landlock run is a transient unit with MemoryMax and TasksMax"
 id=$(post '/sh sleep 4; echo slept')
 unit=
@@ -495,11 +514,12 @@ for _ in $(seq 1 60); do
   sleep 0.1
 done
 [ -n "$unit" ] || fail "no berth-run-* unit while a run is running"
-props=$(inside "systemctl show -p MemoryMax -p TasksMax -p User -p PrivateNetwork -p ProtectSystem -p NoNewPrivileges -p PrivateTmp -p Slice $unit")
-for want in MemoryMax=536870912 TasksMax=256 User=995 PrivateNetwork=yes ProtectSystem=strict NoNewPrivileges=yes PrivateTmp=yes Slice=berth-runs.slice; do
-  case $want in User=*) want="User=$(inside 'id -u berth-agent')" ;; esac
+props=$(inside "systemctl show -p MemoryMax -p TasksMax -p PrivateNetwork -p ProtectSystem -p NoNewPrivileges -p PrivateTmp -p Slice $unit")
+for want in MemoryMax=536870912 TasksMax=256 PrivateNetwork=yes ProtectSystem=strict NoNewPrivileges=yes PrivateTmp=yes Slice=berth-runs.slice; do
   grep -qx "$want" <<<"$props" || fail "$unit lacks $want: $props"
 done
+exec_start=$(inside "systemctl show -p ExecStart $unit")
+grep -q 'setpriv.*--reuid=18790' <<<"$exec_start" || fail "$unit does not switch to the agent's own uid: $exec_start"
 grep -q '^slept$' <<<"$(await "$id")" || fail "the long run's reply"
 grep -q . <<<"$(inside "systemctl list-units --no-legend --all 'berth-run-*'")" && fail "a run unit outlived its run"
 
@@ -508,7 +528,7 @@ grep -q . <<<"$(inside "systemctl list-units --no-legend --all 'berth-run-*'")" 
 running_run() {
   inside "for _ in \$(seq 150); do
     rid=\$(berthctl runs list --agent $1 --state running | awk 'NR == 2 { print \$1 }')
-    if [ -n \"\$rid\" ] && systemctl is-active -q berth-run-\$rid.service && pgrep -u berth-agent -f '$2' >/dev/null; then
+    if [ -n \"\$rid\" ] && systemctl is-active -q berth-run-\$rid.service && pgrep -u $agent_uids -f '$2' >/dev/null; then
       echo \$rid; exit 0
     fi
     sleep 0.1
@@ -520,13 +540,13 @@ run_field() { inside "berthctl runs show $1 | awk -F': *' '\$1 == \"$2\" { print
 gone() {
   local left
   left=$(inside "systemctl list-units --all --no-legend --plain berth-run-$1.service
-    pgrep -a -u berth-agent -f '$2'
+    pgrep -a -u $agent_uids -f '$2'
     grep -l berth-run-$1.service /proc/[0-9]*/cgroup 2>/dev/null" || true)
   [ -z "$left" ] || fail "run $1 left behind: $left"
 }
 nothing_left() {
   local left
-  left=$(inside "systemctl list-units --all --no-legend --plain 'berth-run-*'; pgrep -a -u berth-agent" || true)
+  left=$(inside "systemctl list-units --all --no-legend --plain 'berth-run-*'; pgrep -a -u $agent_uids" || true)
   [ -z "$left" ] || fail "left after the runs ended: $left"
 }
 

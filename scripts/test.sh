@@ -12,10 +12,11 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 if [ "$(id -u)" -ne 0 ]; then
-  echo "scripts/test.sh must run as root (tests run agents as user nobody)" >&2
+  echo "scripts/test.sh must run as root (tests run agents as their own uids, mount workspace images and make cgroups)" >&2
   exit 1
 fi
 ensure_packages dbus-daemon:dbus systemd-socket-activate:systemd busctl:systemd curl:curl  # curl: tools reach the egress proxy in tests
+ensure_packages mkfs.ext4:e2fsprogs losetup:mount prlimit:util-linux setpriv:util-linux ipcmk:util-linux  # workspace images, rlimits, SysV IPC probes
 ensure_docker; ensure_packages busybox:busybox-static  # container tests: engine + static busybox for the agent image
 # Cockpit page tests: Debian's Cockpit and Chromium (cockpit-ws lives in /usr/lib/cockpit).
 ensure_packages chromium:chromium cockpit-bridge:cockpit-bridge

@@ -279,6 +279,15 @@ func (e ensurer) mount(ctx context.Context) error {
 	if err := e.m.mount(ctx, e.opts.Image, e.opts.Dir); err != nil {
 		return err
 	}
+	// Under systemd the mount is made in the host's namespace and reaches
+	// the scheduler's own only by propagation. Where the root mount is not
+	// shared (systemd in some containers leaves it private) the scheduler
+	// would go on working on the directory beneath the image: it would hand
+	// the wrong root to the agent and could resize a mounted image. Fail
+	// closed instead, saying what to fix.
+	if state, err := mountState(e.opts.Dir, e.opts.Image); err != nil || state != mounted {
+		return fmt.Errorf("the image %s was mounted at %s but the mount does not show in this process's mount namespace (is / a shared mount? mount --make-rshared /)", e.opts.Image, e.opts.Dir)
+	}
 	// mkfs makes lost+found; an agent has no use for it and e2fsck makes
 	// it again when it needs it.
 	os.Remove(filepath.Join(e.opts.Dir, "lost+found"))
