@@ -50,8 +50,14 @@ func TestContainerAgentAnswersFromAFreshContainerThatIsGoneAfterwards(t *testing
 	if len(runs) != 1 || str(runs[0]["backend"]) != "container" {
 		t.Fatalf("runs %v: want one run on the container backend", runs)
 	}
-	if left := containersLabelled(t, cli, boxes.LabelRun+"="+str(runs[0]["id"])); len(left) != 0 {
-		t.Fatalf("%d containers of the run left behind", len(left))
+	// The container is removed after the reply went out (off its path):
+	// wait for the removal, within a deadline.
+	deadline := time.Now().Add(30 * time.Second)
+	for left := containersLabelled(t, cli, boxes.LabelRun+"="+str(runs[0]["id"])); len(left) != 0; left = containersLabelled(t, cli, boxes.LabelRun+"="+str(runs[0]["id"])) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d containers of the run left behind 30 s after its reply", len(left))
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
