@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/hostrun"
 )
@@ -54,9 +55,7 @@ func TestExplainSaysWhichLimitsOfThePlanHold(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			if !tc.need {
-				t.Skip("no writable cgroup here: TestWithoutAWritableCgroupRunsFailClosedUnlessRlimitsAreAccepted covers this machine")
-			}
+			testenv.Need(t, tc.need, "no writable cgroup here (TestWithoutAWritableCgroupRunsFailClosedUnlessRlimitsAreAccepted covers such a machine)")
 			c := hostrun.Runner{Systemd: func() bool { return tc.systemd }}.Explain(p)
 			holds := strings.Join(c.Holds, "\n")
 			if c.Mode != tc.mode {
