@@ -296,6 +296,9 @@ EOF'
 
 ensure_image
 mkdir -p "$engine_dir"
+# Workspace images need loop devices inside the container: the host's nodes
+# are passed in (at least 16 of them, made where the host has fewer).
+for i in $(seq 0 15); do [ -e "/dev/loop$i" ] || mknod -m 660 "/dev/loop$i" b 7 "$i"; done
 step "boot systemd in $image"
 # NET_ADMIN: systemd as PID 1 brings up the loopback of a unit's
 # PrivateNetwork= namespace, where a run's in-sandbox egress proxy listens.
