@@ -187,3 +187,37 @@ func TestQueuedRunsWaitOutAFullDiskAndStartOnceThereIsRoom(t *testing.T) {
 	b.next(t).reply("done")
 	waitState(t, s, id, StateSucceeded)
 }
+
+func TestASchedulerStartingOnAFullDiskReconcilesOnceThereIsRoom(t *testing.T) {
+	t.Parallel()
+	dir := fulldisk.Mount(t, 8<<20)
+	now := time.Now()
+	// An earlier scheduler died during r1, whose record is large: putting it
+	// back in the queue needs pages the database file does not have yet.
+	writeRuns(t, dir, Run{ID: "r1", MessageID: "m-r1", Agent: "alpha", Connector: "hook", Text: bigText('i'),
+		State: StateRunning, Backend: "landlock", Handle: "pid:r1", Attempts: 1, Seq: 1, CreatedAt: now, StartedAt: now})
+	filler := fulldisk.Fill(t, dir)
+	var logs logBuffer
+	b := newGateBackend("landlock")
+	s := newTestService(t, fullDiskConfig(), dir, b, nil, withLog(&logs))
+	_, done := runInBackground(t, s)
+	logs.waitLog(t, "the state disk is full; trying again")
+	select {
+	case err := <-done:
+		t.Fatalf("the scheduler gave up on a full disk: %v", err)
+	default:
+	}
+	if r, err := s.GetRun("r1"); err != nil || r.State != StateRunning {
+		t.Fatalf("while the disk is full r1 is %q (%v), want it left as it was", r.State, err)
+	}
+
+	filler.Free(t)
+	run := b.next(t)
+	if run.spec.RunID != "r1" {
+		t.Fatalf("first run started is %s, want the interrupted r1", run.spec.RunID)
+	}
+	run.reply("done")
+	if r := waitState(t, s, "r1", StateSucceeded); r.Attempts != 2 {
+		t.Errorf("attempts = %d, want 2", r.Attempts)
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/berth-dev/berth/internal/boltstore"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -221,7 +222,7 @@ func (s *Service) Run(ctx context.Context) error {
 	case <-s.failed:
 	default:
 	}
-	if err := s.reconcile(ctx); err != nil {
+	if err := s.reconcileWhenThereIsRoom(ctx); err != nil {
 		return fmt.Errorf("cannot reconcile runs: %w", err)
 	}
 	s.queue.reset() // reconcile and an earlier stop put runs back under old keys
@@ -671,6 +672,29 @@ func (s *Service) reconcile(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// reconcileWhenThereIsRoom reconciles, waiting out a full state disk: a
+// scheduler that starts on one keeps its interrupted runs as they are and
+// tries again (with back-off, up to 5 s apart) instead of exiting, so it
+// resumes by itself once there is room. It counts as progress meanwhile
+// (the watchdog): it is doing what it can.
+func (s *Service) reconcileWhenThereIsRoom(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for {
+		err := s.reconcile(ctx)
+		if err == nil || !boltstore.IsDiskFull(err) {
+			return err
+		}
+		s.log.Warn("cannot reconcile the runs an earlier scheduler left running: the state disk is full; trying again", "err", err, "retry_in", backoff)
+		s.markProgress()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.clock.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
 }
 
 // errorText is the user-facing text of a failed or canceled run.
