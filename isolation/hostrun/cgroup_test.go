@@ -134,6 +134,17 @@ func TestAForkBombIsHeldAtPidsMaxAndTheNextRunWorks(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the fork bomb never reached pids.max")
 		}
+		select {
+		case err := <-done:
+			// The run's cgroup goes with the run: say why it ended rather
+			// than that pids.events is missing.
+			t.Fatalf("the run ended before the fork bomb reached pids.max: %v", err)
+		default:
+		}
+		if _, err := os.Stat(filepath.Join(pidsDir, "pids.events")); err != nil {
+			time.Sleep(20 * time.Millisecond)
+			continue // gone with an ended run: the select above says so
+		}
 		refused = readCount(t, filepath.Join(pidsDir, "pids.events"), "max")
 		time.Sleep(20 * time.Millisecond)
 	}
