@@ -1,7 +1,6 @@
 package hostrun
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -13,6 +12,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/internal/mountinfo"
 )
 
 // Without systemd a host run still gets a cgroup of its own where one is
@@ -46,7 +47,7 @@ var cgroupsUnder string
 // mounts are those of the calling thread, which may be in a run's mount
 // namespace.
 const (
-	mountinfoPath  = "/proc/thread-self/mountinfo"
+	mountinfoPath  = mountinfo.Self
 	selfCgroupPath = "/proc/self/cgroup"
 )
 
@@ -110,53 +111,21 @@ func probeCgroups() (cgroupHost, error) {
 
 // cgroupMounts lists the cgroup and cgroup2 mounts (under cgroupsUnder).
 func cgroupMounts() ([]mount, error) {
-	f, err := os.Open(mountinfoPath)
+	all, err := mountinfo.Read(mountinfoPath)
 	if err != nil {
-		return nil, fmt.Errorf("cannot read mounts: %w", err)
+		return nil, err
 	}
-	defer f.Close()
 	var out []mount
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		// 36 35 98:0 /root /mount/point rw,relatime shared:1 - fstype source superopts
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
+	for _, m := range all {
+		if m.FSType != "cgroup" && m.FSType != "cgroup2" {
 			continue
 		}
-		f1, f2 := strings.Fields(pre), strings.Fields(post)
-		if len(f1) < 5 || len(f2) < 3 || (f2[0] != "cgroup" && f2[0] != "cgroup2") {
+		if cgroupsUnder != "" && !within(m.Point, cgroupsUnder) {
 			continue
 		}
-		m := mount{root: unescapeMount(f1[3]), point: unescapeMount(f1[4]), fstype: f2[0], options: strings.Split(f2[2], ",")}
-		if cgroupsUnder != "" && !within(m.point, cgroupsUnder) {
-			continue
-		}
-		out = append(out, m)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("cannot read mounts: %w", err)
+		out = append(out, mount{root: m.Root, point: m.Point, fstype: m.FSType, options: m.Super})
 	}
 	return out, nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 is a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // within reports whether p is dir or below it.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/mountinfo"
 	"github.com/berth-dev/berth/internal/testenv"
 )
 
@@ -24,7 +25,7 @@ func TestTheSchedulersCgroupIsFoundUnderTheMountThatShowsIt(t *testing.T) {
 	}{
 		{"A_host_mount_shows_the_whole_hierarchy", mount{root: "/", point: "/sys/fs/cgroup/memory"}, "/process_api/abc", "/sys/fs/cgroup/memory/process_api/abc", false},
 		{"A_container_mount_starts_at_the_containers_cgroup", mount{root: "/docker/c1", point: "/sys/fs/cgroup/memory"}, "/docker/c1/app", "/sys/fs/cgroup/memory/app", false},
-		{"A_mount_point_with_a_space_is_unescaped", mount{root: "/", point: unescapeMount(`/mnt/cg\040v2`)}, "/a", "/mnt/cg v2/a", false},
+		{"A_mount_point_with_a_space_is_unescaped", mount{root: "/", point: mountinfo.Unescape(`/mnt/cg\040v2`)}, "/a", "/mnt/cg v2/a", false},
 		{"A_cgroup_outside_the_mount_is_refused", mount{root: "/docker/c1", point: "/sys/fs/cgroup/memory"}, "/docker/c2", "", true},
 		{"No_cgroup_is_refused", mount{root: "/", point: "/sys/fs/cgroup"}, "", "", true},
 	}

@@ -174,7 +174,7 @@ func waitDetached(ctx context.Context, dir string) error {
 		}
 		busy := false
 		for _, m := range mounts {
-			if m.point == resolved(dir) && backingFile(m.source) != "" {
+			if m.Point == resolved(dir) && backingFile(m.Source) != "" {
 				busy = true
 			}
 		}

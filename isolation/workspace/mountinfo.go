@@ -1,69 +1,16 @@
 package workspace
 
 import (
-	"bufio"
-	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-)
 
-type mountEntry struct {
-	point  string
-	fstype string
-	source string
-}
+	"github.com/berth-dev/berth/internal/mountinfo"
+)
 
 // readMountinfo lists the mounts of the calling thread's namespace, in the
 // order they were made.
-func readMountinfo() ([]mountEntry, error) {
-	f, err := os.Open("/proc/thread-self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("cannot read mounts: %w", err)
-	}
-	defer f.Close()
-	var out []mountEntry
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if len(fields) < 5 || sep < 0 || len(fields) < sep+3 {
-			continue
-		}
-		out = append(out, mountEntry{point: unescape(fields[4]), fstype: fields[sep+1], source: unescape(fields[sep+2])})
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("cannot read mounts: %w", err)
-	}
-	return out, nil
-}
-
-// unescape undoes mountinfo's octal escapes (\040 is a space).
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
+func readMountinfo() ([]mountinfo.Mount, error) { return mountinfo.Read(mountinfo.Self) }
 
 type state int
 
@@ -82,10 +29,10 @@ func mountState(dir, image string) (state, error) {
 	}
 	dir, image = resolved(dir), resolved(image)
 	for i := len(mounts) - 1; i >= 0; i-- {
-		if mounts[i].point != dir {
+		if mounts[i].Point != dir {
 			continue
 		}
-		if backingFile(mounts[i].source) == image {
+		if backingFile(mounts[i].Source) == image {
 			return mounted, nil
 		}
 		return mountedOther, nil
@@ -101,8 +48,8 @@ func mountedElsewhere(image, dir string) string {
 	}
 	dir, image = resolved(dir), resolved(image)
 	for _, m := range mounts {
-		if m.point != dir && backingFile(m.source) == image {
-			return m.point
+		if m.Point != dir && backingFile(m.Source) == image {
+			return m.Point
 		}
 	}
 	return ""

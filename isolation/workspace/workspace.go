@@ -103,21 +103,21 @@ func (e ensurer) unmountDeleted(ctx context.Context) {
 		return
 	}
 	for _, m := range mounts {
-		b, ok := strings.CutSuffix(backingFile(m.source), " (deleted)")
-		if !ok || m.fstype != "ext4" || filepath.Base(filepath.Dir(b)) != filepath.Base(filepath.Dir(e.opts.Image)) || filepath.Ext(b) != ".img" {
+		b, ok := strings.CutSuffix(backingFile(m.Source), " (deleted)")
+		if !ok || m.FSType != "ext4" || filepath.Base(filepath.Dir(b)) != filepath.Base(filepath.Dir(e.opts.Image)) || filepath.Ext(b) != ".img" {
 			continue
 		}
-		err := e.m.unmount(ctx, m.point)
+		err := e.m.unmount(ctx, m.Point)
 		if err != nil {
 			// Still in use: detach it now, the kernel frees it when the
 			// last user goes.
-			err = unix.Unmount(m.point, unix.MNT_DETACH)
+			err = unix.Unmount(m.Point, unix.MNT_DETACH)
 		}
 		if err != nil {
-			e.opts.Logger.Warn("cannot unmount a deleted workspace image", "dir", m.point, "image", b, "err", err)
+			e.opts.Logger.Warn("cannot unmount a deleted workspace image", "dir", m.Point, "image", b, "err", err)
 			continue
 		}
-		e.opts.Logger.Info("unmounted a deleted workspace image", "dir", m.point, "image", b)
+		e.opts.Logger.Info("unmounted a deleted workspace image", "dir", m.Point, "image", b)
 	}
 }
 
@@ -392,9 +392,9 @@ func release(imageDir string) error {
 	var errs []error
 	for i := len(mounts) - 1; i >= 0; i-- {
 		m := mounts[i]
-		if b := backingFile(m.source); b != "" && filepath.Dir(b) == imageDir {
-			if err := unmountSoon(context.Background(), m.point); err != nil {
-				errs = append(errs, fmt.Errorf("cannot unmount workspace %s: %w", m.point, err))
+		if b := backingFile(m.Source); b != "" && filepath.Dir(b) == imageDir {
+			if err := unmountSoon(context.Background(), m.Point); err != nil {
+				errs = append(errs, fmt.Errorf("cannot unmount workspace %s: %w", m.Point, err))
 			}
 		}
 	}
