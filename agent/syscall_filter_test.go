@@ -1,10 +1,7 @@
 package agent_test
 
 import (
-	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,12 +24,7 @@ func sysprobeBinary(t *testing.T) string {
 	sysprobe.once.Do(func() {
 		// Static: it also runs in the agent's container image, which has no
 		// dynamic loader.
-		sysprobe.path = filepath.Join(testDir, "sysprobe")
-		build := exec.Command("go", "build", "-o", sysprobe.path, "../isolation/landlock/testdata/sysprobe")
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			sysprobe.err = fmt.Errorf("cannot build sysprobe: %v\n%s", err, out)
-		}
+		sysprobe.path, sysprobe.err = testenv.BuildStatic(testDir, "sysprobe", "../isolation/landlock/testdata/sysprobe")
 	})
 	if sysprobe.err != nil {
 		t.Fatal(sysprobe.err)

@@ -47,9 +47,22 @@ func OpenDir(prefix string) (string, error) {
 
 // Build compiles pkg (an import path, or a path relative to the test's
 // package directory) to dir/name and returns the binary's path.
-func Build(dir, name, pkg string) (string, error) {
+func Build(dir, name, pkg string) (string, error) { return build(dir, name, pkg, nil) }
+
+// BuildStatic is Build with CGO_ENABLED=0, as berth-agent ships: the binary
+// also runs in the agent's container image (no dynamic loader), and changing
+// every thread's capabilities works only without cgo.
+func BuildStatic(dir, name, pkg string) (string, error) {
+	return build(dir, name, pkg, []string{"CGO_ENABLED=0"})
+}
+
+func build(dir, name, pkg string, env []string) (string, error) {
 	bin := filepath.Join(dir, name)
-	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("cannot build %s: %v\n%s", pkg, err, out)
 	}
 	return bin, nil

@@ -3,7 +3,6 @@ package hostrun_test
 import (
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,11 +15,9 @@ import (
 // it changes every thread's capabilities, which a cgo build cannot).
 func buildStatic(t *testing.T, name, pkg string) string {
 	t.Helper()
-	bin := filepath.Join(base, name)
-	build := exec.Command("go", "build", "-o", bin, pkg)
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("cannot build %s: %v\n%s", pkg, err, out)
+	bin, err := testenv.BuildStatic(base, name, pkg)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }

@@ -57,12 +57,7 @@ var staticAgent struct {
 func staticBerthAgent(t *testing.T) string {
 	t.Helper()
 	staticAgent.once.Do(func() {
-		staticAgent.path = filepath.Join(base, "berth-agent-static")
-		build := exec.Command("go", "build", "-o", staticAgent.path, "github.com/berth-dev/berth/cmd/berth-agent")
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			staticAgent.err = fmt.Errorf("cannot build berth-agent: %v\n%s", err, out)
-		}
+		staticAgent.path, staticAgent.err = testenv.BuildStatic(base, "berth-agent-static", "github.com/berth-dev/berth/cmd/berth-agent")
 	})
 	if staticAgent.err != nil {
 		t.Fatal(staticAgent.err)

@@ -43,11 +43,8 @@ func egressBinaries(t *testing.T) (agent, proxy string) {
 		}
 		egressAgentBin, egressBin = filepath.Join(dir, "berth-agent"), filepath.Join(dir, "berth-egress")
 		for out, pkg := range map[string]string{egressAgentBin: "../../agent/egress/testdata/egressagent", egressBin: "../../cmd/berth-egress"} {
-			cmd := exec.Command("go", "build", "-o", out, pkg)
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if b, err := cmd.CombinedOutput(); err != nil {
+			if _, err := testenv.BuildStatic(filepath.Dir(out), filepath.Base(out), pkg); err != nil {
 				egressBinsErr = err
-				t.Logf("go build %s: %s", pkg, b)
 				return
 			}
 		}

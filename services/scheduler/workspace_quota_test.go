@@ -2,9 +2,7 @@ package scheduler
 
 import (
 	"errors"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -34,11 +32,7 @@ func quotaAgent(t *testing.T) string {
 	t.Helper()
 	dir := filepath.Dir(testAgent(t))
 	quotaAgentOnce.Do(func() {
-		quotaAgentPath = filepath.Join(dir, "quotaagent")
-		out, err := exec.Command("go", "build", "-o", quotaAgentPath, "./testdata/quotaagent").CombinedOutput()
-		if err != nil {
-			quotaAgentErr = fmt.Errorf("go build: %w: %s", err, out)
-		}
+		quotaAgentPath, quotaAgentErr = testenv.Build(dir, "quotaagent", "./testdata/quotaagent")
 	})
 	if quotaAgentErr != nil {
 		t.Fatalf("cannot build quota agent: %v", quotaAgentErr)
