@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
@@ -21,18 +20,13 @@ func (s *Service) enforceWorkspaceQuota(ctx context.Context, a config.Agent, ws 
 	if a.WorkspaceQuota == 0 {
 		return nil
 	}
-	if quotasOnlyWhereAsked.Load() {
-		if _, asked := quotasAsked.Load(s.stateDir); !asked {
-			return nil
-		}
-	}
 	err := workspaceRefusal(s.stateDir)
 	if err != nil {
 		err = fmt.Errorf("cannot enforce workspace_quota %s on %s: %w", workspace.Size(a.WorkspaceQuota), ws, err)
 	} else {
 		err = workspace.Ensure(ctx, workspace.Options{
 			Dir:     ws,
-			Image:   workspaceImage(s.stateDir, a.ID),
+			Image:   workspace.ImagePath(s.stateDir, a.ID),
 			Bytes:   a.WorkspaceQuota,
 			Systemd: hostrun.SystemdAvailable(),
 			Logger:  s.log.With("agent", a.ID),
@@ -45,9 +39,6 @@ func (s *Service) enforceWorkspaceQuota(ctx context.Context, a config.Agent, ws 
 	return nil
 }
 
-// workspaceImage is an agent's workspace image.
-func workspaceImage(stateDir, agent string) string { return workspace.ImagePath(stateDir, agent) }
-
 // releaseWorkspaces unmounts the workspace images this scheduler mounted
 // itself (without systemd), so its state directory can be removed; under
 // systemd the mount units stay, as the runs' units do. The images stay.
@@ -55,21 +46,12 @@ func (s *Service) releaseWorkspaces() error {
 	if hostrun.SystemdAvailable() {
 		return nil
 	}
-	return workspace.Release(filepath.Dir(workspaceImage(s.stateDir, "")))
+	return workspace.Release(filepath.Dir(workspace.ImagePath(s.stateDir, "")))
 }
 
 // workspaceRefusals is a seam for tests that can only make quotas fail:
 // state directory → why the quota of its scheduler cannot be enforced.
 var workspaceRefusals sync.Map
-
-// quotasOnlyWhereAsked is set by this package's tests (until their
-// helpers set workspace_quota = 0 and Close releases the mounts): only the
-// schedulers whose state directory is in quotasAsked get quotas, so other
-// tests can remove their state while it would still be mounted.
-var (
-	quotasOnlyWhereAsked atomic.Bool
-	quotasAsked          sync.Map
-)
 
 func workspaceRefusal(stateDir string) error {
 	if v, ok := workspaceRefusals.Load(stateDir); ok {
@@ -80,5 +62,5 @@ func workspaceRefusal(stateDir string) error {
 
 // workspaceWhy explains an agent's workspace quota (sandbox explain).
 func workspaceWhy(a config.Agent, stateDir string) string {
-	return workspace.Why(a.WorkspaceQuota, workspaceImage(stateDir, a.ID))
+	return workspace.Why(a.WorkspaceQuota, workspace.ImagePath(stateDir, a.ID))
 }

@@ -18,8 +18,6 @@ import (
 	"github.com/berth-dev/berth/isolation/landlock"
 )
 
-func init() { quotasOnlyWhereAsked.Store(true) }
-
 var (
 	quotaAgentOnce sync.Once
 	quotaAgentPath string
@@ -49,8 +47,6 @@ func quotaService(t *testing.T, quota string, refusal error) (*Service, string) 
 	_, err := os.Stat("/dev/loop-control")
 	testenv.Need(t, err == nil, "no loop devices")
 	stateDir := sharedStateDir(t)
-	quotasAsked.Store(stateDir, true)
-	t.Cleanup(func() { quotasAsked.Delete(stateDir) })
 	if refusal != nil {
 		workspaceRefusals.Store(stateDir, refusal)
 		t.Cleanup(func() { workspaceRefusals.Delete(stateDir) })
