@@ -156,6 +156,12 @@ func start(t *testing.T, agents []agentSpec, env ...string) *suite {
 		t.Fatalf("cannot build berth: %v", buildErr)
 	}
 	sink := newReplySink(t)
+	return launch(t, sink, suiteConfig(agents, sink.srv.URL+"/replies"), env, secret) // the webhook secret never reaches a log
+}
+
+// suiteConfig is the config start gives a suite: the agents, each bound to
+// the webhook channel of its own id, replies to replyURL.
+func suiteConfig(agents []agentSpec, replyURL string) string {
 	var cfg strings.Builder
 	fmt.Fprintf(&cfg, "[providers]\nprimary = \"local\"\n\n")
 	// Small workspace images: the suite makes many agents at once.
@@ -164,13 +170,13 @@ func start(t *testing.T, agents []agentSpec, env ...string) *suite {
 		fmt.Fprintf(&cfg, "[[agents]]\nid = %q\nmax_iterations = 4\n%s\n\n", a.id, a.extra)
 	}
 	fmt.Fprintf(&cfg, "[intake]\ndefault_agent = %q\n\n", agents[0].id)
-	fmt.Fprintf(&cfg, "[[connectors]]\nid = \"hooks\"\ntype = \"webhook\"\nsecret = %q\nreply_url = %q\n\n", secret, sink.srv.URL+"/replies")
+	fmt.Fprintf(&cfg, "[[connectors]]\nid = \"hooks\"\ntype = \"webhook\"\nsecret = %q\nreply_url = %q\n\n", secret, replyURL)
 	for _, a := range agents {
 		fmt.Fprintf(&cfg, "[[bindings]]\nconnector = \"hooks\"\nchannel_id = %q\nagent = %q\n\n", a.id, a.id)
 	}
 	fmt.Fprintf(&cfg, "[scheduler]\nmax_concurrent_runs = 4\ndefault_timeout_seconds = 60\nrun_as = \"nobody\"\nagent_binary = %q\n", filepath.Join(binDir, "berth-agent"))
 
-	return launch(t, sink, cfg.String(), env, secret) // the webhook secret never reaches a log
+	return cfg.String()
 }
 
 // launch starts a suite with cfg; when the test ends it stops it, fails the
@@ -178,10 +184,23 @@ func start(t *testing.T, agents []agentSpec, env ...string) *suite {
 // logs if the test failed.
 func launch(t *testing.T, sink *replySink, cfg string, env []string, secrets ...string) *suite {
 	t.Helper()
+	return launchIn(t, suiteDir(t), sink, cfg, env, secrets...)
+}
+
+// suiteDir is a new directory for a suite (short: socket paths live in it).
+func suiteDir(t *testing.T) string {
+	t.Helper()
 	dir, err := os.MkdirTemp(baseDir, "s-")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+// launchIn is launch in dir, which the caller may have prepared (a small
+// disk mounted for a service's state, say).
+func launchIn(t *testing.T, dir string, sink *replySink, cfg string, env []string, secrets ...string) *suite {
+	t.Helper()
 	st, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: dir, Config: cfg, Env: env})
 	if err != nil {
 		t.Fatalf("cannot start the suite: %v", err)

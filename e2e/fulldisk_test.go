@@ -16,7 +16,6 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/berth-dev/berth/internal/boltstore/fulldisk"
-	"github.com/berth-dev/berth/internal/devstack"
 	"github.com/berth-dev/berth/internal/testenv"
 )
 
@@ -44,51 +43,12 @@ func TestAFullIntakeDiskAnswers503LosesNothingAcceptedAndResumesWhenSpaceReturns
 		t.Fatalf("cannot build berth: %v", buildErr)
 	}
 	sink := newReplySink(t)
-	cfg := fmt.Sprintf(`[providers]
-primary = "local"
-
-[[agents]]
-id = "ops"
-max_iterations = 4
-
-[intake]
-default_agent = "ops"
-
-[[connectors]]
-id = "hooks"
-type = "webhook"
-secret = %q
-reply_url = %q
-
-[scheduler]
-max_concurrent_runs = 4
-default_timeout_seconds = 60
-run_as = "nobody"
-agent_binary = %q
-`, secret, sink.srv.URL+"/replies", filepath.Join(binDir, "berth-agent"))
-
-	dir, err := os.MkdirTemp(baseDir, "s-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := suiteDir(t)
 	// intake's own state directory ($BERTH_STATE_DIR/intake) is a small disk
 	// of its own, mounted before intake starts.
 	intakeDir := filepath.Join(dir, "state", "intake")
 	fulldisk.MountAt(t, intakeDir, 8<<20)
-	st, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: dir, Config: cfg})
-	if err != nil {
-		t.Fatalf("cannot start the suite: %v", err)
-	}
-	t.Cleanup(func() {
-		st.Stop()
-		if t.Failed() {
-			for _, p := range []string{st.IntakeLog, st.Bus.LogPath} {
-				b, _ := os.ReadFile(p)
-				t.Logf("%s:\n%s", p, tail(b, 8000))
-			}
-		}
-	})
-	s := &suite{Stack: st, sink: sink}
+	s := launchIn(t, dir, sink, suiteConfig([]agentSpec{{id: "ops"}}, sink.srv.URL+"/replies"), nil, secret)
 
 	// Accepted before the disk fills; their runs and replies may be under
 	// way while it is full.
@@ -124,7 +84,7 @@ agent_binary = %q
 			t.Fatalf("POST %s on a full disk: %d %s", id, status, body)
 		}
 	}
-	log, _ := os.ReadFile(st.IntakeLog)
+	log, _ := os.ReadFile(s.IntakeLog)
 	if !strings.Contains(string(log), "state disk is full") || !strings.Contains(string(log), intakeDir) {
 		t.Errorf("intake's log does not say its state disk %s is full", intakeDir)
 	}
