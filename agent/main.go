@@ -44,6 +44,11 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 		return agentproto.ExitBadRequest
 	}
 	log = log.With("run_id", req.RunID, "agent", req.Agent.ID)
+	// The run's rlimits hold before anything of it happens.
+	if err := agentproto.ApplyRlimits(req.Rlimits); err != nil {
+		log.Error("refusing to run: confinement failed", "reason", err.Error())
+		return agentproto.ExitConfinement
+	}
 	// Before anything binds or starts: the host's sockets leave the view.
 	if masked, err := confine.MaskSelf(req); err != nil {
 		log.Error("refusing to run: confinement failed", "reason", err.Error())

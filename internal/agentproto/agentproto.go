@@ -44,6 +44,18 @@ type Request struct {
 	// calls and its tools, forwarding to Socket with Token. Providers then
 	// carry no key.
 	Egress *Egress `json:"egress,omitempty"`
+	// Rlimits are resource limits the agent sets on itself, soft and hard
+	// (so they cannot be raised again), before it does anything of the run:
+	// a host run's rlimits without systemd. An agent that cannot set one
+	// exits with ExitConfinement.
+	Rlimits []Rlimit `json:"rlimits,omitempty"`
+}
+
+// Rlimit is one resource limit: Name is the lower-case name after RLIMIT_
+// ("core", "cpu", "data", "nproc"), Value applies to soft and hard limit.
+type Rlimit struct {
+	Name  string `json:"name"`
+	Value uint64 `json:"value"`
 }
 
 // Egress is where a sandboxed agent reaches berth's egress proxy.

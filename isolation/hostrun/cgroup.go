@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -87,6 +88,44 @@ func (p cgroupParent) has(c string) bool {
 type mount struct {
 	root, point, fstype string
 	options             []string // super options: the v1 controllers
+}
+
+// probed is the last probe that found cgroups, for probeCgroupsOnce.
+var probed struct {
+	sync.Mutex
+	under string // cgroupsUnder it was made with
+	host  *cgroupHost
+}
+
+// probeCgroupsOnce is probeCgroups for a run: where cgroups were found they
+// stay found (the probe reads two /proc files, which every run paid for
+// before), until a run fails to make its cgroup there (forgetCgroups). A
+// probe that found none is not kept, so cgroups mounted later are used by
+// the next run.
+func probeCgroupsOnce() (cgroupHost, error) {
+	probed.Lock()
+	if probed.host != nil && probed.under == cgroupsUnder {
+		host := *probed.host
+		probed.Unlock()
+		return host, nil
+	}
+	under := cgroupsUnder
+	probed.Unlock()
+	host, err := probeCgroups()
+	if err != nil {
+		return host, err
+	}
+	probed.Lock()
+	probed.under, probed.host = under, &host
+	probed.Unlock()
+	return host, nil
+}
+
+// forgetCgroups makes the next run probe again.
+func forgetCgroups() {
+	probed.Lock()
+	probed.host = nil
+	probed.Unlock()
 }
 
 // probeCgroups finds where run cgroups can be made, touching nothing. The

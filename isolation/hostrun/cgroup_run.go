@@ -50,14 +50,13 @@ func (c *cgroupLimits) files(p cgroupParent) [][2]string {
 	return v1Files(c.host, p, c.lim)
 }
 
+// rlimits are kept as belt and braces: no core dumps, and a CPU time limit
+// from the timeout.
+func (c *cgroupLimits) rlimits() []rlimit { return beltAndBraces(c.timeout) }
+
 // prepare makes the run's cgroups with their limits (nothing is in them
-// yet) and has the agent start through prlimit(1) with the rlimits kept as
-// belt and braces: no core dumps, and a CPU time limit from the timeout.
-// (The agent lowers its own: setting another user's needs CAP_SYS_RESOURCE.)
-func (c *cgroupLimits) prepare(cmd *exec.Cmd) error {
-	if err := startThroughPrlimit(cmd, beltAndBraces(c.timeout)); err != nil {
-		return err
-	}
+// yet).
+func (c *cgroupLimits) prepare(*exec.Cmd) error {
 	for _, p := range c.host.parents {
 		if c.host.version == 2 {
 			if err := v2Prepare(c.host, p); err != nil {
@@ -99,7 +98,8 @@ func (c *cgroupLimits) prepare(cmd *exec.Cmd) error {
 	return nil
 }
 
-// started moves the agent into the run's cgroups before it forks anything.
+// started moves the agent into the run's cgroups before it has its request,
+// and so before it forks anything.
 func (c *cgroupLimits) started(pid int) error {
 	for _, dir := range c.made {
 		if err := writeCgroup(dir, "cgroup.procs", strconv.Itoa(pid)); err != nil {
@@ -108,6 +108,11 @@ func (c *cgroupLimits) started(pid int) error {
 	}
 	return nil
 }
+
+// holdsAll: a process of the run cannot leave its cgroup (the agent's uid
+// may not write to another cgroup.procs), so killing the cgroup's members
+// ends the run, also what left the agent's session with setsid.
+func (c *cgroupLimits) holdsAll() bool { return c.procs != "" }
 
 // kill ends every process in the run's cgroup.
 func (c *cgroupLimits) kill() {
@@ -261,9 +266,9 @@ func inCgroup(pid int, rel string) bool {
 
 // beltAndBraces are the rlimits a run in a cgroup still gets.
 func beltAndBraces(timeout time.Duration) []rlimit {
-	rs := []rlimit{{"core", "RLIMIT_CORE", 0}}
+	rs := []rlimit{{"RLIMIT_CORE", 0}}
 	if timeout > 0 {
-		rs = append(rs, rlimit{"cpu", "RLIMIT_CPU", cpuSeconds(timeout)})
+		rs = append(rs, rlimit{"RLIMIT_CPU", cpuSeconds(timeout)})
 	}
 	return rs
 }

@@ -90,6 +90,12 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 	// to a goroutine that might lock it and exit. A thread that entered the
 	// run's network namespace is never handed back: its goroutine exits
 	// locked and the thread ends with the run.
+	lim, err := newRunLimits(spec)
+	if err != nil {
+		return isolation.Result{}, err
+	}
+	// The agent sets its rlimits on itself, first thing with the request.
+	spec.Request.Rlimits = request(lim.rlimits())
 	type ran struct {
 		res isolation.Result
 		err error
@@ -99,7 +105,7 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 		runtime.LockOSThread()
 		inNamespace := false
 		res, err := isolation.Supervise(ctx, spec, func(ctx context.Context, spec isolation.Spec, input []byte, stdout, stderr io.Writer) (isolation.Sandbox, error) {
-			return startProcess(spec, input, cred, stdout, stderr, &inNamespace)
+			return startProcess(spec, input, cred, lim, stdout, stderr, &inNamespace)
 		})
 		if !inNamespace {
 			// A thread still in the host's namespace is handed back.
@@ -112,7 +118,7 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 }
 
 // startProcess starts the agent as a child process in a session of its own.
-func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, stdout, stderr io.Writer, inNamespace *bool) (isolation.Sandbox, error) {
+func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, lim runLimits, stdout, stderr io.Writer, inNamespace *bool) (isolation.Sandbox, error) {
 	grace := spec.KillGrace
 	if grace <= 0 {
 		grace = isolation.DefaultKillGrace
@@ -171,14 +177,11 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, s
 		userNamespace(cmd.SysProcAttr, syscall.CLONE_NEWNS|syscall.CLONE_NEWIPC, []uintptr{unix.CAP_SYS_ADMIN})
 		cmd.Env = append(cmd.Env, confine.MaskEnv+"=1")
 	}
-	lim, err := newRunLimits(spec)
-	if err != nil {
-		stdinW.Close()
-		return nil, err
-	}
 	if err := lim.prepare(cmd); err != nil {
 		stdinW.Close()
 		lim.release()
+		// Where the cgroups were found may have changed: look again.
+		forgetCgroups()
 		return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot limit the agent", Err: err}
 	}
 	if err := cmd.Start(); err != nil {
@@ -230,8 +233,13 @@ func (p *process) Wait(context.Context) (isolation.Exit, error) {
 	waitExited(p.pid)
 	p.mu.Lock()
 	// The agent is unreaped here (a zombie at worst), so its pid cannot have
-	// been reused: killing its session is safe.
-	killSession(p.pid, p.started)
+	// been reused: killing its session is safe. A run in a cgroup of its own
+	// is ended through the cgroup, which holds every process of it; the
+	// session scan reads all of /proc, a quarter of the scheduler's CPU per
+	// run when it was done for every run.
+	if !p.lim.holdsAll() {
+		killSession(p.pid, p.started)
+	}
 	p.lim.kill()
 	p.reaping = true
 	p.mu.Unlock()
@@ -250,7 +258,7 @@ func (p *process) Wait(context.Context) (isolation.Exit, error) {
 func (p *process) Kill(context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.reaping {
+	if !p.reaping && !p.lim.holdsAll() {
 		killSession(p.pid, p.started)
 	}
 	p.lim.kill()

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -20,17 +21,14 @@ import (
 //     process in it is killed at the end;
 //   - per-process rlimits, only when the admin accepted them
 //     ([scheduler] allow_rlimit_fallback = true, Limits.RlimitFallback): the
-//     agent starts through prlimit(1), which lowers its own limits (soft and
-//     hard, so they cannot be raised again) after the switch to the run_as
-//     user and then executes berth-agent, so the limits hold before the agent
-//     runs and no capability is needed;
+//     request carries them (agentproto.Request.Rlimits) and berth-agent
+//     lowers its own, soft and hard (so they cannot be raised again), as the
+//     first thing it does with the request, before anything of the run or a
+//     tool; no capability is needed;
 //   - else the run fails closed: a memory limit nothing can enforce for the
 //     run as a whole is not run with.
 //
 // Explain says which one holds on this machine.
-
-// prlimitPath is util-linux's prlimit (essential on Debian and Fedora).
-var prlimitPath = "/usr/bin/prlimit"
 
 // rlimits are the limits set on an agent process without systemd.
 func rlimits(l isolation.Limits, timeout time.Duration) []rlimit {
@@ -38,32 +36,45 @@ func rlimits(l isolation.Limits, timeout time.Duration) []rlimit {
 	rs := []rlimit{
 		// Private writable memory (heap, stacks, anonymous mappings) of each
 		// process; the closest rlimit to MemoryMax.
-		{"data", "RLIMIT_DATA", lim.MemoryMax},
+		{"RLIMIT_DATA", lim.MemoryMax},
 		// Counts every process of the run_as user, not just this run's.
-		{"nproc", "RLIMIT_NPROC", lim.TasksMax},
-		{"core", "RLIMIT_CORE", 0},
+		{"RLIMIT_NPROC", lim.TasksMax},
+		{"RLIMIT_CORE", 0},
 	}
 	if timeout > 0 {
-		rs = append(rs, rlimit{"cpu", "RLIMIT_CPU", cpuSeconds(timeout)})
+		rs = append(rs, rlimit{"RLIMIT_CPU", cpuSeconds(timeout)})
 	}
 	return rs
 }
 
 type rlimit struct {
-	option string // prlimit's long option
-	name   string
-	value  uint64
+	name  string // RLIMIT_DATA
+	value uint64
+}
+
+// request is the limits as the agent's request carries them.
+func request(rs []rlimit) []agentproto.Rlimit {
+	out := make([]agentproto.Rlimit, len(rs))
+	for i, rl := range rs {
+		out[i] = agentproto.Rlimit{Name: strings.ToLower(strings.TrimPrefix(rl.name, "RLIMIT_")), Value: rl.value}
+	}
+	return out
 }
 
 // runLimits enforces one host run's resource limits when it is not a
-// transient unit. startProcess calls prepare before Start, started after
+// transient unit. Run puts rlimits into the agent's request (the agent sets
+// them on itself); startProcess calls prepare before Start, started after
 // Start and before the agent gets its request (nothing of the run has
 // forked yet), kill whenever the run's processes are being ended,
 // oomKilled after the end, and release once, when the run is over.
+// holdsAll says kill ends every process of the run (a cgroup lists them
+// all), so the agent's session need not be looked for in /proc.
 type runLimits interface {
+	rlimits() []rlimit
 	prepare(cmd *exec.Cmd) error
 	started(pid int) error
 	kill()
+	holdsAll() bool
 	oomKilled() bool
 	release()
 }
@@ -71,7 +82,7 @@ type runLimits interface {
 // newRunLimits chooses how a plan's limits hold for a plain host process:
 // a cgroup, accepted rlimits, or a *RunError that fails the run closed.
 func newRunLimits(spec isolation.Spec) (runLimits, error) {
-	host, err := probeCgroups()
+	host, err := probeCgroupsOnce()
 	if err == nil {
 		return newCgroupLimits(host, spec.RunID, limitsOf(spec.Limits), spec.Timeout), nil
 	}
@@ -85,33 +96,19 @@ func newRunLimits(spec isolation.Spec) (runLimits, error) {
 const noCgroupDetail = "the run's memory, processes and CPU cannot be limited as a whole: no systemd and no writable cgroup " +
 	"(set [scheduler] allow_rlimit_fallback = true to accept per-process rlimits instead)"
 
-// rlimitLimits are per-process rlimits set through prlimit(1).
+// rlimitLimits are per-process rlimits, set with prlimit(2).
 type rlimitLimits struct {
 	l       isolation.Limits
 	timeout time.Duration
 }
 
-func (r rlimitLimits) prepare(cmd *exec.Cmd) error {
-	return startThroughPrlimit(cmd, rlimits(r.l, r.timeout))
-}
-func (rlimitLimits) started(int) error { return nil }
-func (rlimitLimits) kill()             {}
-func (rlimitLimits) oomKilled() bool   { return false }
-func (rlimitLimits) release()          {}
-
-// startThroughPrlimit makes cmd start its program through prlimit(1) with rs.
-func startThroughPrlimit(cmd *exec.Cmd, rs []rlimit) error {
-	if fi, err := os.Stat(prlimitPath); err != nil || fi.Mode().Perm()&0o111 == 0 {
-		return fmt.Errorf("cannot set rlimits: %s is missing (install util-linux)", prlimitPath)
-	}
-	args := []string{prlimitPath}
-	for _, rl := range rs {
-		args = append(args, fmt.Sprintf("--%s=%d:%d", rl.option, rl.value, rl.value))
-	}
-	cmd.Args = append(append(args, "--"), cmd.Args...)
-	cmd.Path = prlimitPath
-	return nil
-}
+func (r rlimitLimits) rlimits() []rlimit     { return rlimits(r.l, r.timeout) }
+func (rlimitLimits) prepare(*exec.Cmd) error { return nil }
+func (rlimitLimits) started(int) error       { return nil }
+func (rlimitLimits) kill()                   {}
+func (rlimitLimits) holdsAll() bool          { return false }
+func (rlimitLimits) oomKilled() bool         { return false }
+func (rlimitLimits) release()                {}
 
 // Explain reports how a plan's host run is confined on this machine: which
 // limits hold and which do not.

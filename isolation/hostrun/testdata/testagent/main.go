@@ -34,6 +34,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bad request:", err)
 		os.Exit(agentproto.ExitBadRequest)
 	}
+	// As berth-agent does, first thing with the request.
+	if err := agentproto.ApplyRlimits(req.Rlimits); err != nil {
+		fmt.Fprintln(os.Stderr, "confinement failed:", err)
+		os.Exit(agentproto.ExitConfinement)
+	}
 	cmd, arg, _ := strings.Cut(req.Message.Text, " ")
 	resp := agentproto.Response{Version: agentproto.Version, RunID: req.RunID}
 	code := agentproto.ExitOK
