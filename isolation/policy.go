@@ -3,7 +3,9 @@ package isolation
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/berth-dev/berth/internal/agentproto"
 )
@@ -107,6 +109,7 @@ func HostPolicy(fa FileAccess, workspace string, protect []string, opts ...Polic
 	}
 	workspace = filepath.Clean(workspace)
 
+	res := newResolver()
 	var readOnly []string
 	for _, p := range SystemReadOnly {
 		if exists(p) {
@@ -127,8 +130,9 @@ func HostPolicy(fa FileAccess, workspace string, protect []string, opts ...Polic
 	readWrite = append(readWrite, fa.AllowReadWrite...)
 
 	var deny []string
+	keep := res.resolved(workspace)
 	for _, d := range append(append([]string(nil), fa.Deny...), protect...) {
-		deny = append(deny, carveOut(d, workspace)...)
+		deny = append(deny, res.carveOut(d, keep)...)
 	}
 
 	return agentproto.Policy{
@@ -143,11 +147,17 @@ func HostPolicy(fa FileAccess, workspace string, protect []string, opts ...Polic
 // itself when it is unrelated to keep or inside it, nothing when it is keep,
 // and the entries of deny that do not lead to keep when deny contains keep.
 func carveOut(deny, keep string) []string {
+	res := newResolver()
+	return res.carveOut(deny, res.resolved(keep))
+}
+
+// carveOut is carveOut for a keep resolved already.
+func (res *resolver) carveOut(deny, keep string) []string {
 	if deny == "" {
 		return nil
 	}
 	deny = filepath.Clean(deny)
-	d, k := resolved(deny), resolved(keep)
+	d, k := res.resolved(deny), keep
 	if d == k {
 		return nil
 	}
@@ -160,12 +170,9 @@ func carveOut(deny, keep string) []string {
 	var out []string
 	dir := d
 	for _, next := range strings.Split(rel, string(filepath.Separator)) {
-		entries, err := os.ReadDir(dir)
-		if err == nil {
-			for _, e := range entries {
-				if e.Name() != next {
-					out = append(out, filepath.Join(dir, e.Name()))
-				}
+		for _, name := range readDirNames(dir) {
+			if name != next {
+				out = append(out, filepath.Join(dir, name))
 			}
 		}
 		dir = filepath.Join(dir, next)
@@ -173,13 +180,90 @@ func carveOut(deny, keep string) []string {
 	return out
 }
 
-// resolved follows symlinks so that ancestry is judged on the real tree, the
-// one Landlock enforces on; a path that does not resolve is taken as written.
-func resolved(p string) string {
-	if r, err := filepath.EvalSymlinks(p); err == nil {
-		return r
+// readDirNames lists dir's entries in order, as os.ReadDir would, with
+// bare system calls (a run's policy lists the state dir and the agents'
+// directory); nil when dir cannot be read.
+func readDirNames(dir string) []string {
+	var fd int
+	err := retryEINTR(func() (err error) {
+		fd, err = syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+		return err
+	})
+	if err != nil {
+		return nil
+	}
+	defer syscall.Close(fd)
+	var names []string
+	buf := make([]byte, 8192)
+	for {
+		var n int
+		if err := retryEINTR(func() (err error) { n, err = syscall.ReadDirent(fd, buf); return err }); err != nil {
+			return nil
+		}
+		if n <= 0 {
+			break
+		}
+		_, _, names = syscall.ParseDirent(buf[:n], -1, names)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// A resolver follows symlinks so that ancestry is judged on the real tree,
+// the one Landlock enforces on, as filepath.EvalSymlinks does; a path that
+// does not resolve is taken as written. The deny list of a run is mostly
+// siblings (the other agents' workspaces), so it remembers the resolution
+// of each directory it has walked: every path costs one lstat of its last
+// component instead of one per component. It lives for one HostPolicy
+// call: the policy is computed for each run, on the tree as it is then.
+type resolver struct {
+	dirs map[string]string // absolute clean path → resolved; "" does not resolve
+}
+
+func newResolver() *resolver { return &resolver{dirs: map[string]string{}} }
+
+func (r *resolver) resolved(p string) string {
+	if real := r.resolve(filepath.Clean(p)); real != "" {
+		return real
 	}
 	return filepath.Clean(p)
+}
+
+// resolve is EvalSymlinks(p) for a clean path, "" when it fails. For an
+// absolute path without ".." (what Clean makes of one) the resolution of
+// p is that of its parent with p's last name looked up there: a symlink
+// found there is handed to EvalSymlinks whole (its target may hold "..",
+// which must apply after the links before it are followed).
+func (r *resolver) resolve(p string) string {
+	if !filepath.IsAbs(p) {
+		real, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			return ""
+		}
+		return real
+	}
+	if p == "/" {
+		return p
+	}
+	if real, ok := r.dirs[p]; ok {
+		return real
+	}
+	real := ""
+	if parent := r.resolve(filepath.Dir(p)); parent != "" {
+		candidate := filepath.Join(parent, filepath.Base(p))
+		var st syscall.Stat_t
+		switch err := retryEINTR(func() error { return syscall.Lstat(candidate, &st) }); {
+		case err != nil:
+		case st.Mode&syscall.S_IFMT != syscall.S_IFLNK:
+			real = candidate
+		default:
+			if target, err := filepath.EvalSymlinks(candidate); err == nil {
+				real = target
+			}
+		}
+	}
+	r.dirs[p] = real
+	return real
 }
 
 // dotfiles lists the dot entries of home, leaving out the workspace (which is
@@ -203,9 +287,19 @@ func dotfiles(home, workspace string) []string {
 	return out
 }
 
+// exists says whether p (followed) exists; it is asked for every system
+// path of every run, so it spares os.Stat's allocations.
 func exists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
+	var st syscall.Stat_t
+	return retryEINTR(func() error { return syscall.Stat(p, &st) }) == nil
+}
+
+func retryEINTR(f func() error) error {
+	for {
+		if err := f(); err != syscall.EINTR {
+			return err
+		}
+	}
 }
 
 func cleanUnique(paths []string) []string {

@@ -174,3 +174,119 @@ func TestHostPolicyKeepsAWorkspaceReachedThroughASymlink(t *testing.T) {
 		t.Errorf("the other workspace %s is not denied: %q", realB, p.Deny)
 	}
 }
+
+// denyAsEvalSymlinksJudges is the deny list HostPolicy must make: each
+// path resolved with filepath.EvalSymlinks (or taken as written when it
+// does not resolve) to judge whether it holds the workspace.
+func denyAsEvalSymlinksJudges(deny []string, workspace string) []string {
+	real := func(p string) string {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			return r
+		}
+		return filepath.Clean(p)
+	}
+	keep := real(filepath.Clean(workspace))
+	seen := map[string]bool{}
+	var out []string
+	add := func(p string) {
+		if p = filepath.Clean(p); !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	for _, d := range deny {
+		if d == "" {
+			continue
+		}
+		d = filepath.Clean(d)
+		r := real(d)
+		if r == keep {
+			continue
+		}
+		rel, err := filepath.Rel(r, keep)
+		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+			add(d)
+			continue
+		}
+		dir := r
+		for _, next := range strings.Split(rel, "/") {
+			entries, _ := os.ReadDir(dir)
+			for _, e := range entries {
+				if e.Name() != next {
+					add(filepath.Join(dir, e.Name()))
+				}
+			}
+			dir = filepath.Join(dir, next)
+		}
+	}
+	return out
+}
+
+func TestHostPolicyJudgesDenyPathsThroughSymlinksAsEvalSymlinksDoes(t *testing.T) {
+	t.Parallel()
+	state, _, wsA, _ := stateTree(t)
+	root := filepath.Dir(filepath.Dir(filepath.Dir(state)))
+	links := map[string]string{
+		filepath.Join(state, "to-agents"): "agents",                    // relative
+		filepath.Join(state, "up"):        "../berth",                  // relative, through ..
+		filepath.Join(root, "hop1"):       filepath.Join(root, "hop2"), // a chain
+		filepath.Join(root, "hop2"):       filepath.Join(state, "agents"),
+		filepath.Join(state, "to-a"):      "agents/a",
+		// .. applies after to-a is followed: state/agents, not state's parent.
+		filepath.Join(state, "back"): "to-a/..",
+		filepath.Join(root, "ws"):    wsA,
+		filepath.Join(root, "gone"):  filepath.Join(root, "nothing"),
+		filepath.Join(root, "loop1"): "loop2",
+		filepath.Join(root, "loop2"): "loop1",
+	}
+	for link, target := range links {
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deny := []string{
+		state, filepath.Join(state, "agents"), filepath.Join(state, "agents", "b"), filepath.Join(state, "to-agents"),
+		filepath.Join(state, "up"), filepath.Join(root, "hop1"), filepath.Join(state, "back"), filepath.Join(state, "back", "b"),
+		filepath.Join(root, "gone"), filepath.Join(root, "loop1"), filepath.Join(state, "scheduler.db", "x"),
+		filepath.Join(state, "to-a", ".."), "relative/path", "",
+	}
+	for _, ws := range []string{wsA, filepath.Join(root, "ws"), filepath.Join(state, "to-agents", "a"), filepath.Join(state, "back", "a")} {
+		t.Run(strings.ReplaceAll(strings.TrimPrefix(ws, root+"/"), "/", "_"), func(t *testing.T) {
+			t.Parallel()
+			got := isolation.HostPolicy(isolation.FileAccess{Deny: deny}, ws, nil).Deny
+			if want := denyAsEvalSymlinksJudges(deny, ws); !slices.Equal(got, want) {
+				t.Errorf("deny for workspace %s\n got %q\nwant %q", ws, got, want)
+			}
+			for _, d := range got {
+				if real, _ := filepath.EvalSymlinks(wsA); d == real || strings.HasPrefix(real, d+"/") {
+					t.Errorf("deny %s covers the workspace", d)
+				}
+			}
+		})
+	}
+}
+
+func TestHostPolicyJudgesEachRunOnTheTreeAsItIsThen(t *testing.T) {
+	t.Parallel()
+	state, _, wsA, wsB := stateTree(t)
+	shared := filepath.Join(filepath.Dir(state), "shared")
+	if err := os.Mkdir(shared, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fa := isolation.FileAccess{Deny: []string{shared}}
+	if p := isolation.HostPolicy(fa, wsA, nil); !slices.Equal(p.Deny, []string{shared}) {
+		t.Fatalf("deny = %q; want %s", p.Deny, shared)
+	}
+	// shared becomes a link to the agents' directory: denying it whole now
+	// would take the workspace away; what it leads to besides is denied.
+	if err := os.Remove(shared); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(state, "agents"), shared); err != nil {
+		t.Fatal(err)
+	}
+	p := isolation.HostPolicy(fa, wsA, nil)
+	if slices.Contains(p.Deny, shared) || !slices.Contains(p.Deny, wsB) {
+		t.Fatalf("deny = %q after %s became a link to %s; want %s denied and the link not", p.Deny, shared, filepath.Dir(wsA), wsB)
+	}
+}

@@ -8,6 +8,9 @@
 // image already mounted at the workspace is left alone, an existing
 // workspace's files move into the image once, a larger quota grows the
 // filesystem and a smaller one shrinks it only while what is stored fits.
+// A mount it made or found is remembered and confirmed at the next call
+// with two stats and a read of the loop device's sysfs file (steady.go);
+// only a change reads the mount table again.
 package workspace
 
 import (
@@ -88,36 +91,64 @@ func Ensure(ctx context.Context, opts Options) (err error) {
 	defer release()
 	e := ensurer{opts: opts, m: mounterOf(opts)}
 	return inStartNamespace(func() error {
-		e.unmountDeleted(ctx)
-		return e.ensure(ctx)
+		// The steady state: mounted as recorded, at this size (steady.go).
+		if stillMounted(opts) {
+			return nil
+		}
+		drop(opts.Image)
+		unmountDeleted(ctx, filepath.Dir(opts.Image), e.m, opts.Logger)
+		if err := e.ensure(ctx); err != nil {
+			return err
+		}
+		remember(opts)
+		return nil
+	})
+}
+
+// SweepDeleted unmounts the workspace images like those in imageDir that
+// were deleted while mounted. Ensure does it whenever it has more to do
+// than confirm a mount; the scheduler calls it too when its agents or
+// quotas change (an agent removed with its image). systemd is
+// Options.Systemd; a nil logger is slog.Default().
+func SweepDeleted(ctx context.Context, imageDir string, systemd bool, logger *slog.Logger) {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	ctx, cancel := context.WithTimeout(ctx, ensureTimeout)
+	defer cancel()
+	m := mounterOf(Options{Systemd: systemd})
+	_ = inStartNamespace(func() error {
+		unmountDeleted(ctx, filepath.Clean(imageDir), m, logger)
+		return nil
 	})
 }
 
 // unmountDeleted takes away workspace images that were deleted while
 // mounted (an agent's image the admin removed, a test's state directory):
 // nobody can mount them again, and they hold their reserved space until
-// they are unmounted.
-func (e ensurer) unmountDeleted(ctx context.Context) {
+// they are unmounted. It takes those of any directory named like imageDir
+// (a removed state directory's too).
+func unmountDeleted(ctx context.Context, imageDir string, mnt mounter, log *slog.Logger) {
 	mounts, err := readMountinfo()
 	if err != nil {
 		return
 	}
 	for _, m := range mounts {
 		b, ok := strings.CutSuffix(backingFile(m.Source), " (deleted)")
-		if !ok || m.FSType != "ext4" || filepath.Base(filepath.Dir(b)) != filepath.Base(filepath.Dir(e.opts.Image)) || filepath.Ext(b) != ".img" {
+		if !ok || m.FSType != "ext4" || filepath.Base(filepath.Dir(b)) != filepath.Base(imageDir) || filepath.Ext(b) != ".img" {
 			continue
 		}
-		err := e.m.unmount(ctx, m.Point)
+		err := mnt.unmount(ctx, m.Point)
 		if err != nil {
 			// Still in use: detach it now, the kernel frees it when the
 			// last user goes.
 			err = unix.Unmount(m.Point, unix.MNT_DETACH)
 		}
 		if err != nil {
-			e.opts.Logger.Warn("cannot unmount a deleted workspace image", "dir", m.Point, "image", b, "err", err)
+			log.Warn("cannot unmount a deleted workspace image", "dir", m.Point, "image", b, "err", err)
 			continue
 		}
-		e.opts.Logger.Info("unmounted a deleted workspace image", "dir", m.Point, "image", b)
+		log.Info("unmounted a deleted workspace image", "dir", m.Point, "image", b)
 	}
 }
 
@@ -385,6 +416,7 @@ func Release(imageDir string) error {
 }
 
 func release(imageDir string) error {
+	defer forget(imageDir)
 	mounts, err := readMountinfo()
 	if err != nil {
 		return err

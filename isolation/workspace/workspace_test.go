@@ -3,6 +3,7 @@ package workspace_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -363,6 +364,121 @@ func TestWorkspaceAnImageDeletedWhileMountedIsUnmountedAtTheNextEnsure(t *testin
 	ensure(t, other)
 	if n := mountsAt(t, o.Dir); n != 0 {
 		t.Fatalf("the deleted image is still mounted (%d mounts); it holds its reserved space", n)
+	}
+}
+
+// Ensure confirms a workspace it mounted before with a few stats; whatever
+// changed behind its back since, it must see it as a full Ensure would.
+func TestWorkspaceEnsureSeesWhatChangedBehindItsBack(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		change  func(t *testing.T, o workspace.Options)
+		wantErr string
+		check   func(t *testing.T, o workspace.Options)
+	}{
+		{"An_image_unmounted_behind_its_back_is_mounted_again_with_its_files", func(t *testing.T, o workspace.Options) {
+			unmount(t, o.Dir)
+		}, "", func(t *testing.T, o workspace.Options) {
+			if got, err := os.ReadFile(filepath.Join(o.Dir, "kept")); err != nil || string(got) != "x" {
+				t.Fatalf("file written before the unmount = %q, %v; want it back from the image", got, err)
+			}
+		}},
+		{"Another_filesystem_mounted_over_the_workspace_is_refused", func(t *testing.T, o workspace.Options) {
+			if err := unix.Mount("tmpfs", o.Dir, "tmpfs", 0, "size=1m"); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unmount(t, o.Dir) })
+		}, "another filesystem is mounted", nil},
+		{"Another_image_on_the_same_loop_device_is_refused", func(t *testing.T, o workspace.Options) {
+			// The device the unmount frees is attached to another file and
+			// mounted there: same device number, another image behind it.
+			other := filepath.Join(t.TempDir(), "other.img")
+			if out, err := exec.Command("mkfs.ext4", "-q", "-F", other, "8M").CombinedOutput(); err != nil {
+				t.Fatalf("mkfs.ext4: %v: %s", err, out)
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(o.Dir, &st); err != nil {
+				t.Fatal(err)
+			}
+			loop := fmt.Sprintf("/dev/loop%d", unix.Minor(st.Dev))
+			image, _ := filepath.EvalSymlinks(o.Image)
+			unmount(t, o.Dir)
+			for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				out, err := exec.Command("losetup", loop, other).CombinedOutput()
+				if err == nil {
+					break
+				}
+				b, _ := os.ReadFile(fmt.Sprintf("/sys/block/loop%d/loop/backing_file", unix.Minor(st.Dev)))
+				if held := strings.TrimSpace(string(b)); held != "" && held != image {
+					// A parallel test took the device: any other will do.
+					out, err = exec.Command("losetup", "--find", "--show", other).CombinedOutput()
+					if err != nil {
+						t.Fatalf("losetup --find: %v: %s", err, out)
+					}
+					loop = strings.TrimSpace(string(out))
+					break
+				}
+				if time.Now().After(deadline) { // still held by the image it had
+					t.Fatalf("losetup %s: %v: %s", loop, err, out)
+				}
+			}
+			t.Cleanup(func() { exec.Command("losetup", "-d", loop).Run() })
+			if out, err := exec.Command("mount", loop, o.Dir).CombinedOutput(); err != nil {
+				t.Fatalf("mount: %v: %s", err, out)
+			}
+			t.Cleanup(func() { unmount(t, o.Dir) })
+		}, "another filesystem is mounted", nil},
+		{"An_image_deleted_while_mounted_is_replaced_by_a_fresh_one", func(t *testing.T, o workspace.Options) {
+			if err := os.Remove(o.Image); err != nil {
+				t.Fatal(err)
+			}
+		}, "", func(t *testing.T, o workspace.Options) {
+			if fi, err := os.Stat(o.Image); err != nil || fi.Size() != o.Bytes {
+				t.Fatalf("image %v, %v; want a fresh one of %d bytes", fi, err, o.Bytes)
+			}
+			if _, err := os.Stat(filepath.Join(o.Dir, "kept")); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the deleted image's file is still in the workspace (%v)", err)
+			}
+		}},
+		{"An_image_grown_behind_its_back_is_brought_back_to_the_quota", func(t *testing.T, o workspace.Options) {
+			if err := os.Truncate(o.Image, 2*o.Bytes); err != nil {
+				t.Fatal(err)
+			}
+		}, "", func(t *testing.T, o workspace.Options) {
+			if fi, err := os.Stat(o.Image); err != nil || fi.Size() != o.Bytes {
+				t.Fatalf("image %v, %v; want it at the quota, %d bytes", fi, err, o.Bytes)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			o := setup(t)
+			ensure(t, o)
+			if err := os.WriteFile(filepath.Join(o.Dir, "kept"), []byte("x"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ensure(t, o) // the steady state, recorded
+			tc.change(t, o)
+			err := workspace.Ensure(context.Background(), o)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Ensure = %v; want an error containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Ensure: %v", err)
+			}
+			if n := mountsAt(t, o.Dir); n != 1 {
+				t.Fatalf("%d mounts at the workspace; want 1", n)
+			}
+			if st := statfs(t, o.Dir); st.Type != unix.EXT4_SUPER_MAGIC {
+				t.Fatalf("workspace is on filesystem type %#x, not its ext4 image", st.Type)
+			}
+			tc.check(t, o)
+		})
 	}
 }
 

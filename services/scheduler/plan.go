@@ -203,7 +203,7 @@ func (s *Service) hostFacts(cfg *config.Config) runplan.HostFacts {
 		host.ForceUnrestricted = true
 	}
 	if os.Geteuid() == 0 && cfg.Scheduler.AgentUIDs.Off && cfg.Scheduler.RunAs != "" {
-		host.RunUser, host.RunUserErr = isolation.LookupRunUser(cfg.Scheduler.RunAs)
+		host.RunUser, host.RunUserErr = runUsers.Lookup(cfg.Scheduler.RunAs)
 	}
 	host.EgressDir = filepath.Join(s.stateDir, "egress")
 	// It exists before a plan is compiled, so a policy that carves the
@@ -215,7 +215,7 @@ func (s *Service) hostFacts(cfg *config.Config) runplan.HostFacts {
 		host.EgressUnavailable = fmt.Errorf("%s is not an executable file ([scheduler] egress_binary)", cfg.Scheduler.EgressBinary)
 	}
 	if os.Geteuid() == 0 {
-		u, err := isolation.LookupRunUser(cfg.Scheduler.EgressUser)
+		u, err := runUsers.Lookup(cfg.Scheduler.EgressUser)
 		if err != nil {
 			host.EgressUnavailable = errors.Join(host.EgressUnavailable, fmt.Errorf("cannot find [scheduler] egress_user: %w", err))
 		}
@@ -259,11 +259,13 @@ func (s *Service) prepareWorkspace(a config.Agent, runUser *isolation.RunUser) (
 	defaultLocation := a.Workspace == ""
 	if defaultLocation {
 		agentsDir := filepath.Dir(ws)
-		if err := os.MkdirAll(agentsDir, 0o755); err != nil {
-			return "", fmt.Errorf("cannot create %s: %w", agentsDir, err)
-		}
-		if err := os.Chmod(agentsDir, 0o755); err != nil {
-			return "", fmt.Errorf("cannot set mode of %s: %w", agentsDir, err)
+		if !dirHasMode(agentsDir, 0o755) {
+			if err := os.MkdirAll(agentsDir, 0o755); err != nil {
+				return "", fmt.Errorf("cannot create %s: %w", agentsDir, err)
+			}
+			if err := os.Chmod(agentsDir, 0o755); err != nil {
+				return "", fmt.Errorf("cannot set mode of %s: %w", agentsDir, err)
+			}
 		}
 	}
 	err := os.Mkdir(ws, 0o700)
@@ -289,8 +291,10 @@ func (s *Service) prepareWorkspace(a config.Agent, runUser *isolation.RunUser) (
 	if !fi.IsDir() {
 		return "", fmt.Errorf("workspace %s is not a directory", ws)
 	}
-	if err := os.Chmod(ws, 0o700); err != nil {
-		return "", fmt.Errorf("cannot set mode of workspace %s: %w", ws, err)
+	if !modeIs(fi, 0o700) {
+		if err := os.Chmod(ws, 0o700); err != nil {
+			return "", fmt.Errorf("cannot set mode of workspace %s: %w", ws, err)
+		}
 	}
 	if runUser == nil {
 		return ws, nil
@@ -310,6 +314,21 @@ func (s *Service) prepareWorkspace(a config.Agent, runUser *isolation.RunUser) (
 	}
 	s.log.Info("workspace handed to the agent's run user", "agent", a.ID, "uid", runUser.UID, "workspace", ws, "skipped_hard_links", skipped)
 	return ws, nil
+}
+
+// dirHasMode says whether path (followed, as MkdirAll and Chmod do) is a
+// directory whose mode is exactly mode (no set-id or sticky bit either).
+// Every run prepares its workspace; a chmod to the mode it has would still
+// dirty the inode (its ctime), and the workspace's root may be a quota
+// image's.
+func dirHasMode(path string, mode uint32) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir() && modeIs(fi, mode)
+}
+
+func modeIs(fi fs.FileInfo, mode uint32) bool {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && st.Mode&0o7777 == mode
 }
 
 // handOver chowns the workspace ws and everything in it to u, never

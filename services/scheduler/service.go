@@ -90,8 +90,11 @@ type Service struct {
 	stateDir string
 	store    *store
 	cfg      atomic.Pointer[config.Config]
-	log      *slog.Logger
-	clock    clockwork.Clock
+	// workspacesSweptFor is the config the workspace images were last swept
+	// for (sweepWorkspacesOnce).
+	workspacesSweptFor atomic.Pointer[config.Config]
+	log                *slog.Logger
+	clock              clockwork.Clock
 
 	// mu guards active and stopping only: it is never held across a
 	// transaction, a backend call or a bus call.

@@ -24,11 +24,13 @@ func (s *Service) enforceWorkspaceQuota(ctx context.Context, a config.Agent, ws 
 	if err != nil {
 		err = fmt.Errorf("cannot enforce workspace_quota %s on %s: %w", workspace.Size(a.WorkspaceQuota), ws, err)
 	} else {
+		systemd := hostrun.SystemdAvailable()
+		s.sweepWorkspacesOnce(ctx, systemd)
 		err = workspace.Ensure(ctx, workspace.Options{
 			Dir:     ws,
 			Image:   workspace.ImagePath(s.stateDir, a.ID),
 			Bytes:   a.WorkspaceQuota,
-			Systemd: hostrun.SystemdAvailable(),
+			Systemd: systemd,
 			Logger:  s.log.With("agent", a.ID),
 		})
 	}
@@ -37,6 +39,18 @@ func (s *Service) enforceWorkspaceQuota(ctx context.Context, a config.Agent, ws 
 		return &isolation.RunError{Reason: isolation.ReasonConfinement, Err: err}
 	}
 	return nil
+}
+
+// sweepWorkspacesOnce unmounts the images deleted while mounted (an agent
+// removed with its image) once per config, so at the first quota run after
+// a start or a reload: a run whose own image is mounted as it was confirms
+// it with a few stats (workspace.Ensure) and reads no mount table.
+func (s *Service) sweepWorkspacesOnce(ctx context.Context, systemd bool) {
+	cfg := s.cfg.Load()
+	if cfg == nil || s.workspacesSweptFor.Swap(cfg) == cfg {
+		return
+	}
+	workspace.SweepDeleted(ctx, filepath.Dir(workspace.ImagePath(s.stateDir, "")), systemd, s.log)
 }
 
 // releaseWorkspaces unmounts the workspace images this scheduler mounted

@@ -5,10 +5,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -43,6 +45,12 @@ func quotaAgent(t *testing.T) string {
 // enforce quotas.
 func quotaService(t *testing.T, quota string, refusal error) (*Service, string) {
 	t.Helper()
+	return quotaServiceWith(t, quota, refusal, nil)
+}
+
+// quotaServiceWith is quotaService whose config with changes first.
+func quotaServiceWith(t *testing.T, quota string, refusal error, with func(*config.Config)) (*Service, string) {
+	t.Helper()
 	testenv.NeedRoot(t)
 	_, err := os.Stat("/dev/loop-control")
 	testenv.Need(t, err == nil, "no loop devices")
@@ -56,6 +64,9 @@ func quotaService(t *testing.T, quota string, refusal error) (*Service, string) 
 	cfg.Scheduler.AgentUIDs = config.DefaultAgentUIDs
 	cfg.Scheduler.AllowRlimitFallback = true
 	cfg.Agents[0].WorkspaceQuota = quota
+	if with != nil {
+		with(cfg)
+	}
 	s, err := New(cfg, stateDir, Options{
 		Backends: map[string]isolation.Backend{landlock.Name: landlock.New()},
 		Getenv:   func(string) string { return "" },
@@ -149,4 +160,75 @@ func TestWorkspaceQuotaThatCannotBeEnforcedFailsTheRunClosed(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestWorkspaceQuotaImageUnmountedBehindTheSchedulersBackIsMountedAgainForTheNextRun(t *testing.T) {
+	t.Parallel()
+	s, ws := quotaService(t, "32m", nil)
+	if r := runText(t, s, "m1", "put keep written before"); r.State != StateSucceeded || r.Reply != "ok" {
+		t.Fatalf("put: state %q reason %q reply %q error %q", r.State, r.Reason, r.Reply, r.Error)
+	}
+	// An admin (or a reboot's missing mount unit) takes the image away.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		err := unix.Unmount(ws, 0)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			t.Fatalf("cannot unmount %s: %v", ws, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The next run must not write to the host's disk beneath the mount
+	// point: its image is mounted again and the files are there.
+	if r := runText(t, s, "m2", "get keep"); r.State != StateSucceeded || r.Reply != "written before" {
+		t.Fatalf("the run after the unmount: state %q reason %q reply %q error %q; want the image mounted again", r.State, r.Reason, r.Reply, r.Error)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(ws, &st); err != nil || st.Type != unix.EXT4_SUPER_MAGIC {
+		t.Fatalf("workspace filesystem type %#x (%v); want its ext4 image", st.Type, err)
+	}
+}
+
+func TestWorkspaceQuotaImageOfAnAgentRemovedWithItIsUnmountedAtTheFirstRunAfterTheReload(t *testing.T) {
+	t.Parallel()
+	quotaForBeta := func(cfg *config.Config) { cfg.Agents[1].WorkspaceQuota = "32m" }
+	s, ws := quotaServiceWith(t, "32m", nil, quotaForBeta)
+	stateDir := filepath.Dir(filepath.Dir(ws))
+	wsBeta := filepath.Join(stateDir, "agents", "beta")
+	for _, agent := range []string{"alpha", "beta"} {
+		if r := waitFinished(t, s, submit(t, s, "m-"+agent, agent, "text", "put keep x")); r.State != StateSucceeded {
+			t.Fatalf("%s: state %q reason %q error %q", agent, r.State, r.Reason, r.Error)
+		}
+	}
+	if !mountedAt(t, wsBeta) {
+		t.Fatal("beta's workspace image is not mounted after its run")
+	}
+	// The admin removes beta, and its image with it.
+	if err := os.Remove(filepath.Join(stateDir, "workspaces", "beta.img")); err != nil {
+		t.Fatal(err)
+	}
+	cfg := *s.cfg.Load()
+	cfg.Agents = slices.DeleteFunc(slices.Clone(cfg.Agents), func(a config.AgentSettings) bool { return a.ID == "beta" })
+	s.Reload(&cfg)
+	if r := runText(t, s, "m2", "get keep"); r.State != StateSucceeded || r.Reply != "x" {
+		t.Fatalf("alpha after the reload: state %q reason %q reply %q error %q", r.State, r.Reason, r.Reply, r.Error)
+	}
+	if mountedAt(t, wsBeta) {
+		t.Fatal("the deleted image of the removed agent is still mounted: it holds its reserved space")
+	}
+}
+
+// mountedAt says whether a filesystem of its own is mounted at dir.
+func mountedAt(t *testing.T, dir string) bool {
+	t.Helper()
+	var st, parent unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(filepath.Dir(dir), &parent); err != nil {
+		t.Fatal(err)
+	}
+	return st.Dev != parent.Dev
 }
