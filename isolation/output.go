@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/berth-dev/berth/internal/agentproto"
 )
@@ -24,16 +25,24 @@ const (
 )
 
 // Stdout keeps the first MaxResponse bytes and discards the rest, so a
-// chatty agent never blocks on a full pipe.
+// chatty agent never blocks on a full pipe. It notices when it holds one
+// whole response line (Complete), so a run can be answered before its
+// sandbox has been seen to exit. It is written by the backend's copier and
+// read by the supervisor at the same time.
 type Stdout struct {
+	mu       sync.Mutex
 	buf      bytes.Buffer
 	overflow bool
+	complete chan struct{}
+	lined    bool // the first newline was written
 }
 
 // NewStdout returns an empty Stdout.
-func NewStdout() *Stdout { return &Stdout{} }
+func NewStdout() *Stdout { return &Stdout{complete: make(chan struct{})} }
 
 func (c *Stdout) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if room := MaxResponse - c.buf.Len(); room > 0 {
 		if len(p) > room {
 			c.buf.Write(p[:room])
@@ -44,31 +53,101 @@ func (c *Stdout) Write(p []byte) (int, error) {
 	} else if len(p) > 0 {
 		c.overflow = true
 	}
+	// berth-agent writes its response as one line of JSON (which holds no
+	// raw newline), so only the stream's first newline can end it, and it is
+	// looked at once: an agent writing line after line costs no rescans.
+	// Whether the line is JSON at all is for Response to say: it parses it
+	// anyway.
+	if !c.lined && bytes.IndexByte(p, '\n') >= 0 {
+		c.lined = true
+		if !c.overflow && p[len(p)-1] == '\n' && bytes.IndexByte(c.buf.Bytes(), '\n') == c.buf.Len()-1 && c.complete != nil {
+			close(c.complete)
+		}
+	}
 	return len(p), nil
 }
 
-// Tail keeps the last StderrTail bytes written to it.
+// Complete is closed once what was written is one line, ended by its
+// newline and followed by nothing: berth-agent's response, whole, before
+// the agent has exited. Whether it is a valid response of the run is for
+// Response to say.
+func (c *Stdout) Complete() <-chan struct{} {
+	if c.complete == nil { // a Stdout not made by NewStdout never completes early
+		return nil
+	}
+	return c.complete
+}
+
+// Response parses what was written so far as the response of run runID.
+func (c *Stdout) Response(runID string) (agentproto.Response, error) {
+	return parseResponse(c, runID)
+}
+
+// ResponseFollows is the message of berth-agent's last log line, written
+// to stderr right before its response goes to stdout. The two streams reach
+// berth apart (a container's are copied separately by the engine), so a
+// response complete on stdout says nothing about stderr; this line says
+// the agent's log is complete too, and a run may be answered before its
+// sandbox is seen to exit. An agent that does not write it is answered at
+// its exit, as before.
+const ResponseFollows = agentproto.LogResponseFollows
+
+// responseFollows is how ResponseFollows appears in the agent's JSON log line.
+var responseFollows = []byte(`"msg":"` + ResponseFollows + `"`)
+
+// Tail keeps the last StderrTail bytes written to it, and notices the
+// agent's ResponseFollows line (Ended). It is written by the backend's
+// copier and read by the supervisor at the same time.
 type Tail struct {
-	buf []byte
+	mu    sync.Mutex
+	buf   []byte
+	ended chan struct{}
 }
 
 // NewTail returns an empty Tail.
-func NewTail() *Tail { return &Tail{} }
+func NewTail() *Tail { return &Tail{ended: make(chan struct{})} }
 
 func (t *Tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	n := len(p)
 	if len(p) >= StderrTail {
 		t.buf = append(t.buf[:0], p[len(p)-StderrTail:]...)
-		return n, nil
+	} else {
+		if over := len(t.buf) + len(p) - StderrTail; over > 0 {
+			t.buf = append(t.buf[:0], t.buf[over:]...)
+		}
+		t.buf = append(t.buf, p...)
 	}
-	if over := len(t.buf) + len(p) - StderrTail; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
+	// What this write added is looked at, and as much before it as a line
+	// split across writes needs: every byte is scanned about once.
+	if t.ended != nil && !isClosed(t.ended) {
+		from := max(0, len(t.buf)-n-len(responseFollows)+1)
+		if bytes.Contains(t.buf[from:], responseFollows) {
+			close(t.ended)
+		}
 	}
-	t.buf = append(t.buf, p...)
 	return n, nil
 }
 
-func (t *Tail) String() string { return string(t.buf) }
+// Ended is closed once the agent's ResponseFollows line was written: its
+// log is complete.
+func (t *Tail) Ended() <-chan struct{} { return t.ended }
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+func (t *Tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.buf)
+}
 
 // WithTail appends the end of the agent's stderr to a failure's detail.
 func WithTail(detail, stderr string) string {
@@ -107,7 +186,29 @@ func Interpret(res Result, stdout *Stdout, runID string) (Result, error) {
 	return res, Errorf(ReasonCrashed, "%s", WithTail(detail, res.Stderr))
 }
 
+// answered is the Result of a run whose agent has written its whole
+// response and not yet been seen to exit, when that response can stand for
+// the run's end: it is this run's, and no tool died of SIGKILL (which would
+// make the OOM check wait for the engine). The exit code is the one
+// berth-agent exits with after such a response.
+func answered(spec Spec, stdout *Stdout, stderr *Tail) (Result, bool) {
+	resp, err := stdout.Response(spec.RunID)
+	if err != nil {
+		return Result{}, false
+	}
+	res := Result{Response: resp, ExitCode: agentproto.ExitOK, Stderr: stderr.String()}
+	if resp.Error != "" {
+		res.ExitCode = agentproto.ExitAgentError
+	}
+	if sigkilled(Exit{}, res) {
+		return Result{}, false
+	}
+	return res, true
+}
+
 func parseResponse(stdout *Stdout, runID string) (agentproto.Response, error) {
+	stdout.mu.Lock()
+	defer stdout.mu.Unlock()
 	if stdout.overflow {
 		return agentproto.Response{}, fmt.Errorf("response is larger than %d bytes", MaxResponse)
 	}

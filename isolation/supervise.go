@@ -39,6 +39,24 @@ type Sandbox interface {
 	Release()
 }
 
+// BackgroundEnder is a Sandbox that may end after its run has returned.
+// When, before the sandbox is seen to exit, the agent's response is
+// complete on stdout and its log on stderr (its ResponseFollows line), the
+// response is this run's, and no tool died of SIGKILL (a possible OOM
+// kill), Supervise returns the run's Result at once and hands what is left
+// — kill, wait for the exit, drain, the OOM check, Release — to
+// EndsInBackground. The backend runs it where it can wait for it (its
+// Drain) and logs the error it returns (an OOM kill found only then
+// included); a crash before it ran leaves the sandbox to the backend's
+// orphan sweep. Every other run ends as it always did.
+//
+// Host runs do not opt in: when their Run returns, no process of theirs is
+// left.
+type BackgroundEnder interface {
+	Sandbox
+	EndsInBackground(teardown func() error)
+}
+
 // StartFunc starts a spec's sandbox with input waiting on the agent's stdin
 // and its stdout and stderr going to the writers. An error is a *RunError
 // (or is reported as ReasonStart).
@@ -55,6 +73,12 @@ type Exit struct {
 	RuntimeLimit bool
 	// NeverRan says why the sandbox could not start the agent at all.
 	NeverRan string
+}
+
+// waited is what Sandbox.Wait returned.
+type waited struct {
+	exit Exit
+	err  error
 }
 
 // Defaults of the supervisor.
@@ -155,7 +179,13 @@ func supervise(ctx context.Context, spec Spec, start StartFunc) (Result, error) 
 		}
 		return Result{}, &RunError{Reason: ReasonStart, Err: err}
 	}
-	defer sb.Release()
+	// endsLater: the run returned early and the teardown owns the sandbox.
+	endsLater := false
+	defer func() {
+		if !endsLater {
+			sb.Release()
+		}
+	}()
 
 	var killed *RunError
 	if spec.OnStart != nil {
@@ -164,13 +194,13 @@ func supervise(ctx context.Context, spec Spec, start StartFunc) (Result, error) 
 		}
 	}
 
-	type waited struct {
-		exit Exit
-		err  error
-	}
 	ended := make(chan waited, 1)
 	waitCtx, stopWaiting := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopWaiting()
+	defer func() {
+		if !endsLater {
+			stopWaiting()
+		}
+	}()
 	go func() {
 		exit, err := sb.Wait(waitCtx)
 		ended <- waited{exit, err}
@@ -182,9 +212,21 @@ func supervise(ctx context.Context, spec Spec, start StartFunc) (Result, error) 
 		defer timer.Stop()
 		timeout = timer.C
 	}
+	grace := spec.KillGrace
+	if grace <= 0 {
+		grace = DefaultKillGrace
+	}
+	// A sandbox that can end in the background is answered once the
+	// agent's response and its log are both complete.
+	var complete, logEnded <-chan struct{}
+	ender, canEndLater := sb.(BackgroundEnder)
+	if canEndLater {
+		complete, logEnded = stdout.Complete(), stderr.Ended()
+	}
+	gotResponse, gotLog := false, false
 	var end waited
 	gotEnd := false
-	if killed == nil {
+	for killed == nil && !gotEnd {
 		select {
 		case end = <-ended:
 			gotEnd = true
@@ -192,6 +234,18 @@ func supervise(ctx context.Context, spec Spec, start StartFunc) (Result, error) 
 			killed = Errorf(ReasonTimeout, "killed after %s", spec.Timeout)
 		case <-ctx.Done():
 			killed = &RunError{Reason: ReasonCanceled, Err: context.Cause(ctx)}
+		case <-complete:
+			gotResponse, complete = true, nil
+		case <-logEnded:
+			gotLog, logEnded = true, nil
+		}
+		if canEndLater && gotResponse && gotLog && !gotEnd && killed == nil {
+			canEndLater = false // looked at once; otherwise the run ends as below
+			if res, ok := answered(spec, stdout, stderr); ok {
+				endsLater = true
+				ender.EndsInBackground(func() error { return endAfterAnswer(sb, ended, stopWaiting, grace) })
+				return res, nil
+			}
 		}
 	}
 
@@ -200,10 +254,6 @@ func supervise(ctx context.Context, spec Spec, start StartFunc) (Result, error) 
 	killCtx, cancelKill := context.WithTimeout(context.WithoutCancel(ctx), killTimeout)
 	killErr := sb.Kill(killCtx)
 	cancelKill()
-	grace := spec.KillGrace
-	if grace <= 0 {
-		grace = DefaultKillGrace
-	}
 	if !gotEnd {
 		select {
 		case end = <-ended:
@@ -239,6 +289,39 @@ func supervise(ctx context.Context, spec Spec, start StartFunc) (Result, error) 
 		return res, killed
 	}
 	return interpret(spec, sb, end.exit, res, stdout)
+}
+
+// endAfterAnswer is what is left of a run that was answered before its
+// sandbox ended: kill what is still running, wait for the exit and the
+// output, and release the sandbox. It says what went wrong, including an
+// OOM kill the engine reports only now.
+func endAfterAnswer(sb Sandbox, ended <-chan waited, stopWaiting context.CancelFunc, grace time.Duration) error {
+	defer sb.Release()
+	defer stopWaiting()
+	var errs []error
+	ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
+	defer cancel()
+	if err := sb.Kill(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	var end waited
+	select {
+	case end = <-ended:
+	case <-ctx.Done():
+		errs = append(errs, errors.New("the sandbox did not end after it was killed"))
+		return errors.Join(errs...)
+	}
+	if end.err != nil {
+		errs = append(errs, end.err)
+	}
+	select {
+	case <-sb.Drained():
+	case <-time.After(grace):
+	}
+	if end.exit.OOM || sb.Inspect(ctx, false) {
+		errs = append(errs, errors.New("the kernel OOM-killed a process of the sandbox after the agent had answered"))
+	}
+	return errors.Join(errs...)
 }
 
 // interpret maps how the agent ended to a Result or a RunError.

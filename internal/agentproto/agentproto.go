@@ -28,6 +28,13 @@ const (
 	ExitInternal    = 4 // unexpected failure inside berth-agent
 )
 
+// LogResponseFollows is the message of berth-agent's last log line on
+// stderr, written right before its response on stdout. Stdout and stderr
+// reach the supervisor apart (a container's are copied separately by the
+// engine), so this line is how it knows the log is complete and may answer
+// the run before the sandbox is seen to exit.
+const LogResponseFollows = "response follows"
+
 // Request is what berth-agent reads on stdin.
 type Request struct {
 	Version   int        `json:"version"`

@@ -18,6 +18,12 @@
 // With container_mode.warm = N the backend keeps N containers per agent
 // started and blocked on their stdin (pool.go); a run takes one, and it is
 // still removed after that one run.
+//
+// With Options.RemoveInBackground (berth-scheduler's setting) a run is
+// answered as soon as berth-agent's response and log are complete
+// (isolation.BackgroundEnder): waiting for the engine to report the exit,
+// the OOM check and the removal are not in the reply's path. Drain waits
+// for them; a crash leaves the container to Sweep.
 package container
 
 import (
@@ -108,10 +114,14 @@ type Options struct {
 	BuildTimeout  time.Duration
 	// Logger; nil means slog.Default().
 	Logger *slog.Logger
-	// RemoveInBackground removes a run's container after Run has returned
-	// instead of before: the removal (an engine call of tens of
-	// milliseconds) is then not in the reply's path. Drain waits for the
-	// removals under way; a crash before one is what Sweep is for.
+	// RemoveInBackground ends a run's container after Run has returned
+	// instead of before: Run returns as soon as berth-agent's response and
+	// log are complete (isolation.BackgroundEnder; unless a tool died of
+	// SIGKILL, which may be an OOM kill to wait for), and killing the
+	// container, waiting for the engine to report its exit, the OOM check
+	// and the removal (engine calls of tens to hundreds of milliseconds)
+	// are not in the reply's path. Drain waits for what is under way; a
+	// crash before it is done is what Sweep is for.
 	RemoveInBackground bool
 }
 
@@ -136,7 +146,7 @@ type Backend struct {
 
 	poolMu  sync.Mutex
 	pools   map[string]*pool // agent id → its warm pool
-	owned   map[string]bool  // ids of warm containers this process made and has not removed
+	owned   map[string]bool  // ids of containers this process still ends: warm ones it made, those ended after their run
 	drained bool             // Drain ran and Warm did not since: no pool starts by itself
 }
 
@@ -459,13 +469,16 @@ func (b *Backend) start(ctx context.Context, spec isolation.Spec, input []byte, 
 	} else {
 		steps = append(steps, "warm", true)
 	}
-	s.b = b
+	s.b, s.runID = b, spec.RunID
 	s.output(stdout, stderr)
 	go func() {
 		_, _ = s.attach.Conn.Write(input)
 		_ = s.attach.CloseWrite()
 	}()
 	b.log.Debug("container has its request", append(steps, "total_ms", sinceMS(began))...)
+	if b.removeInBackground {
+		return endingLater{s}, nil
+	}
 	return s, nil
 }
 
@@ -479,6 +492,7 @@ func sinceMS(t time.Time) float64 { return float64(time.Since(t).Microseconds())
 type session struct {
 	b        *Backend
 	id       string
+	runID    string // the run it serves; "" while it waits in a pool
 	hash     string // the config hash it was made with (warm members)
 	attach   client.ContainerAttachResult
 	wait     client.ContainerWaitResult
@@ -573,10 +587,33 @@ func (s *session) Release() {
 	s.released.Do(func() {
 		s.close()
 		if s.b.removeInBackground {
+			s.b.own(s.id)
 			s.b.removals.Go(func() { s.b.release(s.id) })
 			return
 		}
 		s.b.release(s.id)
+	})
+}
+
+// endingLater is a session of a backend with Options.RemoveInBackground:
+// its run may be answered as soon as the agent's response and log are
+// complete, and the container is then killed, waited for, checked for an
+// OOM kill and removed after Run returned.
+type endingLater struct{ *session }
+
+var _ isolation.BackgroundEnder = endingLater{}
+
+// EndsInBackground runs what is left of an answered run where Drain waits
+// for it; a crash before it is done leaves the container to Sweep.
+func (s endingLater) EndsInBackground(teardown func() error) {
+	s.b.own(s.id) // its run is over: Sweep must not take it for an orphan
+	s.b.removals.Go(func() {
+		began := time.Now()
+		if err := teardown(); err != nil {
+			s.b.log.Warn("the container of an answered run did not end cleanly", "run_id", s.runID, "container", s.id, "err", err)
+			return
+		}
+		s.b.log.Debug("container of an answered run ended", "run_id", s.runID, "container", s.id, "teardown_ms", sinceMS(began))
 	})
 }
 

@@ -30,6 +30,8 @@ import (
 var (
 	agentBinary string
 	buildErr    error
+	// binDir holds the binaries the tests build; TestMain removes it.
+	binDir string
 )
 
 func TestMain(m *testing.M) {
@@ -40,6 +42,7 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		defer os.RemoveAll(dir)
+		binDir = dir
 		agentBinary = filepath.Join(dir, "berth-agent")
 		if prebuilt := os.Getenv("BERTH_TEST_AGENT_BINARY"); prebuilt != "" {
 			// A static berth-agent built elsewhere (e.g. while agent/ is being edited).

@@ -66,8 +66,9 @@ func (b *Backend) Warm(specs []isolation.Spec) {
 }
 
 // Drain stops every pool and removes its waiting containers, and waits for
-// the removals of finished runs' containers under way. Containers already
-// serving a run are removed by that run.
+// what is under way of finished runs' containers (with
+// Options.RemoveInBackground: their kill, exit and removal). Containers
+// still serving a run are removed by that run.
 func (b *Backend) Drain(ctx context.Context) error {
 	b.poolMu.Lock()
 	pools := b.pools
@@ -80,7 +81,25 @@ func (b *Backend) Drain(ctx context.Context) error {
 		for _, pl := range pools {
 			b.stopPool(pl)
 		}
-		b.removals.Wait() // RemoveInBackground: what finished runs left
+		b.removals.Wait() // RemoveInBackground: what finished runs left to end
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// Settle waits until what finished runs left to end in the background
+// (Options.RemoveInBackground) is done, without stopping the pools: a
+// benchmark measures each message on an engine that is not still ending
+// the one before.
+func (b *Backend) Settle(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		b.removals.Wait()
+		close(done)
 	}()
 	select {
 	case <-done:
@@ -281,8 +300,16 @@ func (b *Backend) release(id string) {
 	b.poolMu.Unlock()
 }
 
-// owns reports whether id is a warm container of this process: waiting in a
-// pool or serving a run.
+// own marks id as a container this process ends itself, so Sweep leaves it.
+func (b *Backend) own(id string) {
+	b.poolMu.Lock()
+	b.owned[id] = true
+	b.poolMu.Unlock()
+}
+
+// owns reports whether id is a container this process ends itself: a warm
+// one (waiting in a pool or serving a run), or one being ended after its
+// run returned.
 func (b *Backend) owns(id string) bool {
 	b.poolMu.Lock()
 	defer b.poolMu.Unlock()

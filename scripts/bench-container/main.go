@@ -2,13 +2,15 @@
 // container and its reply: from Submit to berth-agent having read its
 // request (the time of its "confined with Landlock" log line, written right
 // after the read) and to the run's end (its reply committed to
-// scheduler.db: what intake is handed next), for a cold container agent, a
-// warm one (container_mode.warm = 1), each with the container removed
-// before the run ends (as berth-scheduler does by default) and after it
-// (container.Options.RemoveInBackground), and, in the same run, `docker run
-// --rm -i` of the same image with the same flags (to its log line, and to
-// its exit). It prints median and p95 of each, and the backend's engine
-// calls of the cold path. Run it through scripts/bench-container.sh.
+// scheduler.db: what intake is handed next), for a cold container agent and
+// a warm one (container_mode.warm = 1), each with the container's end in
+// the run's path (killed, waited for and removed before the run ends) and
+// after the reply (container.Options.RemoveInBackground, as berth-scheduler
+// runs: answered once the agent's response and log are complete), and, in
+// the same run, `docker run --rm -i` of the same image with the same flags
+// (to its log line, and to its exit). It prints median and p95 of each, and
+// the backend's engine calls of the cold path. Run it through
+// scripts/bench-container.sh (-agent PATH runs a prebuilt berth-agent).
 package main
 
 import (
@@ -49,6 +51,7 @@ func main() {
 
 func run() error {
 	n := flag.Int("n", 50, "runs per variant")
+	prebuilt := flag.String("agent", "", "a static berth-agent to run instead of one built from ./cmd/berth-agent")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		return errors.New("run as root: the agents run as nobody and Docker needs root")
@@ -66,10 +69,20 @@ func run() error {
 		return err
 	}
 	agentBinary := filepath.Join(work, "berth-agent")
-	build := exec.Command("go", "build", "-trimpath", "-o", agentBinary, "./cmd/berth-agent")
-	build.Dir, build.Env = repo, append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("cannot build berth-agent: %v\n%s", err, out)
+	if *prebuilt != "" {
+		data, err := os.ReadFile(*prebuilt)
+		if err != nil {
+			return fmt.Errorf("cannot read -agent: %w", err)
+		}
+		if err := os.WriteFile(agentBinary, data, 0o755); err != nil {
+			return err
+		}
+	} else {
+		build := exec.Command("go", "build", "-trimpath", "-o", agentBinary, "./cmd/berth-agent")
+		build.Dir, build.Env = repo, append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("cannot build berth-agent: %v\n%s", err, out)
+		}
 	}
 	cli, err := client.New(client.FromEnv)
 	if err != nil {
@@ -115,8 +128,8 @@ agent_binary = %[2]q
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	steps := &stepLog{}
-	// Two schedulers, one per way of removing: the one berth-scheduler
-	// uses by default, and removal after the run has ended.
+	// Two schedulers, one per way of ending: the container's end in the
+	// run's path, and after the reply (berth-scheduler's).
 	type variant struct {
 		backend *container.Backend
 		svc     *scheduler.Service
@@ -148,26 +161,37 @@ agent_binary = %[2]q
 		return err
 	}
 
-	fmt.Fprintf(os.Stderr, "==> %d runs each of docker run, cold and warm, each removing before and after the run's end (image %s, %d CPUs)\n", *n, image, runtime.NumCPU())
+	fmt.Fprintf(os.Stderr, "==> %d runs each of docker run, cold and warm, each ending its container before and after the reply (image %s, %d CPUs)\n", *n, image, runtime.NumCPU())
 	names := []string{"docker", "cold", "warm", "cold-bg", "warm-bg"}
 	read, finished := map[string][]time.Duration{}, map[string][]time.Duration{}
+	answered := map[string][]time.Duration{} // Submit → the agent's "response follows" line
 	for i := range *n + 1 {
 		for _, name := range names {
-			var r, f time.Duration
+			var r, f, a time.Duration
 			var err error
 			v := variants[0]
 			if strings.HasSuffix(name, "-bg") {
 				v = variants[1]
 			}
+			// What the runs before left to do in the background (refill a
+			// pool, end a container) is not this message's cost: every
+			// message starts on an engine done with them.
+			for _, before := range variants {
+				if err := waitPool(before.backend, "warm", 1); err != nil {
+					return err
+				}
+				settleCtx, cancel := context.WithTimeout(ctx, time.Minute)
+				err = before.backend.Settle(settleCtx)
+				cancel()
+				if err != nil {
+					return fmt.Errorf("%s: the runs before did not end: %w", name, err)
+				}
+			}
 			switch agent := strings.TrimSuffix(name, "-bg"); agent {
 			case "docker":
 				r, f, err = viaDockerRun(image, dockerWS, i)
-			case "warm":
-				if err = waitPool(v.backend, "warm", 1); err == nil {
-					r, f, err = viaScheduler(v.svc, agent, i)
-				}
 			default:
-				r, f, err = viaScheduler(v.svc, agent, i)
+				r, a, f, err = viaScheduler(v.svc, agent, i)
 			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", name, err)
@@ -176,6 +200,9 @@ agent_binary = %[2]q
 				continue // the first of each warms caches (image, engine info)
 			}
 			read[name], finished[name] = append(read[name], r), append(finished[name], f)
+			if a > 0 {
+				answered[name] = append(answered[name], a)
+			}
 		}
 		if i == 0 {
 			steps.reset()
@@ -183,18 +210,30 @@ agent_binary = %[2]q
 	}
 	dr, _ := stats(read["docker"])
 	df, _ := stats(finished["docker"])
-	fmt.Printf("Submit (or docker run) → berth-agent read its request, and → the run's end (reply stored; docker run: exit), %d runs each, %d CPUs\n\n", *n, runtime.NumCPU())
+	fmt.Printf("Submit (or docker run) → berth-agent read its request, and → the run's end (reply stored; docker run: exit), %d runs each, %d CPUs; each message starts once the warm pools are full and earlier runs' containers are gone\n\n", *n, runtime.NumCPU())
 	fmt.Printf("| path | request read: median | p95 | median vs docker run | run ended: median | p95 | median vs docker run |\n|---|---|---|---|---|---|---|\n")
 	for _, row := range []struct{ name, label string }{
 		{"docker", "`docker run --rm -i` (same image and flags)"},
 		{"cold", "berth cold (fresh container per message)"},
 		{"warm", "berth warm (`container_mode.warm = 1`)"},
-		{"cold-bg", "berth cold, container removed after the run's end"},
-		{"warm-bg", "berth warm, container removed after the run's end"},
+		{"cold-bg", "berth cold, container ended after the reply (berth-scheduler)"},
+		{"warm-bg", "berth warm, container ended after the reply (berth-scheduler)"},
 	} {
 		rm, rp := stats(read[row.name])
 		fm, fp := stats(finished[row.name])
 		fmt.Printf("| %s | %s | %s | %.0f %% | %s | %s | %.0f %% |\n", row.label, ms(rm), ms(rp), 100*float64(rm)/float64(dr), ms(fm), ms(fp), 100*float64(fm)/float64(df))
+	}
+	fmt.Printf("\nWhere a berth run's time goes (medians): Submit → request read → the agent's last log line (%q, written right before its response; — when this berth-agent does not write it) → the run's end:\n\n", isolation.ResponseFollows)
+	fmt.Printf("| path | request read | agent answered | run ended |\n|---|---|---|---|\n")
+	for _, name := range names[1:] {
+		rm, _ := stats(read[name])
+		fm, _ := stats(finished[name])
+		am := "—"
+		if len(answered[name]) == len(finished[name]) {
+			m, _ := stats(answered[name])
+			am = ms(m)
+		}
+		fmt.Printf("| %s | %s | %s | %s |\n", name, ms(rm), am, ms(fm))
 	}
 	fmt.Printf("\nThe container backend's steps (medians, ms; debug lines of isolation/container):\n\n")
 	fmt.Printf("| step | cold | warm |\n|---|---|---|\n")
@@ -202,36 +241,43 @@ agent_binary = %[2]q
 		fmt.Printf("| %s | %s | %s |\n", strings.TrimSuffix(key, "_ms"), steps.median("cold", key), steps.median("warm", key))
 	}
 	fmt.Printf("| remove | %s | %s |\n", steps.median("", "remove_ms"), "(same)")
-	fmt.Printf("\nremove is in the run's path (before its end) unless the container is removed after the run's end.\n")
+	fmt.Printf("\nremove is in the run's path (before its end) unless the container is ended after the reply.\n")
 	return nil
 }
 
 // viaScheduler submits one message and returns how long it took until the
-// agent read it and until the run ended (its reply stored).
-func viaScheduler(svc *scheduler.Service, agent string, i int) (time.Duration, time.Duration, error) {
+// agent read it, until it answered (0 when it does not log that) and until
+// the run ended (its reply stored).
+func viaScheduler(svc *scheduler.Service, agent string, i int) (read, answered, ended time.Duration, err error) {
 	start := time.Now()
 	id, err := svc.Submit(map[string]string{
 		"id": fmt.Sprintf("bench-%s-%d-%d", agent, i, start.UnixNano()), "agent": agent,
 		"connector": "bench", "channel": "bench", "author": "bench", "text": "/sh true",
 	})
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
 		r, err := svc.GetRun(id)
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		if scheduler.Finished(r.State) {
 			if r.State != scheduler.StateSucceeded {
-				return 0, 0, fmt.Errorf("run %s %s: %s", id, r.State, r.Reason)
+				return 0, 0, 0, fmt.Errorf("run %s %s: %s", id, r.State, r.Reason)
 			}
-			read, err := requestRead(strings.NewReader(r.StderrTail))
-			return read.Sub(start), r.FinishedAt.Sub(start), err
+			at, err := logTime(r.StderrTail, "confined with Landlock")
+			if err != nil {
+				return 0, 0, 0, err
+			}
+			if done, err := logTime(r.StderrTail, isolation.ResponseFollows); err == nil {
+				answered = done.Sub(start)
+			}
+			return at.Sub(start), answered, r.FinishedAt.Sub(start), nil
 		}
 		if time.Now().After(deadline) {
-			return 0, 0, fmt.Errorf("run %s did not finish within a minute", id)
+			return 0, 0, 0, fmt.Errorf("run %s did not finish within a minute", id)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -320,24 +366,24 @@ func viaDockerRun(image, workspace string, i int) (time.Duration, time.Duration,
 		return 0, 0, fmt.Errorf("%v: %s", err, stderr.String())
 	}
 	exited := time.Since(start)
-	read, err := requestRead(&stderr)
+	read, err := logTime(stderr.String(), "confined with Landlock")
 	return read.Sub(start), exited, err
 }
 
-// requestRead finds the time berth-agent logged right after reading and
-// applying its request.
-func requestRead(stderr io.Reader) (time.Time, error) {
-	sc := bufio.NewScanner(stderr)
+// logTime finds the time of berth-agent's log line msg: "confined with
+// Landlock" is written right after it read and applied its request.
+func logTime(stderr, msg string) (time.Time, error) {
+	sc := bufio.NewScanner(strings.NewReader(stderr))
 	for sc.Scan() {
 		var line struct {
 			Time time.Time `json:"time"`
 			Msg  string    `json:"msg"`
 		}
-		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "confined with Landlock" {
+		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == msg {
 			return line.Time, nil
 		}
 	}
-	return time.Time{}, errors.New("no \"confined with Landlock\" line in the agent's stderr")
+	return time.Time{}, fmt.Errorf("no %q line in the agent's stderr", msg)
 }
 
 func waitPool(b *container.Backend, agent string, size int) error {
