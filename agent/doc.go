@@ -33,7 +33,9 @@
 // files and ABI 4 when network is false (TCP bind and connect denied except
 // connect to ConnectPorts). Denied paths are carved out of allowed
 // directories by confine.Plan. The agent also grants itself read and
-// execute on its own executable.
+// execute on its own executable. Just before Landlock restricts its threads
+// it loads its syscall filter (confine.InstallFilter: assembled at build
+// time, loaded with TSYNC, which also gives no_new_privs to every thread).
 //
 // Tools cannot read the agent: berth-agent makes itself non-dumpable before
 // it reads stdin, and every tool process runs in a nested Landlock domain —

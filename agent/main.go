@@ -227,27 +227,42 @@ func readRequest(r io.Reader) (agentproto.Request, error) {
 	if len(data) > MaxRequestSize {
 		return req, fmt.Errorf("request is larger than %d bytes", MaxRequestSize)
 	}
-	var probe struct {
-		Version *int `json:"version"`
-	}
-	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&probe); err != nil {
-		return req, fmt.Errorf("request is not a JSON object: %w", err)
-	}
-	if probe.Version == nil {
-		return req, errors.New("request has no version")
-	}
-	if *probe.Version != agentproto.Version {
-		return req, fmt.Errorf("request version %d is not supported (this build speaks %d)", *probe.Version, agentproto.Version)
-	}
+	// The strict decode first: a request of this version decodes once.
+	// Anything else is explained as before — not JSON, no version, another
+	// version (whose fields this build may not know), then what is wrong.
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err := dec.Decode(&req); err != nil || req.Version != agentproto.Version {
+		if perr := checkVersion(data); perr != nil {
+			return req, perr
+		}
+		if err == nil {
+			err = fmt.Errorf("version %d", req.Version) // unreachable: checkVersion agrees with the decoder
+		}
 		return req, fmt.Errorf("malformed request: %w", err)
 	}
 	if dec.More() {
 		return req, errors.New("malformed request: trailing data after the JSON object")
 	}
 	return req, validate(req)
+}
+
+// checkVersion reports why data is not a request of this version: not a
+// JSON object, no version, or another version; nil when it is one.
+func checkVersion(data []byte) error {
+	var probe struct {
+		Version *int `json:"version"`
+	}
+	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&probe); err != nil {
+		return fmt.Errorf("request is not a JSON object: %w", err)
+	}
+	if probe.Version == nil {
+		return errors.New("request has no version")
+	}
+	if *probe.Version != agentproto.Version {
+		return fmt.Errorf("request version %d is not supported (this build speaks %d)", *probe.Version, agentproto.Version)
+	}
+	return nil
 }
 
 func validate(req agentproto.Request) error {

@@ -1,8 +1,9 @@
 // Package confine restricts the berth-agent process with Landlock before it
 // opens a file or starts a tool, and its tool processes further still: they
 // start through a launcher into a nested Landlock domain that cannot reach
-// the agent's /proc entry nor trace it (Launcher). After Landlock it loads a
-// syscall filter that every tool inherits (InstallFilter, seccomp.go), and it
+// the agent's /proc entry nor trace it (Launcher). With Landlock it loads a
+// syscall filter that every tool inherits (InstallFilter, seccomp.go; the
+// program is assembled at build time by package syscallfilter), and it
 // hides the host's socket directories in a host run's mount namespace
 // (MaskSocketDirs, masks.go; MaskSelf when berth-agent must do it itself).
 // It fails closed: when the kernel cannot enforce what
@@ -68,8 +69,9 @@ func EffectiveABI() (int, error) {
 
 // Enforce confines the calling process (all its threads, and every process it
 // starts) to policy, using the full rights of the given Landlock ABI, and
-// sets no_new_privs. It refuses, without restricting anything, when abi is
-// 0, or below MinNetworkABI while the policy forbids network access.
+// loads the syscall filter (InstallFilter), which sets no_new_privs on every
+// thread. It refuses, without restricting anything, when abi is 0, or below
+// MinNetworkABI while the policy forbids network access.
 //
 // The agent also gets read and execute on its own executable, wherever it
 // is installed: tool processes start by re-executing it (see Launcher).
@@ -83,57 +85,164 @@ func Enforce(policy agentproto.Policy, abi int, log *slog.Logger) (*Launcher, er
 	}
 	agentPolicy := policy
 	agentPolicy.AllowRead = append(append([]string(nil), policy.AllowRead...), self)
-	cfg, rules, pathRules, err := ruleset(agentPolicy, abi, log)
+	fs := newResolver()
+	agentSet, err := ruleset(fs, agentPolicy, abi, log)
 	if err != nil {
 		return nil, err
 	}
-	toolCfg, toolRules, toolPathRules, err := ruleset(ToolPolicy(policy, os.Getpid()), abi, log)
+	toolSet, err := ruleset(fs, ToolPolicy(policy, os.Getpid()), abi, log)
 	if err != nil {
 		return nil, fmt.Errorf("cannot plan the tools' confinement: %w", err)
 	}
-	toolFD, toolFlags, err := toolCfg.NewRulesetFD(toolRules...)
-	if err == nil && toolFD < 0 {
-		err = errors.New("the ruleset restricts nothing")
-	}
+	// Both rulesets name nearly the same paths: each is opened once.
+	paths := openedPaths{}
+	defer paths.close()
+	toolFD, toolFlags, err := toolSet.build(paths)
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the tools' Landlock ruleset: %w", err)
 	}
-	if err := cfg.Restrict(rules...); err != nil {
+	agentFD, agentFlags, err := agentSet.build(paths)
+	if err != nil {
+		unix.Close(toolFD)
+		return nil, fmt.Errorf("cannot build berth-agent's Landlock ruleset: %w", err)
+	}
+	paths.close()
+	defer unix.Close(agentFD)
+	// The filter first: loaded with TSYNC, it also sets no_new_privs on
+	// every thread, which Landlock needs on each thread it restricts (so
+	// no second pass over all threads just for that).
+	if err := InstallFilter(); err != nil {
+		unix.Close(toolFD)
+		return nil, err
+	}
+	if err := restrictAllThreads(agentFD, agentFlags); err != nil {
 		unix.Close(toolFD)
 		return nil, fmt.Errorf("cannot enforce Landlock ABI %d: %w", abi, err)
 	}
-	log.Info("confined with Landlock", "abi", abi, "path_rules", pathRules,
-		"network", policy.Network, "connect_ports", policy.ConnectPorts, "tool_path_rules", toolPathRules)
+	log.Info("confined with Landlock", "abi", abi, "path_rules", len(agentSet.paths),
+		"network", policy.Network, "connect_ports", policy.ConnectPorts, "tool_path_rules", len(toolSet.paths))
 	return newLauncher(os.NewFile(uintptr(toolFD), "tools-landlock-ruleset"), toolFlags), nil
 }
 
-// ruleset is the Landlock config and rules that enforce policy at abi.
-func ruleset(policy agentproto.Policy, abi int, log *slog.Logger) (cfg landlock.Config, rules []landlock.Rule, pathRules int, err error) {
+// restrictAllThreads enforces the ruleset on every thread of the process,
+// as go-landlock's Config.Restrict does: with TSYNC from ABI 8 on, else on
+// each thread in turn. Every thread must have no_new_privs already (the
+// syscall filter's TSYNC gave it to them).
+func restrictAllThreads(fd int, flags uint32) error {
+	var err error
+	if KernelABI() >= 8 {
+		// From ABI 11 the kernel sets no_new_privs itself, on every thread,
+		// once the enforcement succeeds; they have it already.
+		err = ll.LandlockRestrictSelf(fd, flags|ll.FlagRestrictSelfTSync)
+	} else {
+		err = ll.AllThreadsLandlockRestrictSelf(fd, flags)
+	}
+	if errors.Is(err, unix.E2BIG) {
+		return fmt.Errorf("the maximum number of stacked rulesets is reached: %w", err)
+	}
+	if err != nil {
+		return fmt.Errorf("landlock_restrict_self: %w", err)
+	}
+	return nil
+}
+
+// plannedRuleset is a Landlock ruleset to build: its config, the planned
+// path rules and the TCP ports it may connect to.
+type plannedRuleset struct {
+	cfg   landlock.Config
+	paths []Rule
+	ports []uint16
+}
+
+// ruleset plans the Landlock ruleset that enforces policy at abi, with what
+// fs has already resolved.
+func ruleset(fs *resolver, policy agentproto.Policy, abi int, log *slog.Logger) (plannedRuleset, error) {
+	var rs plannedRuleset
 	if abi < 1 {
-		return cfg, nil, 0, fmt.Errorf("cannot enforce file_access: kernel has no Landlock (ABI %d); refusing to run unconfined", abi)
+		return rs, fmt.Errorf("cannot enforce file_access: kernel has no Landlock (ABI %d); refusing to run unconfined", abi)
 	}
 	if !policy.Network && abi < MinNetworkABI {
-		return cfg, nil, 0, fmt.Errorf("cannot enforce network=false: kernel Landlock ABI %d cannot restrict TCP (needs ABI %d); refusing to run unconfined", abi, MinNetworkABI)
+		return rs, fmt.Errorf("cannot enforce network=false: kernel Landlock ABI %d cannot restrict TCP (needs ABI %d); refusing to run unconfined", abi, MinNetworkABI)
 	}
-	cfg = configs[min(abi, len(configs)-1)]
+	rs.cfg = configs[min(abi, len(configs)-1)]
 	if policy.Network {
-		cfg.HandledAccessNet = 0
+		rs.cfg.HandledAccessNet = 0
+	} else {
+		rs.ports = policy.ConnectPorts
 	}
-
-	planned, err := Plan(policy.AllowRead, policy.AllowReadWrite, policy.Deny, log)
+	planned, err := fs.plan(policy.AllowRead, policy.AllowReadWrite, policy.Deny, log)
 	if err != nil {
-		return cfg, nil, 0, err
+		return rs, err
 	}
-	rules = make([]landlock.Rule, 0, len(planned)+len(policy.ConnectPorts))
-	for _, r := range planned {
-		rules = append(rules, landlock.PathAccess(rights(r, cfg.HandledAccessFS), r.Path))
+	rs.paths = planned
+	return rs, nil
+}
+
+// build creates the ruleset and returns its descriptor and the flags to
+// enforce it with. go-landlock makes the (empty) ruleset, checking its
+// config against the kernel; the rules are added here, from descriptors
+// opened once for all the rulesets of one Enforce (paths).
+func (rs plannedRuleset) build(paths openedPaths) (int, uint32, error) {
+	fd, flags, err := rs.cfg.NewRulesetFD()
+	if err == nil && fd < 0 {
+		err = errors.New("the ruleset restricts nothing")
 	}
-	if !policy.Network {
-		for _, port := range policy.ConnectPorts {
-			rules = append(rules, landlock.ConnectTCP(port))
+	if err != nil {
+		return -1, 0, err
+	}
+	if err := rs.addRules(fd, paths); err != nil {
+		unix.Close(fd)
+		return -1, 0, err
+	}
+	return fd, flags, nil
+}
+
+func (rs plannedRuleset) addRules(fd int, paths openedPaths) error {
+	for _, r := range rs.paths {
+		access := rights(r, rs.cfg.HandledAccessFS)
+		if access == 0 {
+			continue // nothing to grant; the kernel refuses an empty rule
+		}
+		pathFD, err := paths.open(r.Path)
+		if err != nil {
+			return fmt.Errorf("populating ruleset for %q with access %v: open: %w", r.Path, access, err)
+		}
+		attr := ll.PathBeneathAttr{ParentFd: pathFD, AllowedAccess: uint64(access)}
+		if err := ll.LandlockAddPathBeneathRule(fd, &attr, 0); err != nil {
+			return fmt.Errorf("populating ruleset for %q with access %v: landlock_add_rule: %w", r.Path, access, err)
 		}
 	}
-	return cfg, rules, len(planned), nil
+	if rs.cfg.HandledAccessNet&ll.AccessNetConnectTCP != 0 {
+		for _, port := range rs.ports {
+			attr := ll.NetPortAttr{AllowedAccess: ll.AccessNetConnectTCP, Port: uint64(port)}
+			if err := ll.LandlockAddNetPortRule(fd, &attr, 0); err != nil {
+				return fmt.Errorf("populating ruleset for TCP port %d: landlock_add_rule: %w", port, err)
+			}
+		}
+	}
+	return nil
+}
+
+// openedPaths are O_PATH descriptors of rule paths, opened once each.
+type openedPaths map[string]int
+
+func (o openedPaths) open(path string) (int, error) {
+	if fd, ok := o[path]; ok {
+		return fd, nil
+	}
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	o[path] = fd
+	return fd, nil
+}
+
+func (o openedPaths) close() {
+	for path, fd := range o {
+		unix.Close(fd)
+		delete(o, path)
+	}
 }
 
 const (

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 )
@@ -45,12 +44,18 @@ type Rule struct {
 // Plan fails when a path is not absolute or cannot be examined: a policy it
 // cannot read is a policy it cannot enforce.
 func Plan(allowRead, allowReadWrite, deny []string, log *slog.Logger) ([]Rule, error) {
-	p := planner{log: log, seen: map[Rule]bool{}}
+	return newResolver().plan(allowRead, allowReadWrite, deny, log)
+}
+
+// plan is Plan with what r already learnt about the file system: the
+// agent's and the tools' policies share nearly all their paths.
+func (r *resolver) plan(allowRead, allowReadWrite, deny []string, log *slog.Logger) ([]Rule, error) {
+	p := planner{log: log, seen: map[Rule]bool{}, fs: r}
 	for _, d := range deny {
 		if !filepath.IsAbs(d) {
 			return nil, fmt.Errorf("cannot plan confinement: deny path %q is not absolute", d)
 		}
-		resolved, err := resolveMissing(d)
+		resolved, err := r.resolveMissing(d)
 		if err != nil {
 			return nil, fmt.Errorf("cannot resolve denied path: %w", err)
 		}
@@ -74,6 +79,7 @@ func Plan(allowRead, allowReadWrite, deny []string, log *slog.Logger) ([]Rule, e
 
 type planner struct {
 	log   *slog.Logger
+	fs    *resolver
 	deny  []string
 	rules []Rule
 	seen  map[Rule]bool
@@ -81,7 +87,7 @@ type planner struct {
 
 // add resolves path and places a rule for it.
 func (p *planner) add(path string, access Access) error {
-	resolved, err := filepath.EvalSymlinks(path)
+	resolved, err := p.fs.evalSymlinks(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		p.log.Debug("allowed path does not exist; skipped", "path", path, "access", access.String())
 		return nil
@@ -105,7 +111,9 @@ func (p *planner) place(path string, access Access) error {
 		p.log.Debug("allowed path lies inside a denied one; dropped", "path", path, "deny", d)
 		return nil
 	}
-	info, err := os.Stat(path)
+	// path has no symlink in it (resolved, or an entry that is no symlink),
+	// so its lstat is its stat.
+	mode, err := p.fs.stat(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		p.log.Debug("allowed path does not exist; skipped", "path", path)
 		return nil
@@ -113,7 +121,7 @@ func (p *planner) place(path string, access Access) error {
 	if err != nil {
 		return fmt.Errorf("cannot examine allowed path: %w", err)
 	}
-	if !info.IsDir() {
+	if !mode.IsDir() {
 		p.rules = append(p.rules, Rule{Path: path, Access: access})
 		return nil
 	}
@@ -121,7 +129,7 @@ func (p *planner) place(path string, access Access) error {
 		p.rules = append(p.rules, Rule{Path: path, Dir: true, Access: access})
 		return nil
 	}
-	entries, err := os.ReadDir(path)
+	entries, err := p.fs.readDir(path)
 	if err != nil {
 		return fmt.Errorf("cannot split allowed directory around a denied path: %w", err)
 	}
@@ -163,8 +171,8 @@ func (p *planner) containsDenied(dir string) bool {
 // (yet) it resolves the nearest existing ancestor and keeps the rest. A
 // denied path that is created during the run must stay denied: splitting the
 // allowed directory around it grants only the entries that exist now.
-func resolveMissing(path string) (string, error) {
-	resolved, err := filepath.EvalSymlinks(path)
+func (r *resolver) resolveMissing(path string) (string, error) {
+	resolved, err := r.evalSymlinks(path)
 	if err == nil {
 		return resolved, nil
 	}
@@ -175,7 +183,7 @@ func resolveMissing(path string) (string, error) {
 	if parent == path {
 		return path, nil
 	}
-	base, err := resolveMissing(parent)
+	base, err := r.resolveMissing(parent)
 	if err != nil {
 		return "", err
 	}

@@ -1,7 +1,10 @@
 package confine
 
 import (
+	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -224,4 +227,192 @@ func TestEnforceRefusesWithoutEnoughABI(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The resolver must answer as filepath.EvalSymlinks does, path by path and
+// error by error, although it lstats each prefix only once.
+func TestTheResolverResolvesAsEvalSymlinksDoes(t *testing.T) {
+	t.Parallel()
+	root := tree(t)
+	for _, link := range []struct{ name, target string }{
+		{"loop-a", "loop-b"},
+		{"loop-b", "loop-a"},
+		{"dangling", "nowhere/at/all"},
+		{"allowed/sub/up", "../../denied"},
+		{"abs-sub", root + "/allowed/sub"},
+		{"chain", "to-allowed"},
+	} {
+		if err := os.Symlink(link.target, filepath.Join(root, link.name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	paths := []string{
+		"/", "/usr", "/bin", "/bin/sh", "/proc/self", "/proc/self/status", "/etc/ssl/certs", "/dev/null",
+		root + "/to-allowed/sub/ok.txt",
+		root + "/chain/sub/deeper",
+		root + "/abs-sub/secret.txt",
+		root + "/allowed/sub/up/inner/y.txt",
+		root + "/allowed/sub/up/../allowed/a.txt",
+		root + "/allowed/./sub//ok.txt/",
+		root + "/allowed/a.txt/below",
+		root + "/allowed/missing/below",
+		root + "/dangling",
+		root + "/dangling/below",
+		root + "/loop-a",
+		root + "/loop-a/below",
+		root + "/allowed/etc-link/passwd",
+		root + "/../../..",
+		"/..",
+		"/../usr/./lib",
+	}
+	r := newResolver()
+	// Twice through the same resolver: the second round is answered from
+	// what it remembers.
+	for round := range 2 {
+		for _, p := range paths {
+			want, wantErr := filepath.EvalSymlinks(p)
+			got, err := r.evalSymlinks(p)
+			if got != want || (err == nil) != (wantErr == nil) || (err != nil && err.Error() != wantErr.Error()) {
+				t.Errorf("round %d: evalSymlinks(%q) = %q, %v; EvalSymlinks gives %q, %v", round, p, got, err, want, wantErr)
+			}
+			if wantErr != nil && errors.Is(wantErr, fs.ErrNotExist) != errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("round %d: evalSymlinks(%q) error %v is not-exist %v, EvalSymlinks' %v", round, p, err, !errors.Is(wantErr, fs.ErrNotExist), wantErr)
+			}
+		}
+	}
+}
+
+func TestPlanThroughLinksLoopsAndSharedPrefixes(t *testing.T) {
+	t.Parallel()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	tests := []struct {
+		name                  string
+		read, readWrite, deny []string
+		want                  []string
+		wantErr               string
+	}{
+		{
+			name: "A_denied_path_named_through_a_symlinked_prefix_is_carved_out_of_the_real_directory",
+			read: []string{"to-allowed"},
+			deny: []string{"to-allowed/sub/secret.txt"},
+			want: []string{"r file allowed/a.txt", "r dir allowed/sub/deeper", "r file allowed/sub/ok.txt"},
+		},
+		{
+			name: "A_missing_denied_path_beneath_a_symlinked_prefix_is_carved_out_of_the_real_directory",
+			read: []string{"allowed"},
+			deny: []string{"to-allowed/sub/not-yet.txt"},
+			want: []string{"r file allowed/a.txt", "r dir allowed/sub/deeper", "r file allowed/sub/ok.txt", "r file allowed/sub/secret.txt"},
+		},
+		{
+			name: "A_denied_path_listed_after_others_still_splits_a_directory_they_resolved",
+			read: []string{"allowed/sub/deeper", "allowed"},
+			deny: []string{"denied", "to-allowed/sub/deeper/x.txt"},
+			want: []string{"r file allowed/a.txt", "r file allowed/sub/ok.txt", "r file allowed/sub/secret.txt"},
+		},
+		{
+			name:    "An_allowed_path_through_a_symlink_loop_is_refused",
+			read:    []string{"allowed", "loop-a/x"},
+			wantErr: "too many links",
+		},
+		{
+			name:    "A_denied_path_through_a_symlink_loop_is_refused",
+			read:    []string{"allowed"},
+			deny:    []string{"loop-b"},
+			wantErr: "too many links",
+		},
+		{
+			name: "A_dangling_allowed_symlink_is_skipped",
+			read: []string{"dangling", "allowed/a.txt"},
+			want: []string{"r file allowed/a.txt"},
+		},
+		{
+			name:    "An_allowed_path_beneath_a_file_is_refused",
+			read:    []string{"allowed/a.txt/below"},
+			wantErr: "not a directory",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			root := tree(t)
+			for _, link := range []struct{ name, target string }{{"loop-a", "loop-b"}, {"loop-b", "loop-a"}, {"dangling", "nowhere"}} {
+				if err := os.Symlink(link.target, filepath.Join(root, link.name)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			abs := func(paths []string) []string {
+				var out []string
+				for _, p := range paths {
+					out = append(out, filepath.Join(root, p))
+				}
+				return out
+			}
+			rules, err := Plan(abs(tc.read), abs(tc.readWrite), abs(tc.deny), quiet)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Plan error = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Plan: %v", err)
+			}
+			if got := describe(t, root, rules); !slices.Equal(got, tc.want) {
+				t.Errorf("Plan rules:\n got %q\nwant %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// Enforce plans the agent's and the tools' policies through one resolver;
+// the second plan must be what a fresh Plan makes of it.
+func TestASecondPlanThroughTheSameResolverIsAFreshPlan(t *testing.T) {
+	t.Parallel()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	root := tree(t)
+	read := []string{"/usr", "/bin", "/proc/self", "/etc/passwd", root + "/to-allowed"}
+	readWrite := []string{root + "/allowed/sub", "/dev/null"}
+	r := newResolver()
+	if _, err := r.plan(read, readWrite, []string{root + "/denied"}, quiet); err != nil {
+		t.Fatal(err)
+	}
+	// The tools' plan denies more, beneath what the first plan resolved.
+	toolsDeny := []string{root + "/denied", root + "/allowed/sub/secret.txt", fmt.Sprintf("/proc/%d", os.Getpid())}
+	got, err := r.plan(read, readWrite, toolsDeny, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := Plan(read, readWrite, toolsDeny, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("second plan through one resolver:\n got %v\nwant %v", got, want)
+	}
+	for _, rule := range got {
+		if strings.HasPrefix(rule.Path, "/proc/") || rule.Path == root+"/allowed/sub" || rule.Path == root+"/allowed/sub/secret.txt" {
+			t.Errorf("the tools' plan grants %s, which it denies", rule.Path)
+		}
+	}
+}
+
+// describe renders rules as "r|rw dir|file path-relative-to-root".
+func describe(t *testing.T, root string, rules []Rule) []string {
+	t.Helper()
+	var got []string
+	for _, r := range rules {
+		access, kind := "r", "file"
+		if r.Access == ReadWrite {
+			access = "rw"
+		}
+		if r.Dir {
+			kind = "dir"
+		}
+		rel, err := filepath.Rel(root, r.Path)
+		if err != nil || strings.HasPrefix(rel, "..") {
+			t.Fatalf("rule %+v lies outside the test tree", r)
+		}
+		got = append(got, access+" "+kind+" "+rel)
+	}
+	return got
 }

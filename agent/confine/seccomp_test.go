@@ -1,8 +1,15 @@
 package confine
 
 import (
+	"os"
+	"runtime"
 	"slices"
 	"testing"
+
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/agent/confine/syscallfilter"
 )
 
 // The filter assembles on this architecture and refuses what the issue
@@ -10,7 +17,7 @@ import (
 // tests), since a filter cannot be removed from the test process.
 func TestTheFilterAssemblesAndRefusesKeyringsAndNamespaces(t *testing.T) {
 	t.Parallel()
-	p, err := FilterPolicy()
+	p, err := syscallfilter.Policy(Refused, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -22,6 +29,9 @@ func TestTheFilterAssemblesAndRefusesKeyringsAndNamespaces(t *testing.T) {
 		if !slices.Contains(refused.Names, name) {
 			t.Errorf("%s is not refused", name)
 		}
+		if !slices.Contains(RefusedHere(), name) {
+			t.Errorf("%s is not refused by the filter berth-agent loads", name)
+		}
 	}
 	var conditional []string
 	for _, c := range refused.NamesWithCondtions {
@@ -31,8 +41,74 @@ func TestTheFilterAssemblesAndRefusesKeyringsAndNamespaces(t *testing.T) {
 		t.Errorf("conditionally refused: %q, want clone and unshare", conditional)
 	}
 	for _, needed := range []string{"landlock_restrict_self", "landlock_create_ruleset", "execve", "clone", "setpgid", "kill", "bind", "listen", "connect", "ptrace"} {
-		if slices.Contains(refused.Names, needed) {
+		if slices.Contains(refused.Names, needed) || slices.Contains(RefusedHere(), needed) {
 			t.Errorf("%s, which berth-agent or its tools need, is refused", needed)
+		}
+	}
+}
+
+// berth-agent loads the program assembled at build time; it must be the
+// one go-seccomp-bpf assembles from Refused today, on this architecture
+// (the library by itself) and in every generated file (run `go generate
+// ./agent/confine` after changing Refused or the policy).
+func TestTheGeneratedFilterIsWhatThePolicyAssemblesNow(t *testing.T) {
+	t.Parallel()
+	native, err := syscallfilter.Assemble(Refused, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if generatedAuditArch != native.AuditArch || !slices.Equal(generatedRefused, native.Refused) || !slices.Equal(generatedProgram, native.Program) {
+		t.Fatalf("zfilter_%s.go is not what go-seccomp-bpf assembles now; run go generate ./agent/confine", runtime.GOARCH)
+	}
+	// What is loaded: the foreign architecture guard, then exactly the
+	// program the library's own LoadFilter would load.
+	p, err := syscallfilter.Policy(Refused, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	insts, err := p.Assemble()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := bpf.Assemble(insts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	library := generatedProgram[syscallfilter.ForeignArchGuard:]
+	if len(library) != len(raw) {
+		t.Fatalf("the loaded program has %d instructions after the guard, the library's %d", len(library), len(raw))
+	}
+	for i, r := range raw {
+		if in := library[i]; in.Code != r.Op || in.Jt != r.Jt || in.Jf != r.Jf || in.K != r.K {
+			t.Errorf("instruction %d after the guard is %+v, the library's is %+v", i, in, r)
+		}
+	}
+	guard := generatedProgram[:syscallfilter.ForeignArchGuard]
+	if guard[0] != (unix.SockFilter{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 4}) ||
+		guard[1] != (unix.SockFilter{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 1, K: generatedAuditArch}) ||
+		guard[2] != (unix.SockFilter{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)}) {
+		t.Errorf("the guard does not refuse other architectures with EPERM: %+v", guard)
+	}
+	// The generator assembles every architecture on one machine; here it
+	// must agree with the library's own choice of architecture.
+	named, err := syscallfilter.Assemble(Refused, runtime.GOARCH)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(named.Program, native.Program) || named.AuditArch != native.AuditArch {
+		t.Errorf("assembling for %s by name differs from the library's native assembly", runtime.GOARCH)
+	}
+	for _, goarch := range syscallfilter.GOARCHes {
+		want, err := syscallfilter.GoFile("confine", Refused, goarch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		have, err := os.ReadFile("zfilter_" + goarch + ".go")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(have) != string(want) {
+			t.Errorf("zfilter_%s.go is stale; run go generate ./agent/confine", goarch)
 		}
 	}
 }

@@ -53,11 +53,8 @@ func sandboxHolds(p isolation.Plan, unit bool) (holds, missing []string) {
 
 // filterHolds describes berth-agent's syscall filter.
 func filterHolds() string {
-	n := len(confine.Refused)
-	if p, err := confine.FilterPolicy(); err == nil && len(p.Syscalls) > 0 {
-		n = len(p.Syscalls[0].Names)
-	}
-	return fmt.Sprintf("syscall filter (seccomp, set by berth-agent after Landlock, inherited by every tool): %d syscalls refused with EPERM — "+
+	n := len(confine.RefusedHere())
+	return fmt.Sprintf("syscall filter (seccomp, set by berth-agent just before Landlock, inherited by every tool): %d syscalls refused with EPERM — "+
 		"keyrings (keyctl, add_key, request_key), mounts, setns and namespace flags of clone/unshare, modules, kexec, reboot, swap, "+
 		"bpf, perf_event_open, userfaultfd, io_uring, clock setting, open_by_handle_at; clone3 answers ENOSYS; "+
 		"other architectures' syscalls are refused", n)
