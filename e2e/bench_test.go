@@ -20,7 +20,9 @@ import (
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/devstack"
+	"github.com/berth-dev/berth/internal/testdocker"
 	"github.com/berth-dev/berth/internal/testenv"
+	boxes "github.com/berth-dev/berth/isolation/container"
 )
 
 // fastSink is a chat platform that takes every reply at once and notes
@@ -90,7 +92,7 @@ func (s *fastSink) at(id string) time.Time {
 // benchStack is the suite as systemd runs it: agents a0…a7 (Landlock host
 // runs, local provider), free (file_access unrestricted), each bound to the
 // channel of its name, max_concurrent_runs 8.
-func benchStack(b *testing.B) (*devstack.Stack, *fastSink) {
+func benchStack(b *testing.B, warmContainers ...string) (*devstack.Stack, *fastSink) {
 	b.Helper()
 	testenv.NeedRoot(b)
 	if buildErr != nil {
@@ -110,6 +112,10 @@ func benchStack(b *testing.B) (*devstack.Stack, *fastSink) {
 		}
 		fmt.Fprintf(&cfg, "[[agents]]\nid = %q\nmax_iterations = 4\n%s\n", a, extra)
 	}
+	for _, a := range warmContainers {
+		fmt.Fprintf(&cfg, "[[agents]]\nid = %q\nmax_iterations = 4\n%s\nwarm = 1\n\n", a, containerAgent)
+		agents = append(agents, a)
+	}
 	fmt.Fprintf(&cfg, "[intake]\ndefault_agent = \"a0\"\n\n")
 	fmt.Fprintf(&cfg, "[[connectors]]\nid = \"hooks\"\ntype = \"webhook\"\nsecret = %q\nreply_url = %q\n\n", secret, sink.srv.URL+"/replies")
 	for _, a := range agents {
@@ -120,7 +126,11 @@ func benchStack(b *testing.B) (*devstack.Stack, *fastSink) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	st, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: dir, Config: cfg.String()})
+	var env []string
+	if v := os.Getenv("BENCH_E2E_LOG_LEVEL"); v != "" {
+		env = append(env, "BERTH_LOG_LEVEL="+v)
+	}
+	st, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: dir, Config: cfg.String(), Env: env})
 	if err != nil {
 		b.Fatalf("cannot start the suite: %v", err)
 	}
@@ -144,8 +154,18 @@ func nextBenchID() string {
 // intake answered 202.
 func postTo(b *testing.B, st *devstack.Stack, agent string) string {
 	b.Helper()
+	return postText(b, st, agent, "ping")
+}
+
+// postText posts text (followed by the message's id when it is "ping") to
+// agent's channel and returns the message's id once intake answered 202.
+func postText(b *testing.B, st *devstack.Stack, agent, text string) string {
+	b.Helper()
 	id := nextBenchID()
-	body, _ := json.Marshal(map[string]string{"id": id, "channel": agent, "author": "bench", "text": "ping " + id})
+	if text == "ping" {
+		text += " " + id
+	}
+	body, _ := json.Marshal(map[string]string{"id": id, "channel": agent, "author": "bench", "text": text})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	resp, err := st.Post(ctx, "hooks", []byte(secret), body)
@@ -329,4 +349,68 @@ func runSplit(b *testing.B, st *devstack.Stack, runIDs []string) (toConfined, to
 		b.Fatal("no run's stderr has berth-agent's \"confined with Landlock\" line")
 	}
 	return toConfined, toEnd
+}
+
+// BenchmarkWarmContainer measures POST → reply for a container agent with a
+// warm pool (warm = 1), one message at a time, each sent once the pool has a
+// container again (so every message is a hand-off to a waiting container),
+// beside a Landlock agent of the same stack. "ping" is the message of
+// BenchmarkWholePath (no tool); "/sh true" adds one tool call.
+func BenchmarkWarmContainer(b *testing.B) {
+	cli := testdocker.Engine(b)
+	runs := 30
+	if v, err := strconv.Atoi(os.Getenv("BENCH_E2E_RUNS")); err == nil && v > 0 {
+		runs = v / 2
+	}
+	st, sink := benchStack(b, "w0")
+	conn, err := st.Conn()
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Activate the scheduler: it fills the pool.
+	if err := conn.Object(bus.SchedulerName, bus.SchedulerPath).Call("org.freedesktop.DBus.Peer.Ping", 0).Err; err != nil {
+		b.Fatalf("cannot activate the scheduler: %v", err)
+	}
+	pool := boxes.LabelPool + "=w0"
+	used := map[string]bool{}
+	waitWarm := func() {
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			for _, c := range containersLabelled(b, cli, pool) {
+				if c.State == "running" && !used[c.ID] {
+					used[c.ID] = true
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				b.Fatal("the warm pool of w0 has no new container within 2 minutes")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	measure := func(agent, text string) []time.Duration {
+		var took []time.Duration
+		for range runs {
+			if agent == "w0" {
+				waitWarm()
+			}
+			start := time.Now()
+			id := postText(b, st, agent, text)
+			waitFor(b, sink.expect(id), id)
+			took = append(took, sink.at(id).Sub(start))
+		}
+		return took
+	}
+	// Warm up: the scheduler's activation, the default image, the pool.
+	measure("w0", "ping")
+	measure("a0", "ping")
+	b.ResetTimer()
+	warm, landlock := measure("w0", "ping"), measure("a0", "ping")
+	warmTool := measure("w0", "/sh true")
+	keepLogs(b, st)
+	sink.failures(b)
+	b.ReportMetric(ms(quantile(warm, 0.5)), "warm_p50_ms")
+	b.ReportMetric(ms(quantile(warm, 0.95)), "warm_p95_ms")
+	b.ReportMetric(ms(quantile(warmTool, 0.5)), "warm_tool_p50_ms")
+	b.ReportMetric(ms(quantile(landlock, 0.5)), "landlock_p50_ms")
 }

@@ -17,7 +17,7 @@ import (
 	boxes "github.com/berth-dev/berth/isolation/container"
 )
 
-func containersLabelled(t *testing.T, cli *client.Client, label string) []container.Summary {
+func containersLabelled(t testing.TB, cli *client.Client, label string) []container.Summary {
 	t.Helper()
 	list, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", label)})
 	if err != nil {

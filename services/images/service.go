@@ -80,6 +80,8 @@ type Service struct {
 	busybox string
 	tmpDir  string
 
+	plans planMemo // computed plans (planmemo.go)
+
 	mu     sync.Mutex // guards builds and jobs; never held across I/O
 	builds map[string]*build
 	jobs   map[uint64]*Job
@@ -257,18 +259,29 @@ func (s *Service) planFor(ctx context.Context, target string) (*plan, error) {
 	}
 	p := &plan{target: target, settings: settings}
 	agent := s.agentBinary()
+	var baseID string
 	switch {
 	case settings.Enabled && settings.Image != "":
-		id, err := s.baseImageID(ctx, settings.Image)
-		if err != nil {
+		if baseID, err = s.baseImageID(ctx, settings.Image); err != nil {
 			return nil, err
 		}
+	case settings.Enabled:
+		if baseID, err = s.baseImageID(ctx, settings.BaseImage); err != nil {
+			return nil, err
+		}
+	}
+	key, memoizable := s.plans.key(target, settings, baseID, s.version, agent, s.busybox)
+	if memoizable {
+		if p, ok := s.plans.get(key); ok {
+			return p, nil
+		}
+	}
+	switch {
+	case settings.Enabled && settings.Image != "":
+		id := baseID
 		p.isolated = imagectl.IsolatedImage{From: id, BaseRef: settings.Image, BaseHash: id}
 	case settings.Enabled:
-		id, err := s.baseImageID(ctx, settings.BaseImage)
-		if err != nil {
-			return nil, err
-		}
+		id := baseID
 		p.sandbox = &imagectl.SandboxImage{BaseRef: settings.BaseImage, BaseID: id, Packages: settings.Packages, Env: settings.EnvVars, Source: s.source}
 		p.isolated = imagectl.IsolatedImage{From: p.sandbox.Tag(), BaseRef: p.sandbox.Tag() + " (image_config on " + settings.BaseImage + ")", BaseHash: p.sandbox.Hash()}
 	default:
@@ -285,6 +298,9 @@ func (s *Service) planFor(ctx context.Context, target string) (*plan, error) {
 		return nil, err
 	}
 	p.tag = imagectl.IsolatedTag(s.version, p.hash)
+	if memoizable {
+		s.plans.put(key, p)
+	}
 	return p, nil
 }
 
@@ -380,6 +396,12 @@ func (s *Service) EnsureIsolationImage(ctx context.Context, agent string) (strin
 // that ListImages shows it and Clean can remove it.
 func (s *Service) used(ctx context.Context, p *plan) {
 	now := s.clock.Now().UTC()
+	// A use recorded less than usedEvery ago is not written again: a write
+	// per run was an fsynced commit per container run, for a time that
+	// orders images for Clean and shows in ListImages.
+	if rec, ok, err := s.store.image(p.tag); err == nil && ok && !rec.LastUsed.IsZero() && now.Sub(rec.LastUsed) < usedEvery && !now.Before(rec.LastUsed) {
+		return
+	}
 	tags := map[string]string{p.tag: imagectl.KindIsolated}
 	if p.sandbox != nil {
 		tags[p.sandbox.Tag()] = imagectl.KindSandbox
