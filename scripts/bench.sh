@@ -14,7 +14,9 @@
 #   e2e        go test -bench WholePath in e2e: signed POST → reply from a
 #              fake platform through the real daemons (Landlock host runs,
 #              local provider): p50 at one sender beside an unrestricted
-#              agent's, runs/s of one agent and of 8 agents
+#              agent's, runs/s of one agent and of 8 agents; and
+#              (BenchmarkWarmContainer) POST → reply through a warm container
+#              pool beside a Landlock agent of the same stack
 #   egress     scripts/bench-egress.sh, when it exists: the egress proxy
 #              beside direct requests
 #
@@ -117,7 +119,7 @@ fi
 
 if has e2e; then
 	echo "== e2e (go test ./e2e -bench WholePath)" >&2
-	if timeout 300 go test ./e2e -run '^$' -bench '^BenchmarkWholePath$' -benchtime 1x -count 1 -timeout 5m >"$out/e2e" 2>&1; then
+	if timeout 400 go test ./e2e -run '^$' -bench '^(BenchmarkWholePath|BenchmarkWarmContainer)$' -benchtime 1x -count 1 -timeout 6m >"$out/e2e" 2>&1; then
 		# value UNIT of the first line of benchmark NAME.
 		e2e() {
 			awk -v name="$1" -v unit="$2" '$1 ~ "^"name"(-[0-9]+)?$" { for (i = 3; i < NF; i++) if ($(i+1) == unit) { printf "%.1f", $i; exit } }' "$out/e2e"
@@ -128,6 +130,9 @@ if has e2e; then
 		row "landlock: the run, split at the agent's \"confined\" line (p50)" "started → confined $(e2e $b start_to_confined_p50_ms) ms, confined → ended $(e2e $b confined_to_end_p50_ms) ms" "" ""
 		row "landlock: one agent's backlog, POST → last reply" "$(e2e BenchmarkWholePath/one-agent runs/s) runs/s" "" "target ≥ 30 runs/s"
 		row "landlock: 8 agents' backlog, POST → last reply" "$(e2e BenchmarkWholePath/8-agents runs/s) runs/s" "" "target ≥ 100 runs/s on 2 cores"
+		b=BenchmarkWarmContainer
+		row "container, warm pool: POST → reply, one sender (p50)" "$(e2e $b warm_p50_ms) ms (p95 $(e2e $b warm_p95_ms) ms); with one tool call (/sh true) $(e2e $b warm_tool_p50_ms) ms" \
+			"Landlock agent, same stack: $(e2e $b landlock_p50_ms) ms" "target p50 ≤ 25 ms"
 	else
 		row "e2e" "did not run: $(grep -m1 -E 'FAIL|panic|cannot|did not' "$out/e2e" || tail -n1 "$out/e2e")" "" ""
 	fi
