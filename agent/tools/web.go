@@ -14,6 +14,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/berth-dev/berth/agent/provider"
@@ -93,29 +94,35 @@ func (t webFetch) Call(ctx context.Context, raw json.RawMessage) (string, error)
 	return out.String(), nil
 }
 
+// The page-to-text expressions, compiled at first use: berth-agent starts
+// once per run, and most runs fetch no page.
 var (
-	htmlDrop  = regexp.MustCompile(`(?is)<(script|style|noscript|template|svg|head)\b.*?</(script|style|noscript|template|svg|head)\s*>|<!--.*?-->`)
-	htmlBreak = regexp.MustCompile(`(?i)<(br|/p|/div|/li|/tr|/h[1-6]|/title|/pre|/blockquote|/section|/article|hr)\b[^>]*>`)
-	htmlTag   = regexp.MustCompile(`(?s)<[^>]*>`)
-	blankRuns = regexp.MustCompile(`\n\s*\n\s*\n+`)
-	spaceRuns = regexp.MustCompile(`[ \t\r\f\v]+`)
+	htmlDrop = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`(?is)<(script|style|noscript|template|svg|head)\b.*?</(script|style|noscript|template|svg|head)\s*>|<!--.*?-->`)
+	})
+	htmlBreak = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`(?i)<(br|/p|/div|/li|/tr|/h[1-6]|/title|/pre|/blockquote|/section|/article|hr)\b[^>]*>`)
+	})
+	htmlTag   = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?s)<[^>]*>`) })
+	blankRuns = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`\n\s*\n\s*\n+`) })
+	spaceRuns = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`[ \t\r\f\v]+`) })
 )
 
 // HTMLText reduces an HTML page to readable text: scripts, styles and
 // comments dropped, block ends turned into line breaks, tags removed,
 // entities decoded, blank runs collapsed.
 func HTMLText(page string) string {
-	s := htmlDrop.ReplaceAllString(page, " ")
-	s = htmlBreak.ReplaceAllString(s, "\n")
-	s = htmlTag.ReplaceAllString(s, " ")
+	s := htmlDrop().ReplaceAllString(page, " ")
+	s = htmlBreak().ReplaceAllString(s, "\n")
+	s = htmlTag().ReplaceAllString(s, " ")
 	s = html.UnescapeString(s)
-	s = spaceRuns.ReplaceAllString(s, " ")
+	s = spaceRuns().ReplaceAllString(s, " ")
 	lines := strings.Split(s, "\n")
 	for i, l := range lines {
 		lines[i] = strings.TrimSpace(l)
 	}
 	s = strings.Join(lines, "\n")
-	s = blankRuns.ReplaceAllString(s, "\n\n")
+	s = blankRuns().ReplaceAllString(s, "\n\n")
 	return strings.TrimSpace(s)
 }
 
