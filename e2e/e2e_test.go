@@ -207,7 +207,7 @@ func launchIn(t *testing.T, dir string, sink *replySink, cfg string, env []strin
 	}
 	t.Cleanup(func() {
 		st.Stop()
-		for _, p := range []string{st.IntakeLog, st.Bus.LogPath} {
+		for _, p := range []string{st.IntakeLog, st.BusLog} {
 			b, _ := os.ReadFile(p)
 			for _, secret := range secrets {
 				if strings.Contains(string(b), secret) {

@@ -95,7 +95,7 @@ func launchShort(t *testing.T, sink *replySink, cfg string, env []string, secret
 	}
 	t.Cleanup(func() {
 		st.Stop()
-		for _, p := range []string{st.IntakeLog, st.Bus.LogPath} {
+		for _, p := range []string{st.IntakeLog, st.BusLog} {
 			b, _ := os.ReadFile(p)
 			for _, secret := range secrets {
 				if strings.Contains(string(b), secret) {

@@ -80,7 +80,10 @@ type Stack struct {
 	StateDir   string
 	IntakeURL  string
 	IntakeLog  string
-	intake     *exec.Cmd
+	// BusLog is where Stop keeps the bus's log (dbus-daemon's and the
+	// activated services' output) when it removes the bus's directory.
+	BusLog string
+	intake *exec.Cmd
 }
 
 // Start brings the suite up: the bus (scheduler activatable on it) and the
@@ -150,6 +153,7 @@ func (s *Stack) startIntakeSocket(addr string) error {
 	}
 	args = append(args, filepath.Join(s.BinDir, "berth-intake"))
 	s.IntakeLog = filepath.Join(s.Dir, "intake.log")
+	s.BusLog = filepath.Join(s.Dir, "bus.log")
 	logFile, err := os.OpenFile(s.IntakeLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("cannot open intake log: %w", err)
@@ -274,6 +278,10 @@ func (s *Stack) Stop() {
 		}
 	}
 	if s.Bus != nil {
+		// The bus's directory goes with it: keep its log for the caller.
+		if data, err := os.ReadFile(s.Bus.LogPath); err == nil {
+			_ = os.WriteFile(s.BusLog, data, 0o644)
+		}
 		s.Bus.Stop()
 	}
 }
