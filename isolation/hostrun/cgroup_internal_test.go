@@ -127,9 +127,17 @@ func TestRunCgroupsLeftByASchedulerThatIsGoneAreRemovedAndOthersKept(t *testing.
 	if err := dead.Run(); err != nil {
 		t.Fatal(err)
 	}
-	leftover := filepath.Join(p.dir(), cgroupName("leftover", dead.Process.Pid))
-	mine := filepath.Join(p.dir(), cgroupName("mine", os.Getpid()))
-	live := filepath.Join(p.dir(), cgroupName("live", os.Getppid()))
+	// A parent of the test's own, named without an owner: schedulers of
+	// other test processes clean berth-runs too, and would remove the
+	// leftover (rightly) before this test could look.
+	parent := filepath.Join(p.dir(), "leftovers-test-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = removeCgroup(host.version, parent) })
+	leftover := filepath.Join(parent, cgroupName("leftover", dead.Process.Pid))
+	mine := filepath.Join(parent, cgroupName("mine", os.Getpid()))
+	live := filepath.Join(parent, cgroupName("live", os.Getppid()))
 	for _, d := range []string{leftover, mine, live} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -138,7 +146,7 @@ func TestRunCgroupsLeftByASchedulerThatIsGoneAreRemovedAndOthersKept(t *testing.
 	}
 	cmd := startInCgroup(t, leftover)
 
-	removeLeftovers(host.version, p.dir())
+	removeLeftovers(host.version, parent)
 	if _, err := os.Stat(leftover); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the left-over run cgroup %s is still there: %v", leftover, err)
 	}

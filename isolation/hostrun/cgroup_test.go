@@ -104,7 +104,9 @@ func TestAForkBombIsHeldAtPidsMaxAndTheNextRunWorks(t *testing.T) {
 	t.Parallel()
 	needCgroups(t)
 	const pids = 64
-	s := landlockSpec(t, "/sh b(){ b | b & }; b; sleep 60")
+	// exec: once the bomb holds every pid, the tool must not need a fork to
+	// keep the run going (a refused fork of sleep ended the run early).
+	s := landlockSpec(t, "/sh b(){ b | b & }; b; exec sleep 60")
 	s.Limits = isolation.Limits{Pids: pids}
 	dirs, _ := hostrun.RunCgroups(s.RunID)
 	var pidsDir string
@@ -180,7 +182,10 @@ func TestNoProcessOfARunOutlivesIt(t *testing.T) {
 		reason  string
 	}{
 		{"A_tool_that_left_the_agents_session_is_killed_when_the_run_succeeds", func(t *testing.T) isolation.Spec {
-			return landlockSpec(t, "/sh setsid sleep 300 > sleeper.out 2>&1 & echo $! > sleeper.pid")
+			// The tool waits for the file "checked", which the test writes
+			// once it saw the agent in its cgroups: an agent that already
+			// exited is in none.
+			return landlockSpec(t, "/sh setsid sleep 300 > sleeper.out 2>&1 & echo $! > sleeper.pid; while [ ! -e checked ]; do sleep 0.05; done")
 		}, "sleeper.pid", ""},
 		{"A_child_of_a_timed_out_run_is_killed", func(t *testing.T) isolation.Spec {
 			s := spec(t, "spawn")
@@ -196,7 +201,7 @@ func TestNoProcessOfARunOutlivesIt(t *testing.T) {
 			inCgroup := make(chan error, 1)
 			s.OnStart = func(h string) error {
 				inCgroup <- agentIn(h, dirs)
-				return nil
+				return os.WriteFile(filepath.Join(s.Workspace, "checked"), nil, 0o644)
 			}
 			res, err := hostrun.Runner{}.Run(context.Background(), s)
 			if got := isolation.ReasonOf(err); got != tc.reason {
