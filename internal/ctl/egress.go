@@ -3,6 +3,7 @@ package ctl
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -118,10 +119,7 @@ func isHostPort(s string) bool {
 // parseInterleaved parses flags wherever they stand among the arguments
 // (`explain AGENT URL --json` as well as `explain --json AGENT URL`) and
 // returns the positional ones.
-func parseInterleaved(fs interface {
-	Parse([]string) error
-	Args() []string
-}, args []string) ([]string, error) {
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
