@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"unicode/utf8"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/berth-dev/berth/agent/confine"
 	agentegress "github.com/berth-dev/berth/agent/egress"
 	"github.com/berth-dev/berth/agent/tools"
@@ -104,13 +102,9 @@ func serveEgress(e agentproto.Egress, log *slog.Logger) (*agentegress.Proxy, err
 		return nil, err
 	}
 	// Whatever the runner granted for that (CAP_NET_ADMIN in the agent's
-	// own user namespace) must not reach the tools. An agent that holds
-	// none (a root scheduler's run: its switch to the run's uid cleared
-	// them) skips the drop's two passes over every thread.
-	if holdsCapabilities() {
-		if err := agentegress.DropCapabilities(); err != nil {
-			return nil, err
-		}
+	// own user namespace) must not reach the tools.
+	if err := agentegress.DropCapabilities(); err != nil {
+		return nil, err
 	}
 	proxy, err := agentegress.Listen(e)
 	if err != nil {
@@ -122,24 +116,6 @@ func serveEgress(e agentproto.Egress, log *slog.Logger) (*agentegress.Proxy, err
 		}
 	}()
 	return proxy, nil
-}
-
-// holdsCapabilities reports whether the calling thread holds any capability
-// (effective, permitted or inheritable; ambient ones are in both of the
-// latter), and true when it cannot tell. One thread speaks for all:
-// berth-agent changes capabilities only on every thread at once.
-func holdsCapabilities() bool {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return true
-	}
-	for _, d := range data {
-		if d.Effective|d.Permitted|d.Inheritable != 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // runSafely runs the request and turns a panic into an internal error response.

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berth-dev/berth/agent/confine"
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/testenv"
@@ -61,5 +63,63 @@ func TestMaskingOutsideANamespaceOfItsOwnFailsClosed(t *testing.T) {
 				t.Errorf("the host's /run lost %s: %v", hostFile, err)
 			}
 		})
+	}
+}
+
+// A non-root scheduler starts berth-agent in user, mount and IPC namespaces
+// of its own with CAP_SYS_ADMIN there: the agent masks the host's socket
+// directories itself, so a tool cannot even see a file of the host's /run,
+// while what its policy allows beneath /run is bound back and readable.
+func TestANonRootAgentMasksTheHostsSocketsItselfAndKeepsItsOwnPaths(t *testing.T) {
+	t.Parallel()
+	requireLandlock(t, confine.MinNetworkABI)
+	testenv.NeedRoot(t)
+	host, err := os.CreateTemp("/run", "berth-test-host-file-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostFile := host.Name()
+	host.Close()
+	t.Cleanup(func() { os.Remove(hostFile) })
+	kept, err := os.MkdirTemp("/run", "berth-test-kept-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(kept) })
+	if err := os.Chmod(kept, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(kept, "kept.txt"), "kept notes\n")
+	nobody := users(t)[0]
+	f := openFixture(t, nobody)
+	req := f.hostRequest("/sh cat " + filepath.Join(kept, "kept.txt") + "; test -e " + hostFile + "; echo host=$?")
+	req.Policy.AllowRead = append(req.Policy.AllowRead, kept)
+	stdin, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(agentBinary)
+	cmd.Env = []string{"PATH=/usr/bin:/bin", confine.MaskEnv + "=1"}
+	cmd.Stdin = bytes.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential:  &syscall.Credential{Uid: uint32(nobody.uid), Gid: uint32(nobody.gid)},
+		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWIPC,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: nobody.uid, HostID: nobody.uid, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: nobody.gid, HostID: nobody.gid, Size: 1}},
+		AmbientCaps: []uintptr{unix.CAP_SYS_ADMIN},
+	}
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("berth-agent: %v\nstderr: %s", err, stderr.String())
+	}
+	var resp agentproto.Response
+	if err := json.Unmarshal(stdout.Bytes(), &resp); err != nil {
+		t.Fatalf("stdout is not a response: %v\n%s", err, stdout.String())
+	}
+	for _, want := range []string{"kept notes\n", "host=1\n"} {
+		if !strings.Contains(resp.Reply, want) {
+			t.Errorf("the tool's output lacks %q (the host's /run hidden, the allowed path kept):\n%s\nstderr: %s", want, resp.Reply, stderr.String())
+		}
 	}
 }

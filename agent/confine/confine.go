@@ -115,7 +115,7 @@ func Enforce(policy agentproto.Policy, abi int, log *slog.Logger) (*Launcher, er
 		unix.Close(toolFD)
 		return nil, err
 	}
-	if err := restrictAllThreads(agentFD, agentFlags); err != nil {
+	if err := restrictAllThreads(agentFD, agentFlags, abi); err != nil {
 		unix.Close(toolFD)
 		return nil, fmt.Errorf("cannot enforce Landlock ABI %d: %w", abi, err)
 	}
@@ -126,11 +126,12 @@ func Enforce(policy agentproto.Policy, abi int, log *slog.Logger) (*Launcher, er
 
 // restrictAllThreads enforces the ruleset on every thread of the process,
 // as go-landlock's Config.Restrict does: with TSYNC from ABI 8 on, else on
-// each thread in turn. Every thread must have no_new_privs already (the
-// syscall filter's TSYNC gave it to them).
-func restrictAllThreads(fd int, flags uint32) error {
+// each thread in turn (abi is Enforce's, never above the kernel's). Every
+// thread must have no_new_privs already (the syscall filter's TSYNC gave it
+// to them).
+func restrictAllThreads(fd int, flags uint32, abi int) error {
 	var err error
-	if KernelABI() >= 8 {
+	if abi >= 8 {
 		// From ABI 11 the kernel sets no_new_privs itself, on every thread,
 		// once the enforcement succeeds; they have it already.
 		err = ll.LandlockRestrictSelf(fd, flags|ll.FlagRestrictSelfTSync)

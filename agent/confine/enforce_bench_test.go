@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/testenv"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -21,9 +22,7 @@ import (
 //	go test ./agent/confine -run '^$' -bench EnforcePlanning
 func BenchmarkEnforcePlanning(b *testing.B) {
 	abi := KernelABI()
-	if abi < MinNetworkABI {
-		b.Skipf("kernel Landlock ABI is %d, the policy needs %d", abi, MinNetworkABI)
-	}
+	testenv.Need(b, abi >= MinNetworkABI, "kernel Landlock ABI is %d, the policy needs %d", abi, MinNetworkABI)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	dir, err := filepath.EvalSymlinks(b.TempDir())
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/internal/agentproto"
 )
 
 // A host run's named Unix sockets are out of reach by mounts, not Landlock
@@ -56,6 +58,21 @@ func Masked() []MaskedDir {
 		out = append(out, m)
 	}
 	return out
+}
+
+// KeepVisible are the paths of a run that its masks must not hide: its
+// workspace, berth-agent's binary, its policy's allow paths, the resolver's
+// file (wherever /etc/resolv.conf points) and the directory of its egress
+// socket ("" when it has none). KeepPaths picks those a mask would hide.
+func KeepVisible(workspace, agentBinary string, policy agentproto.Policy, egressSocket string) []string {
+	keep := []string{workspace, agentBinary}
+	keep = append(keep, policy.AllowReadWrite...)
+	keep = append(keep, policy.AllowRead...)
+	keep = append(keep, "/etc/resolv.conf")
+	if egressSocket != "" {
+		keep = append(keep, filepath.Dir(egressSocket))
+	}
+	return keep
 }
 
 // KeepPaths are the paths of keep that a mask would hide (strictly inside a

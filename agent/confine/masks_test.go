@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/berth-dev/berth/internal/agentproto"
 )
 
 // What a mask would hide of a plan's paths is bound back; a path that is a
@@ -43,6 +45,34 @@ func TestKeepPathsAreWhatAMaskWouldHide(t *testing.T) {
 			t.Parallel()
 			if got := KeepPaths(masks, []string{tc.keep}); !slices.Equal(got, tc.want) {
 				t.Errorf("KeepPaths(%s) = %q, want %q", tc.keep, got, tc.want)
+			}
+		})
+	}
+}
+
+// Whichever side masks (the scheduler, or berth-agent itself), what the run
+// needs inside a masked directory stays: its workspace, berth-agent, its
+// allow paths and its egress socket's directory; the rest stays hidden.
+func TestARunsOwnPathsStayVisibleUnderTheMasks(t *testing.T) {
+	t.Parallel()
+	run := t.TempDir()
+	masks := []MaskedDir{{Path: run}}
+	at := func(p string) string { return filepath.Join(run, p) }
+	policy := agentproto.Policy{AllowRead: []string{at("ro"), "/usr"}, AllowReadWrite: []string{at("rw")}}
+	tests := []struct {
+		name         string
+		egressSocket string
+		want         []string
+	}{
+		{"A_run_with_an_egress_socket_keeps_its_directory", at("egress/r1/proxy.sock"), []string{at("ws"), at("bin/berth-agent"), at("rw"), at("ro"), at("egress/r1")}},
+		{"A_run_without_egress_keeps_the_rest", "", []string{at("ws"), at("bin/berth-agent"), at("rw"), at("ro")}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got := KeepPaths(masks, KeepVisible(at("ws"), at("bin/berth-agent"), policy, tc.egressSocket))
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("kept %q, want %q", got, tc.want)
 			}
 		})
 	}

@@ -3,7 +3,6 @@ package confine
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"unsafe"
@@ -31,16 +30,12 @@ func MaskSelf(req agentproto.Request) ([]string, error) {
 	if initial, err := inInitialUserNamespace(); err != nil || initial {
 		return nil, fmt.Errorf("refusing to mask the socket directories: %s is set but berth-agent is not in a user namespace of its own (%v)", MaskEnv, err)
 	}
-	keep := []string{req.Workspace, "/etc/resolv.conf"}
-	keep = append(keep, req.Policy.AllowReadWrite...)
-	keep = append(keep, req.Policy.AllowRead...)
-	if self, err := os.Executable(); err == nil {
-		keep = append(keep, self)
+	self, _ := os.Executable() // "" when unknown: KeepPaths skips it
+	var egressSocket string
+	if req.Egress != nil {
+		egressSocket = req.Egress.Socket
 	}
-	if req.Egress != nil && req.Egress.Socket != "" {
-		keep = append(keep, filepath.Dir(req.Egress.Socket))
-	}
-	masked, err := MaskSocketDirs(keep)
+	masked, err := MaskSocketDirs(KeepVisible(req.Workspace, self, req.Policy, egressSocket))
 	if err != nil {
 		return masked, err
 	}

@@ -113,27 +113,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header()[k] = v
 	}
 	w.WriteHeader(resp.StatusCode)
-	if !streamed(resp) {
-		// A body of known length (a download, a package): copied in large
-		// writes; flushing each read would cost a write per 32 KiB.
-		io.Copy(w, resp.Body)
-		return
+	var dst io.Writer = w
+	if streamed(resp) {
+		// A stream (a model's server-sent events, chunked output): each
+		// piece reaches the tool as it arrives. A body of known length (a
+		// download, a package) is copied in large writes instead.
+		dst = flushWriter{w}
 	}
-	// A stream (a model's server-sent events, chunked output): each piece
-	// reaches the tool as it arrives.
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := resp.Body.Read(buf)
-		if n > 0 {
-			w.Write(buf[:n])
-			if f, ok := w.(http.Flusher); ok {
-				f.Flush()
-			}
-		}
-		if err != nil {
-			return
-		}
+	io.Copy(dst, resp.Body)
+}
+
+// flushWriter flushes after each write, so a stream flows.
+type flushWriter struct{ w http.ResponseWriter }
+
+func (f flushWriter) Write(p []byte) (int, error) {
+	n, err := f.w.Write(p)
+	if fl, ok := f.w.(http.Flusher); ok {
+		fl.Flush()
 	}
+	return n, err
 }
 
 // streamed says a response must be passed on as it arrives: an event

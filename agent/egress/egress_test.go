@@ -1,10 +1,10 @@
 package egress_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"fmt"
-	"github.com/berth-dev/berth/internal/testenv"
 	"io"
 	"log/slog"
 	"net"
@@ -16,9 +16,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	agentegress "github.com/berth-dev/berth/agent/egress"
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/services/egress"
 )
@@ -158,5 +160,48 @@ func TestToolsTrustTheRunsCAOnlyWhenItInterceptsSecretHosts(t *testing.T) {
 		if !strings.Contains(env, k+"=/run/berth-egress/ca.pem") {
 			t.Errorf("tool environment lacks %s", k)
 		}
+	}
+}
+
+// A model's server-sent events reach the tool one by one, as the model
+// sends them: the second event is sent only once the tool has read the
+// first, so a proxy that held the stream back would never deliver it.
+func TestAnEventStreamReachesTheToolAsItArrives(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: one\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "data: two\n\n")
+	}))
+	t.Cleanup(model.Close)
+	p := stack(t, egress.Policy{RunID: "r1", Providers: []egress.Provider{{Name: "openai", Kind: "openai", BaseURL: model.URL + "/v1", Model: "m", Key: "sk-secret"}}},
+		egress.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, isolation.ProviderProxyURL(p.Addr(), "openai")+"/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	events := bufio.NewReader(resp.Body)
+	first, err := events.ReadString('\n')
+	if err != nil || first != "data: one\n" {
+		t.Fatalf("first event: %q, %v; want it before the model sends the next", first, err)
+	}
+	close(release)
+	rest, err := io.ReadAll(events)
+	if err != nil || string(rest) != "\ndata: two\n\n" {
+		t.Fatalf("rest of the stream: %q, %v", rest, err)
 	}
 }

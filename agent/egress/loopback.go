@@ -40,9 +40,11 @@ func LoopbackUp() (raised bool, err error) {
 
 // DropCapabilities clears every capability of every thread of an agent
 // that is not root: the one that brought the loopback up must not reach the
-// tools (ambient capabilities survive execve). Root agents keep theirs.
+// tools (ambient capabilities survive execve). Root agents keep theirs, and
+// an agent that holds none (a root scheduler's run: its switch to the run's
+// uid cleared them) skips the two passes over every thread.
 func DropCapabilities() error {
-	if os.Geteuid() == 0 {
+	if os.Geteuid() == 0 || !holdsCapabilities() {
 		return nil
 	}
 	if _, _, e := syscall.AllThreadsSyscall6(syscall.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0, 0); e != 0 {
@@ -54,4 +56,22 @@ func DropCapabilities() error {
 		return fmt.Errorf("cannot drop capabilities: %w", e)
 	}
 	return nil
+}
+
+// holdsCapabilities reports whether the calling thread holds any capability
+// (effective, permitted or inheritable; ambient ones are in both of the
+// latter), and true when it cannot tell. One thread speaks for all:
+// berth-agent changes capabilities only on every thread at once.
+func holdsCapabilities() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return true
+	}
+	for _, d := range data {
+		if d.Effective|d.Permitted|d.Inheritable != 0 {
+			return true
+		}
+	}
+	return false
 }
