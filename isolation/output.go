@@ -58,10 +58,14 @@ func (c *Stdout) Write(p []byte) (int, error) {
 	// looked at once: an agent writing line after line costs no rescans.
 	// Whether the line is JSON at all is for Response to say: it parses it
 	// anyway.
-	if !c.lined && bytes.IndexByte(p, '\n') >= 0 {
-		c.lined = true
-		if !c.overflow && p[len(p)-1] == '\n' && bytes.IndexByte(c.buf.Bytes(), '\n') == c.buf.Len()-1 && c.complete != nil {
-			close(c.complete)
+	// No earlier write held a newline, so the line is whole exactly when
+	// this write's first newline is its last byte.
+	if !c.lined {
+		if i := bytes.IndexByte(p, '\n'); i >= 0 {
+			c.lined = true
+			if !c.overflow && i == len(p)-1 && c.complete != nil {
+				close(c.complete)
+			}
 		}
 	}
 	return len(p), nil

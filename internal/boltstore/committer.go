@@ -188,8 +188,9 @@ func (c *Committer) commitGroup(group []*writeReq) {
 		if err := commit(tx, len(live)); err != nil {
 			_ = tx.Rollback() // bbolt has rolled back already; this is for a test's hook
 			if IsDiskFull(err) {
-				err = c.diskFull(err)
-				c.disk.refusedWrites(err.(*DiskFullError), len(live))
+				full := c.diskFull(err)
+				c.disk.refusedWrites(full, len(live))
+				err = full
 			}
 			failAll(live, fmt.Errorf("cannot commit: %w", err))
 			return
@@ -206,7 +207,7 @@ func (c *Committer) commitGroup(group []*writeReq) {
 
 // diskFull is err as a *DiskFullError naming the database's directory and
 // its free space.
-func (c *Committer) diskFull(err error) error {
+func (c *Committer) diskFull(err error) *DiskFullError {
 	if e, ok := errors.AsType[*DiskFullError](err); ok {
 		return e
 	}

@@ -50,6 +50,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/imagectl"
+	"github.com/berth-dev/berth/internal/filestamp"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -138,8 +139,8 @@ type Backend struct {
 	mu     sync.Mutex
 	info   *system.Info
 	infoAt time.Time
-	images map[string]string      // agent binary identity → image tag
-	builds map[string]*imageBuild // agent binary identity → build under way
+	images map[agentBinary]string      // agent binary → image tag
+	builds map[agentBinary]*imageBuild // agent binary → build under way
 
 	removeInBackground bool
 	removals           sync.WaitGroup // background removals under way
@@ -186,8 +187,8 @@ func New(opts Options) (*Backend, error) {
 		buildTimeout:       opts.BuildTimeout,
 		log:                opts.Logger,
 		removeInBackground: opts.RemoveInBackground,
-		images:             map[string]string{},
-		builds:             map[string]*imageBuild{},
+		images:             map[agentBinary]string{},
+		builds:             map[agentBinary]*imageBuild{},
 		pools:              map[string]*pool{},
 		owned:              map[string]bool{},
 	}, nil
@@ -251,11 +252,11 @@ func (b *Backend) Image(ctx context.Context, p isolation.Plan) (string, error) {
 	if p.Container.Image != "" {
 		return p.Container.Image, nil
 	}
-	fi, err := os.Stat(p.AgentBinary)
+	stamp, err := filestamp.Of(p.AgentBinary)
 	if err != nil {
 		return "", &isolation.RunError{Reason: ReasonImage, Detail: fmt.Sprintf("cannot build the agent image: berth-agent %s is missing; set [scheduler] agent_binary or container_mode.image", p.AgentBinary), Err: err}
 	}
-	key := fmt.Sprintf("%s\x00%d\x00%d", p.AgentBinary, fi.Size(), fi.ModTime().UnixNano())
+	key := agentBinary{path: p.AgentBinary, stamp: stamp}
 	b.mu.Lock()
 	if tag, ok := b.images[key]; ok {
 		b.mu.Unlock()
@@ -268,7 +269,7 @@ func (b *Backend) Image(ctx context.Context, p isolation.Plan) (string, error) {
 	}
 	b.mu.Unlock()
 	if !running {
-		go b.build(key, p.AgentBinary, build)
+		go b.build(key, build)
 	}
 	select {
 	case <-build.done:
@@ -281,11 +282,19 @@ func (b *Backend) Image(ctx context.Context, p isolation.Plan) (string, error) {
 	return build.tag, nil
 }
 
+// agentBinary is one version of a berth-agent binary: a rebuilt or
+// replaced file (another inode, size, mtime or ctime) gets an image of its
+// own.
+type agentBinary struct {
+	path  string
+	stamp filestamp.Stamp
+}
+
 // build builds the berth-agent image once for everyone waiting on it.
-func (b *Backend) build(key, agentBinary string, build *imageBuild) {
+func (b *Backend) build(key agentBinary, build *imageBuild) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.buildTimeout)
 	defer cancel()
-	build.tag, build.err = imagectl.Ensure(ctx, b.cli, imagectl.AgentImage{AgentBinary: agentBinary, Busybox: b.busybox})
+	build.tag, build.err = imagectl.Ensure(ctx, b.cli, imagectl.AgentImage{AgentBinary: key.path, Busybox: b.busybox})
 	b.mu.Lock()
 	delete(b.builds, key)
 	if build.err == nil {
@@ -676,8 +685,8 @@ func (b *Backend) begin(ctx context.Context, id string) (*session, error) {
 		defer close(s.copied)
 		_, _ = stdcopy.StdCopy(s.out, s.errOut, attach.Reader)
 	}()
+	s.steps = []any{"attach_ms", sinceMS(attached)}
 	started := time.Now()
-	s.steps = []any{"attach_ms", float64(started.Sub(attached).Microseconds()) / 1000}
 	startCtx, cancel := b.call(ctx)
 	_, err = b.cli.ContainerStart(startCtx, id, client.ContainerStartOptions{})
 	cancel()

@@ -75,20 +75,12 @@ func (b *Backend) Drain(ctx context.Context) error {
 	b.pools = map[string]*pool{}
 	b.drained = true
 	b.poolMu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	return waitFor(ctx, func() {
 		for _, pl := range pools {
 			b.stopPool(pl)
 		}
 		b.removals.Wait() // RemoveInBackground: what finished runs left to end
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	})
 }
 
 // Settle waits until what finished runs left to end in the background
@@ -96,10 +88,16 @@ func (b *Backend) Drain(ctx context.Context) error {
 // benchmark measures each message on an engine that is not still ending
 // the one before.
 func (b *Backend) Settle(ctx context.Context) error {
+	return waitFor(ctx, b.removals.Wait)
+}
+
+// waitFor runs work and waits until it is done or ctx ends, whichever is
+// first; work left running then goes on by itself.
+func waitFor(ctx context.Context, work func()) error {
 	done := make(chan struct{})
 	go func() {
-		b.removals.Wait()
-		close(done)
+		defer close(done)
+		work()
 	}()
 	select {
 	case <-done:

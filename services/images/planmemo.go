@@ -2,10 +2,10 @@ package images
 
 import (
 	"encoding/json"
-	"os"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/berth-dev/berth/internal/filestamp"
 )
 
 // Every container run asks EnsureIsolationImage, and a plan's hashes read
@@ -23,29 +23,17 @@ const planMemoMax = 256
 
 type planKey struct {
 	target, settings, baseID, version string
-	agent, busybox                    fileStamp
+	agentPath, busyboxPath            string
+	agent, busybox                    filestamp.Stamp
 }
 
-type fileStamp struct {
-	path         string
-	dev, ino     uint64
-	size         int64
-	mtime, ctime syscall.Timespec
-}
-
-func stampOf(path string) (fileStamp, bool) {
+// stampOf is the stamp of the file at path; no path has the zero Stamp.
+func stampOf(path string) (filestamp.Stamp, bool) {
 	if path == "" {
-		return fileStamp{}, true
+		return filestamp.Stamp{}, true
 	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fileStamp{}, false
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fileStamp{}, false
-	}
-	return fileStamp{path: path, dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}, true
+	st, err := filestamp.Of(path)
+	return st, err == nil
 }
 
 type planMemo struct {
@@ -61,7 +49,10 @@ func (m *planMemo) key(target string, settings any, baseID, version, agent, busy
 	}
 	a, okA := stampOf(agent)
 	b, okB := stampOf(busybox)
-	return planKey{target: target, settings: string(enc), baseID: baseID, version: version, agent: a, busybox: b}, okA && okB
+	return planKey{
+		target: target, settings: string(enc), baseID: baseID, version: version,
+		agentPath: agent, busyboxPath: busybox, agent: a, busybox: b,
+	}, okA && okB
 }
 
 // get returns a copy of the memoized plan.

@@ -257,16 +257,16 @@ func (s *Service) planFor(ctx context.Context, target string) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &plan{target: target, settings: settings}
 	agent := s.agentBinary()
+	// The base image's ID is asked of the engine every time: a re-pulled
+	// base makes another plan.
 	var baseID string
-	switch {
-	case settings.Enabled && settings.Image != "":
-		if baseID, err = s.baseImageID(ctx, settings.Image); err != nil {
-			return nil, err
+	if settings.Enabled {
+		base := settings.BaseImage
+		if settings.Image != "" {
+			base = settings.Image
 		}
-	case settings.Enabled:
-		if baseID, err = s.baseImageID(ctx, settings.BaseImage); err != nil {
+		if baseID, err = s.baseImageID(ctx, base); err != nil {
 			return nil, err
 		}
 	}
@@ -276,13 +276,12 @@ func (s *Service) planFor(ctx context.Context, target string) (*plan, error) {
 			return p, nil
 		}
 	}
+	p := &plan{target: target, settings: settings}
 	switch {
 	case settings.Enabled && settings.Image != "":
-		id := baseID
-		p.isolated = imagectl.IsolatedImage{From: id, BaseRef: settings.Image, BaseHash: id}
+		p.isolated = imagectl.IsolatedImage{From: baseID, BaseRef: settings.Image, BaseHash: baseID}
 	case settings.Enabled:
-		id := baseID
-		p.sandbox = &imagectl.SandboxImage{BaseRef: settings.BaseImage, BaseID: id, Packages: settings.Packages, Env: settings.EnvVars, Source: s.source}
+		p.sandbox = &imagectl.SandboxImage{BaseRef: settings.BaseImage, BaseID: baseID, Packages: settings.Packages, Env: settings.EnvVars, Source: s.source}
 		p.isolated = imagectl.IsolatedImage{From: p.sandbox.Tag(), BaseRef: p.sandbox.Tag() + " (image_config on " + settings.BaseImage + ")", BaseHash: p.sandbox.Hash()}
 	default:
 		a := imagectl.AgentImage{AgentBinary: agent, Busybox: s.busybox}

@@ -25,7 +25,6 @@ func maxConcurrent(cfg *config.Config) int {
 // have a run, until max_concurrent_runs are running. It returns an error only
 // when the store fails.
 func (s *Service) dispatch() error {
-	s.store.logDiskTo(s.log)
 	claimed, err := s.claim()
 	if boltstore.IsDiskFull(err) {
 		// Nothing was claimed and the queue is as it was; the committer has

@@ -65,7 +65,6 @@ func TestSubmitOnAFullDiskFailsForNowStoresNothingAndIsTakenOnceWhenThereIsRoom(
 	dir := fulldisk.Mount(t, 8<<20)
 	var logs logBuffer
 	s := newTestService(t, fullDiskConfig(), dir, newGateBackend("landlock"), nil, withLog(&logs))
-	s.store.logDiskTo(s.log)
 	filler := fulldisk.Fill(t, dir)
 
 	// bbolt may fit a few runs into pages its file already has; the first

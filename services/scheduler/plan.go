@@ -41,14 +41,7 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 	if host.RunUserErr != nil {
 		return res, backend, &isolation.RunError{Reason: isolation.ReasonStart, Err: host.RunUserErr}
 	}
-	ws, err := s.prepareWorkspace(agent, host.RunUser)
-	if err != nil {
-		return res, backend, &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
-	}
-	if err := s.enforceWorkspaceQuota(ctx, agent, ws, host.RunUser); err != nil {
-		if isolation.ReasonOf(err) == "" {
-			err = &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot enforce workspace_quota", Err: err}
-		}
+	if err := s.readyWorkspace(ctx, agent, host.RunUser); err != nil {
 		return res, backend, err
 	}
 	plan, err := runplan.Compile(cfg, agent.ID, r.ID, host)
@@ -246,6 +239,17 @@ func (s *Service) saveHandle(runID, backend, handle string) error {
 		return fmt.Errorf("cannot record sandbox handle: %w", err)
 	}
 	return nil
+}
+
+// readyWorkspace makes the agent's workspace ready for a run as runUser,
+// its quota enforced (prepareWorkspace, then enforceWorkspaceQuota). The
+// error is a *isolation.RunError.
+func (s *Service) readyWorkspace(ctx context.Context, a config.Agent, runUser *isolation.RunUser) error {
+	ws, err := s.prepareWorkspace(a, runUser)
+	if err != nil {
+		return &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
+	}
+	return s.enforceWorkspaceQuota(ctx, a, ws, runUser)
 }
 
 // prepareWorkspace makes the agent's workspace (0700) and, when the

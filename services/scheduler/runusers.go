@@ -3,9 +3,9 @@ package scheduler
 import (
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/berth-dev/berth/internal/filestamp"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -33,7 +33,7 @@ type userCache struct {
 	enabled bool
 
 	mu      sync.Mutex
-	stamp   []fileStamp
+	stamp   []filestamp.Stamp // of files; a missing file's is the zero Stamp
 	since   time.Time
 	answers map[string]userAnswer
 }
@@ -41,13 +41,6 @@ type userCache struct {
 type userAnswer struct {
 	user *isolation.RunUser
 	err  error
-}
-
-// fileStamp tells a file's versions apart; missing files compare equal.
-type fileStamp struct {
-	dev, ino     uint64
-	size         int64
-	mtime, ctime syscall.Timespec
 }
 
 var runUsers = &userCache{lookup: isolation.LookupRunUser, files: userDatabases, now: time.Now, enabled: usersFromFilesOnly}
@@ -83,13 +76,10 @@ func (c *userCache) Lookup(name string) (*isolation.RunUser, error) {
 	return &u, a.err
 }
 
-func (c *userCache) stampFiles() []fileStamp {
-	out := make([]fileStamp, len(c.files))
+func (c *userCache) stampFiles() []filestamp.Stamp {
+	out := make([]filestamp.Stamp, len(c.files))
 	for i, f := range c.files {
-		var st syscall.Stat_t
-		if err := syscall.Stat(f, &st); err == nil {
-			out[i] = fileStamp{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
-		}
+		out[i], _ = filestamp.Of(f) // a missing file: the zero Stamp
 	}
 	return out
 }

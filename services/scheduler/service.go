@@ -148,9 +148,8 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot create scheduler: %w", err)
 	}
-	// A Submit refused by a full disk before the first dispatch pass is
-	// logged too.
-	st.logDiskTo(opts.Logger)
+	// The committer logs a full disk (once a minute while it lasts) and its end.
+	st.w.SetLogger(opts.Logger.With("db", DBName))
 	s := &Service{
 		opts:         opts,
 		stateDir:     stateDir,
@@ -304,12 +303,9 @@ func wake(ch chan struct{}) {
 // stored made valid (cleanText), so that whatever the run gives back can
 // cross D-Bus.
 func (s *Service) Submit(msg map[string]string) (string, error) {
-	id, agent := msg["id"], msg["agent"]
-	if id == "" {
-		return "", fmt.Errorf("%w: message has no id", ErrInvalidArgument)
-	}
-	if agent == "" {
-		return "", fmt.Errorf("%w: message has no agent", ErrInvalidArgument)
+	// Refused before it costs the group commit a write.
+	if err := checkMessage(msg); err != nil {
+		return "", err
 	}
 	known := s.cfg.Load().AgentIDs()
 	var (
@@ -331,7 +327,7 @@ func (s *Service) Submit(msg map[string]string) (string, error) {
 		return "", refused
 	}
 	if created {
-		s.log.Info("run queued", "run_id", r.ID, "agent", agent, "message_id", id, "connector", r.Connector)
+		s.log.Info("run queued", "run_id", r.ID, "agent", r.Agent, "message_id", msg["id"], "connector", r.Connector)
 		s.emitStateChanged(r)
 		s.publishCounts()
 		wake(s.wakeDispatch)

@@ -7,16 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/berth-dev/berth/isolation"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/internal/boltstore"
-
-	bolt "go.etcd.io/bbolt"
+	"github.com/berth-dev/berth/isolation"
 )
 
 // DBName is the file name of the store inside the state directory.
@@ -34,6 +31,9 @@ var (
 	bucketByState    = []byte("by_state")
 	bucketByAgent    = []byte("by_agent")
 	bucketQuarantine = []byte("quarantine")
+	// agent_uids/ is created by the first allocation (uids.go); no
+	// migration: an older file simply has no allocation yet.
+	bucketAgentUIDs = []byte("agent_uids")
 
 	keyVersion = []byte("version") // written by boltstore
 )
@@ -230,15 +230,6 @@ type store struct {
 	// updates counts the commits of update: the writes that keep a
 	// transaction of their own.
 	updates atomic.Uint64
-	// logsDisk is done once the committer logs a full disk to the
-	// service's logger.
-	logsDisk sync.Once
-}
-
-// logDiskTo makes the committer log a full disk (once a minute while it
-// lasts) and its end to log; only the first call counts.
-func (s *store) logDiskTo(log *slog.Logger) {
-	s.logsDisk.Do(func() { s.w.SetLogger(log.With("db", DBName)) })
 }
 
 // openStore opens (creating and migrating) path. A second opener fails after

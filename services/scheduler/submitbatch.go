@@ -91,17 +91,25 @@ func (s *Service) SubmitBatch(msgs []map[string]string) ([]string, []error, erro
 	return ids, refusals, nil
 }
 
+// checkMessage refuses a message without an id or an agent.
+func checkMessage(msg map[string]string) error {
+	switch {
+	case msg["id"] == "":
+		return fmt.Errorf("%w: message has no id", ErrInvalidArgument)
+	case msg["agent"] == "":
+		return fmt.Errorf("%w: message has no agent", ErrInvalidArgument)
+	}
+	return nil
+}
+
 // queueMessage is one message of Submit or SubmitBatch inside the write
 // transaction: the run a message id already has, a refusal (nothing
 // written), or a new queued run. err fails the whole transaction.
 func (s *Service) queueMessage(tx *bolt.Tx, msg map[string]string, known []string) (r Run, created bool, refused, err error) {
+	if err := checkMessage(msg); err != nil {
+		return Run{}, false, err, nil
+	}
 	id, agent := msg["id"], msg["agent"]
-	if id == "" {
-		return Run{}, false, fmt.Errorf("%w: message has no id", ErrInvalidArgument), nil
-	}
-	if agent == "" {
-		return Run{}, false, fmt.Errorf("%w: message has no agent", ErrInvalidArgument), nil
-	}
 	// The idempotency lookup comes before the agent check: a retried
 	// message that was taken gets its run id even if its agent has since
 	// been removed from the config.

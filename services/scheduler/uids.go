@@ -17,11 +17,6 @@ import (
 // agent, not even after its agent was removed, because that agent's
 // workspace (and whatever else it left) is still owned by it.
 
-// bucketAgentUIDs is agent_uids/: agent id → uid, uint32 big-endian. It is
-// created by the first allocation (no migration: an older file simply has
-// no allocation yet).
-var bucketAgentUIDs = []byte("agent_uids")
-
 // uidTaken says whether the host's user or group database already names
 // id: such an id belongs to someone else and is never allocated.
 var uidTaken = func(id uint32) bool {

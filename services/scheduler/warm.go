@@ -74,12 +74,7 @@ func (s *Service) warmPools(ctx context.Context) {
 			s.log.Warn("cannot warm containers", "agent", a.ID, "backend", kind, "err", host.RunUserErr)
 			continue
 		}
-		ws, err := s.prepareWorkspace(a, host.RunUser)
-		if err != nil {
-			s.log.Warn("cannot warm containers", "agent", a.ID, "backend", kind, "err", err)
-			continue
-		}
-		if err := s.enforceWorkspaceQuota(ctx, a, ws, host.RunUser); err != nil {
+		if err := s.readyWorkspace(ctx, a, host.RunUser); err != nil {
 			s.log.Warn("cannot warm containers", "agent", a.ID, "backend", kind, "err", err)
 			continue
 		}
