@@ -109,7 +109,6 @@ func HostPolicy(fa FileAccess, workspace string, protect []string, opts ...Polic
 	}
 	workspace = filepath.Clean(workspace)
 
-	res := newResolver()
 	var readOnly []string
 	for _, p := range SystemReadOnly {
 		if exists(p) {
@@ -130,6 +129,7 @@ func HostPolicy(fa FileAccess, workspace string, protect []string, opts ...Polic
 	readWrite = append(readWrite, fa.AllowReadWrite...)
 
 	var deny []string
+	res := newResolver()
 	keep := res.resolved(workspace)
 	for _, d := range append(append([]string(nil), fa.Deny...), protect...) {
 		deny = append(deny, res.carveOut(d, keep)...)

@@ -213,7 +213,7 @@ func compile(cfg *config.Config, agentID, runID string, host HostFacts) (compile
 		if host.Systemd {
 			c.why["limits"] = memoryWhy + ": cgroup limits of a transient unit"
 		} else {
-			c.why["limits"] = memoryWhy + ": rlimits (systemd is not reachable, so per process only)"
+			c.why["limits"] = memoryWhy + ": systemd is not reachable, so a cgroup of the run's own where one is writable; else per-process rlimits when [scheduler] allow_rlimit_fallback = true, or the run fails closed"
 		}
 	}
 
@@ -252,7 +252,7 @@ func userWhy(cfg *config.Config, host HostFacts) string {
 			why += "; [scheduler] agent_uids = \"off\": every agent runs as this one user, so only Landlock separates agents and they share per-user limits"
 		}
 		return why
-	case host.RunUserErr != nil && !cfg.Scheduler.AgentUIDs.Off:
+	case host.RunUserErr != nil && host.AgentUser:
 		return fmt.Sprintf("the agent's own uid from [scheduler] agent_uids (%s), which cannot be had: %v", AgentUIDs(cfg), host.RunUserErr)
 	case host.RunUserErr != nil:
 		return fmt.Sprintf("%s: [scheduler] run_as (cannot look it up: %v)", cfg.Scheduler.RunAs, host.RunUserErr)

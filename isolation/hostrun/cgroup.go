@@ -84,17 +84,10 @@ func (p cgroupParent) has(c string) bool {
 	return p.controllers == nil || slices.Contains(p.controllers, c)
 }
 
-// mount is one cgroup mount of /proc/self/mountinfo.
-type mount struct {
-	root, point, fstype string
-	options             []string // super options: the v1 controllers
-}
-
 // probed is the last probe that found cgroups, for probeCgroupsOnce.
 var probed struct {
 	sync.Mutex
-	under string // cgroupsUnder it was made with
-	host  *cgroupHost
+	host *cgroupHost
 }
 
 // probeCgroupsOnce is probeCgroups for a run: where cgroups were found they
@@ -104,19 +97,18 @@ var probed struct {
 // the next run.
 func probeCgroupsOnce() (cgroupHost, error) {
 	probed.Lock()
-	if probed.host != nil && probed.under == cgroupsUnder {
+	if probed.host != nil {
 		host := *probed.host
 		probed.Unlock()
 		return host, nil
 	}
-	under := cgroupsUnder
 	probed.Unlock()
 	host, err := probeCgroups()
 	if err != nil {
 		return host, err
 	}
 	probed.Lock()
-	probed.under, probed.host = under, &host
+	probed.host = &host
 	probed.Unlock()
 	return host, nil
 }
@@ -139,32 +131,25 @@ func probeCgroups() (cgroupHost, error) {
 	if err != nil {
 		return cgroupHost{}, err
 	}
-	if slices.ContainsFunc(mounts, func(m mount) bool { return m.fstype == "cgroup" && slices.Contains(m.options, "memory") }) {
+	if slices.ContainsFunc(mounts, func(m mountinfo.Mount) bool { return m.FSType == "cgroup" && slices.Contains(m.Super, "memory") }) {
 		return probeV1(mounts, member)
 	}
-	if i := slices.IndexFunc(mounts, func(m mount) bool { return m.fstype == "cgroup2" }); i >= 0 {
+	if i := slices.IndexFunc(mounts, func(m mountinfo.Mount) bool { return m.FSType == "cgroup2" }); i >= 0 {
 		return probeV2(mounts[i], member)
 	}
 	return cgroupHost{}, errors.New("no cgroup filesystem with a memory controller is mounted")
 }
 
-// cgroupMounts lists the cgroup and cgroup2 mounts (under cgroupsUnder).
-func cgroupMounts() ([]mount, error) {
+// cgroupMounts lists the cgroup and cgroup2 mounts (under cgroupsUnder);
+// a v1 mount's super options are its controllers.
+func cgroupMounts() ([]mountinfo.Mount, error) {
 	all, err := mountinfo.Read(mountinfoPath)
 	if err != nil {
 		return nil, err
 	}
-	var out []mount
-	for _, m := range all {
-		if m.FSType != "cgroup" && m.FSType != "cgroup2" {
-			continue
-		}
-		if cgroupsUnder != "" && !within(m.Point, cgroupsUnder) {
-			continue
-		}
-		out = append(out, mount{root: m.Root, point: m.Point, fstype: m.FSType, options: m.Super})
-	}
-	return out, nil
+	return slices.DeleteFunc(all, func(m mountinfo.Mount) bool {
+		return m.FSType != "cgroup" && m.FSType != "cgroup2" || cgroupsUnder != "" && !within(m.Point, cgroupsUnder)
+	}), nil
 }
 
 // within reports whether p is dir or below it.
@@ -205,15 +190,15 @@ func parseCgroupFile(data []byte) map[string]string {
 // ownDir is the directory of this process's cgroup path rel in m, or an
 // error when m does not show it (a cgroup namespace or bind mount that
 // hides it).
-func ownDir(m mount, rel string) (string, error) {
+func ownDir(m mountinfo.Mount, rel string) (string, error) {
 	if rel == "" {
-		return "", fmt.Errorf("this process is in no cgroup of %s", m.point)
+		return "", fmt.Errorf("this process is in no cgroup of %s", m.Point)
 	}
-	if !within(rel, m.root) {
-		return "", fmt.Errorf("this process's cgroup %s is not visible under %s (mounted from %s)", rel, m.point, m.root)
+	if !within(rel, m.Root) {
+		return "", fmt.Errorf("this process's cgroup %s is not visible under %s (mounted from %s)", rel, m.Point, m.Root)
 	}
-	sub := strings.TrimPrefix(path.Clean(rel), path.Clean(m.root))
-	return filepath.Join(m.point, sub), nil
+	sub := strings.TrimPrefix(path.Clean(rel), path.Clean(m.Root))
+	return filepath.Join(m.Point, sub), nil
 }
 
 // isCgroupFS reports whether dir is on a cgroup filesystem of the version.

@@ -9,11 +9,13 @@ import (
 // OnlyCgroupsUnder makes this process consider only the cgroup mounts under
 // dir until t ends: runs can then only fall back to rlimits or fail closed.
 // It changes the whole package, so tests that use it must not be parallel.
+// The probe kept for runs is forgotten both ways.
 func OnlyCgroupsUnder(t testing.TB, dir string) {
 	t.Helper()
 	old := cgroupsUnder
 	cgroupsUnder = dir
-	t.Cleanup(func() { cgroupsUnder = old })
+	forgetCgroups()
+	t.Cleanup(func() { cgroupsUnder = old; forgetCgroups() })
 }
 
 // RunCgroups are the cgroup directories a run of runID started by this

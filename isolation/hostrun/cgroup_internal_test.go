@@ -18,16 +18,16 @@ func TestTheSchedulersCgroupIsFoundUnderTheMountThatShowsIt(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name    string
-		m       mount
+		m       mountinfo.Mount
 		rel     string
 		want    string
 		wantErr bool
 	}{
-		{"A_host_mount_shows_the_whole_hierarchy", mount{root: "/", point: "/sys/fs/cgroup/memory"}, "/process_api/abc", "/sys/fs/cgroup/memory/process_api/abc", false},
-		{"A_container_mount_starts_at_the_containers_cgroup", mount{root: "/docker/c1", point: "/sys/fs/cgroup/memory"}, "/docker/c1/app", "/sys/fs/cgroup/memory/app", false},
-		{"A_mount_point_with_a_space_is_unescaped", mount{root: "/", point: mountinfo.Unescape(`/mnt/cg\040v2`)}, "/a", "/mnt/cg v2/a", false},
-		{"A_cgroup_outside_the_mount_is_refused", mount{root: "/docker/c1", point: "/sys/fs/cgroup/memory"}, "/docker/c2", "", true},
-		{"No_cgroup_is_refused", mount{root: "/", point: "/sys/fs/cgroup"}, "", "", true},
+		{"A_host_mount_shows_the_whole_hierarchy", mountinfo.Mount{Root: "/", Point: "/sys/fs/cgroup/memory"}, "/process_api/abc", "/sys/fs/cgroup/memory/process_api/abc", false},
+		{"A_container_mount_starts_at_the_containers_cgroup", mountinfo.Mount{Root: "/docker/c1", Point: "/sys/fs/cgroup/memory"}, "/docker/c1/app", "/sys/fs/cgroup/memory/app", false},
+		{"A_mount_point_with_a_space_is_unescaped", mountinfo.Mount{Root: "/", Point: mountinfo.Unescape(`/mnt/cg\040v2`)}, "/a", "/mnt/cg v2/a", false},
+		{"A_cgroup_outside_the_mount_is_refused", mountinfo.Mount{Root: "/docker/c1", Point: "/sys/fs/cgroup/memory"}, "/docker/c2", "", true},
+		{"No_cgroup_is_refused", mountinfo.Mount{Root: "/", Point: "/sys/fs/cgroup"}, "", "", true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -80,7 +80,7 @@ func TestCgroupKillEndsEveryProcessOfACgroupV2AndTheCgroupGoes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := slices.IndexFunc(mounts, func(m mount) bool { return m.fstype == "cgroup2" })
+	i := slices.IndexFunc(mounts, func(m mountinfo.Mount) bool { return m.FSType == "cgroup2" })
 	testenv.Need(t, i >= 0, "no cgroup v2 hierarchy is mounted")
 	member, err := selfCgroups()
 	if err != nil {
@@ -90,7 +90,7 @@ func TestCgroupKillEndsEveryProcessOfACgroupV2AndTheCgroupGoes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testenv.Need(t, exists(filepath.Join(own, "cgroup.kill")) || own == mounts[i].point, "this kernel has no cgroup.kill")
+	testenv.Need(t, exists(filepath.Join(own, "cgroup.kill")) || own == mounts[i].Point, "this kernel has no cgroup.kill")
 	dir := filepath.Join(own, cgroupName("kill-test", os.Getpid()))
 	testenv.Need(t, os.Mkdir(dir, 0o755) == nil, "cannot make a cgroup v2 under %s", own)
 	t.Cleanup(func() { _ = removeCgroup(2, dir) })

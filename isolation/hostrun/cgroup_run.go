@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -56,7 +54,7 @@ func (c *cgroupLimits) rlimits() []rlimit { return beltAndBraces(c.timeout) }
 
 // prepare makes the run's cgroups with their limits (nothing is in them
 // yet).
-func (c *cgroupLimits) prepare(*exec.Cmd) error {
+func (c *cgroupLimits) prepare() error {
 	for _, p := range c.host.parents {
 		if c.host.version == 2 {
 			if err := v2Prepare(c.host, p); err != nil {
@@ -257,7 +255,7 @@ func inCgroup(pid int, rel string) bool {
 		return false
 	}
 	for _, p := range parseCgroupFile(data) {
-		if p == rel || strings.HasPrefix(p, rel+"/") {
+		if within(p, rel) {
 			return true
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+
+	"github.com/berth-dev/berth/internal/mountinfo"
 )
 
 // cgroup v1 keeps each controller in a hierarchy of its own, so a run has
@@ -15,11 +17,10 @@ import (
 
 // probeV1 finds the memory and pids hierarchies (both needed) and cpu
 // (used when there).
-func probeV1(mounts []mount, member map[string]string) (cgroupHost, error) {
+func probeV1(mounts []mountinfo.Mount, member map[string]string) (cgroupHost, error) {
 	host := cgroupHost{version: 1}
 	for _, c := range []string{"memory", "pids", "cpu"} {
-		i := slices.IndexFunc(mounts, func(m mount) bool { return m.fstype == "cgroup" && slices.Contains(m.options, c) })
-		p, err := v1Parent(mounts, i, c, member)
+		p, err := v1Parent(mounts, c, member)
 		if err != nil {
 			if c == "cpu" {
 				host.noCPU = err.Error()
@@ -38,7 +39,9 @@ func probeV1(mounts []mount, member map[string]string) (cgroupHost, error) {
 	return host, nil
 }
 
-func v1Parent(mounts []mount, i int, c string, member map[string]string) (cgroupParent, error) {
+// v1Parent is the hierarchy of controller c.
+func v1Parent(mounts []mountinfo.Mount, c string, member map[string]string) (cgroupParent, error) {
+	i := slices.IndexFunc(mounts, func(m mountinfo.Mount) bool { return m.FSType == "cgroup" && slices.Contains(m.Super, c) })
 	if i < 0 {
 		return cgroupParent{}, fmt.Errorf("no cgroup v1 %s hierarchy is mounted", c)
 	}

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/internal/mountinfo"
 )
 
 // cgroup v2 has one hierarchy: a run has one cgroup with memory.max,
@@ -22,7 +24,7 @@ import (
 
 // probeV2 checks that the scheduler's cgroup can hand memory and pids (and
 // cpu, when there) to cgroups below it.
-func probeV2(m mount, member map[string]string) (cgroupHost, error) {
+func probeV2(m mountinfo.Mount, member map[string]string) (cgroupHost, error) {
 	rel, ok := member[""]
 	if !ok {
 		return cgroupHost{}, errors.New("this process is in no cgroup v2")
@@ -58,7 +60,7 @@ func probeV2(m mount, member map[string]string) (cgroupHost, error) {
 	}
 	// The root cgroup has no memory.swap.max of its own; a kernel without
 	// swap accounting has none anywhere.
-	host.swap = base == m.point || exists(filepath.Join(base, "memory.swap.max"))
+	host.swap = base == m.Point || exists(filepath.Join(base, "memory.swap.max"))
 	return host, nil
 }
 

@@ -62,8 +62,8 @@ func (r Runner) units() bool {
 
 // Run starts spec.AgentBinary under isolation.Supervise, hands it the
 // request and waits for its response. The limits are the plan's: under
-// systemd cgroup limits of a transient unit (unit.go), else rlimits
-// (limits.go). Errors are *isolation.RunError; the Result that comes with an
+// systemd cgroup limits of a transient unit (unit.go), else a cgroup of the
+// run's own or, where the admin accepted them, rlimits (limits.go). Errors are *isolation.RunError; the Result that comes with an
 // error still carries the exit code and stderr tail when there were any.
 func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result, error) {
 	if !filepath.IsAbs(spec.AgentBinary) {
@@ -177,7 +177,7 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, l
 		userNamespace(cmd.SysProcAttr, syscall.CLONE_NEWNS|syscall.CLONE_NEWIPC, []uintptr{unix.CAP_SYS_ADMIN})
 		cmd.Env = append(cmd.Env, confine.MaskEnv+"=1")
 	}
-	if err := lim.prepare(cmd); err != nil {
+	if err := lim.prepare(); err != nil {
 		stdinW.Close()
 		lim.release()
 		// Where the cgroups were found may have changed: look again.

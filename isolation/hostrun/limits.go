@@ -3,7 +3,6 @@ package hostrun
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -30,7 +29,8 @@ import (
 //
 // Explain says which one holds on this machine.
 
-// rlimits are the limits set on an agent process without systemd.
+// rlimits are the limits an agent process sets on itself when no cgroup
+// can hold its run and the admin accepted rlimits instead.
 func rlimits(l isolation.Limits, timeout time.Duration) []rlimit {
 	lim := limitsOf(l)
 	rs := []rlimit{
@@ -71,7 +71,7 @@ func request(rs []rlimit) []agentproto.Rlimit {
 // all), so the agent's session need not be looked for in /proc.
 type runLimits interface {
 	rlimits() []rlimit
-	prepare(cmd *exec.Cmd) error
+	prepare() error
 	started(pid int) error
 	kill()
 	holdsAll() bool
@@ -96,19 +96,19 @@ func newRunLimits(spec isolation.Spec) (runLimits, error) {
 const noCgroupDetail = "the run's memory, processes and CPU cannot be limited as a whole: no systemd and no writable cgroup " +
 	"(set [scheduler] allow_rlimit_fallback = true to accept per-process rlimits instead)"
 
-// rlimitLimits are per-process rlimits, set with prlimit(2).
+// rlimitLimits are per-process rlimits, which berth-agent sets on itself.
 type rlimitLimits struct {
 	l       isolation.Limits
 	timeout time.Duration
 }
 
-func (r rlimitLimits) rlimits() []rlimit     { return rlimits(r.l, r.timeout) }
-func (rlimitLimits) prepare(*exec.Cmd) error { return nil }
-func (rlimitLimits) started(int) error       { return nil }
-func (rlimitLimits) kill()                   {}
-func (rlimitLimits) holdsAll() bool          { return false }
-func (rlimitLimits) oomKilled() bool         { return false }
-func (rlimitLimits) release()                {}
+func (r rlimitLimits) rlimits() []rlimit { return rlimits(r.l, r.timeout) }
+func (rlimitLimits) prepare() error      { return nil }
+func (rlimitLimits) started(int) error   { return nil }
+func (rlimitLimits) kill()               {}
+func (rlimitLimits) holdsAll() bool      { return false }
+func (rlimitLimits) oomKilled() bool     { return false }
+func (rlimitLimits) release()            {}
 
 // Explain reports how a plan's host run is confined on this machine: which
 // limits hold and which do not.

@@ -3,9 +3,7 @@ package hostrun_test
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"os/user"
-	"path/filepath"
 	"strconv"
 	"testing"
 
@@ -32,15 +30,14 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "cannot create test dir:", err)
 		os.Exit(1)
 	}
-	testAgent = filepath.Join(base, "testagent")
-	build := exec.Command("go", "build", "-o", testAgent, "./testdata/testagent")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "cannot build test agent:", err)
+	if testAgent, err = testenv.Build(base, "testagent", "./testdata/testagent"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(base)
 		os.Exit(1)
 	}
-	berthAgent, berthAgentBuild = testenv.Build(base, "berth-agent", "github.com/berth-dev/berth/cmd/berth-agent")
+	// Static, as it ships: the non-root namespace test needs that (it
+	// changes every thread's capabilities), and one build serves all.
+	berthAgent, berthAgentBuild = testenv.BuildStatic(base, "berth-agent", "github.com/berth-dev/berth/cmd/berth-agent")
 	code := m.Run()
 	os.RemoveAll(base)
 	os.Exit(code)

@@ -2,7 +2,7 @@ package hostrun
 
 import (
 	"fmt"
-	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -30,18 +30,29 @@ import (
 // every run but an unrestricted one.
 func isolatesHost(spec isolation.Spec) bool { return !spec.Policy.Unrestricted }
 
-// keepVisible are the paths of a run's plan the masks must not hide: its
-// workspace, its binary, its policy's allow paths (the resolver's file among
-// them, wherever /etc/resolv.conf points) and its egress socket's directory.
+// keepVisible are the paths of a run's plan the masks must not hide
+// (confine.KeepVisible, as berth-agent masking itself keeps them).
 func keepVisible(p isolation.Plan) []string {
-	keep := []string{p.Workspace, p.AgentBinary}
-	keep = append(keep, p.Policy.AllowReadWrite...)
-	keep = append(keep, p.Policy.AllowRead...)
-	keep = append(keep, "/etc/resolv.conf")
+	socket := ""
 	if p.Egress != nil {
-		keep = append(keep, filepath.Dir(p.Egress.SandboxSocket))
+		socket = p.Egress.SandboxSocket
 	}
-	return keep
+	return confine.KeepVisible(p.Workspace, p.AgentBinary, p.Policy, socket)
+}
+
+// boundBack are the paths of a plan that the masks would hide, as they are
+// after links (the resolver's file /etc/resolv.conf points to): bound back
+// after the masks, so they stay where they were.
+func boundBack(p isolation.Plan) []string {
+	return confine.KeepPaths(confine.Masked(), keepVisible(p))
+}
+
+// masks are the directories a run's masks cover: those of this host but,
+// for a unit, those under /tmp, which PrivateTmp makes fresh already.
+func masks(unit bool) []confine.MaskedDir {
+	return slices.DeleteFunc(confine.Masked(), func(m confine.MaskedDir) bool {
+		return unit && strings.HasPrefix(m.Path, "/tmp/")
+	})
 }
 
 // enterMaskedNamespaces moves the calling thread (locked, and ended with the
@@ -68,19 +79,10 @@ func userNamespace(attr *syscall.SysProcAttr, flags uintptr, caps []uintptr) {
 	attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}}
 	attr.GidMappingsEnableSetgroups = false
 	for _, c := range caps {
-		if !containsCap(attr.AmbientCaps, c) {
+		if !slices.Contains(attr.AmbientCaps, c) {
 			attr.AmbientCaps = append(attr.AmbientCaps, c)
 		}
 	}
-}
-
-func containsCap(caps []uintptr, c uintptr) bool {
-	for _, x := range caps {
-		if x == c {
-			return true
-		}
-	}
-	return false
 }
 
 // tmpfsMount is one entry of TemporaryFileSystem (D-Bus signature (ss)):
@@ -89,24 +91,11 @@ type tmpfsMount struct {
 	Path, Options string
 }
 
-// unitMasks are the TemporaryFileSystem entries of a confined unit: the
-// masked directories of this host, but those under /tmp, which PrivateTmp
-// makes fresh already.
+// unitMasks are the TemporaryFileSystem entries of a confined unit.
 func unitMasks() []tmpfsMount {
 	out := []tmpfsMount{}
-	for _, m := range confine.Masked() {
-		if strings.HasPrefix(m.Path, "/tmp/") {
-			continue
-		}
+	for _, m := range masks(true) {
 		out = append(out, tmpfsMount{Path: m.Path, Options: "mode=" + m.Mode + ",size=" + m.Size + ",nosuid,nodev,noexec"})
 	}
 	return out
-}
-
-// unitKeeps are the paths of a plan that a unit's masks would hide, as
-// they are after links (the resolver's file /etc/resolv.conf points to):
-// bound read-only after the masks, so they stay where they were. The
-// egress socket's directory is among them and also in BindPaths.
-func unitKeeps(p isolation.Plan) []string {
-	return confine.KeepPaths(confine.Masked(), keepVisible(p))
 }

@@ -11,17 +11,6 @@ import (
 	"github.com/berth-dev/berth/isolation"
 )
 
-// buildStatic builds pkg into base as berth-agent ships it (CGO_ENABLED=0:
-// it changes every thread's capabilities, which a cgo build cannot).
-func buildStatic(t *testing.T, name, pkg string) string {
-	t.Helper()
-	bin, err := testenv.BuildStatic(base, name, pkg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin
-}
-
 // A scheduler that is not root cannot mount anything itself: berth-agent,
 // cloned into user, mount and IPC namespaces of its own, masks the host's
 // socket directories before it reads on, and its tools find a socket under
@@ -53,11 +42,14 @@ func TestRunAsNonRootHidesTheHostsSocketsOrFailsClosed(t *testing.T) {
 			c.Close()
 		}
 	}()
-	agent := buildStatic(t, "berth-agent-nonroot", "github.com/berth-dev/berth/cmd/berth-agent")
-	probe := buildStatic(t, "sysprobe", "../landlock/testdata/sysprobe")
+	testenv.Need(t, berthAgentBuild == nil, "cannot build berth-agent: %v", berthAgentBuild)
+	probe, err := testenv.BuildStatic(base, "sysprobe", "../landlock/testdata/sysprobe")
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	out := runAsNobody(t, "",
-		"HELPER_AGENT="+agent,
+		"HELPER_AGENT="+berthAgent,
 		"HELPER_ALLOW_READ="+probe,
 		"HELPER_TEXT=/sh "+probe+" connect "+socket+"; "+probe+" addkey process; "+probe+" caps")
 	if out.Reason != "" {

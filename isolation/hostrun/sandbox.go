@@ -20,13 +20,10 @@ func sandboxHolds(p isolation.Plan, unit bool) (holds, missing []string) {
 		}
 	}
 	var dirs []string
-	for _, m := range confine.Masked() {
-		if unit && strings.HasPrefix(m.Path, "/tmp/") {
-			continue // PrivateTmp gives the unit a fresh /tmp
-		}
+	for _, m := range masks(unit) {
 		dirs = append(dirs, m.Path)
 	}
-	keeps := confine.KeepPaths(confine.Masked(), keepVisible(p))
+	keeps := boundBack(p)
 	shown := ""
 	if len(keeps) > 0 {
 		shown = "; bound back: " + strings.Join(keeps, ", ")

@@ -61,7 +61,7 @@ type Limits struct {
 // for a plan that leaves a limit at zero.
 var DefaultLimits = Limits{MemoryMax: 512 << 20, TasksMax: 256, CPUQuotaPercent: 100}
 
-// limitsOf is a plan's limits in the units systemd and prlimit take.
+// limitsOf is a plan's limits in the units systemd, cgroups and rlimits take.
 func limitsOf(l isolation.Limits) Limits {
 	out := DefaultLimits
 	if l.MemoryBytes > 0 {
@@ -96,9 +96,12 @@ func UnitName(runID string) string {
 
 // unitRun is what startUnit needs besides the spec.
 type unitRun struct {
-	spec       isolation.Spec
-	input      []byte
-	cred       *syscall.Credential // nil: as root (unrestricted only)
+	spec  isolation.Spec
+	input []byte
+	cred  *syscall.Credential // nil: as root (unrestricted only)
+	// setpriv: the uid has no passwd entry, so the unit switches to it
+	// through setpriv instead of User= (nameless).
+	setpriv    bool
 	cutNetwork bool
 	confine    bool // the sandboxing properties (not for unrestricted runs)
 	readWrite  []string
@@ -110,6 +113,7 @@ func newUnitRun(spec isolation.Spec, input []byte, cred *syscall.Credential) uni
 		spec:       spec,
 		input:      input,
 		cred:       cred,
+		setpriv:    cred != nil && nameless(cred.Uid),
 		cutNetwork: !spec.Policy.Network,
 		confine:    !spec.Policy.Unrestricted,
 		readWrite:  append([]string{spec.Workspace}, spec.Policy.AllowReadWrite...),
@@ -271,13 +275,14 @@ func unitProperties(u unitRun, name string, stdin, stdout, stderr int) []sdbus.P
 	if u.spec.Timeout > 0 {
 		props = append(props, prop("RuntimeMaxUSec", uint64((u.spec.Timeout+runtimeGrace)/time.Microsecond)))
 	}
-	if u.cred != nil && !nameless(u.cred.Uid) {
+	if u.cred != nil && !u.setpriv {
 		props = append(props,
 			prop("User", strconv.FormatUint(uint64(u.cred.Uid), 10)),
 			prop("Group", strconv.FormatUint(uint64(u.cred.Gid), 10)),
 		)
 	}
 	if u.confine {
+		readWrite := append(egressDirs(u.spec.Plan), u.readWrite...)
 		props = append(props,
 			prop("NoNewPrivileges", true),
 			prop("PrivateTmp", true),
@@ -289,8 +294,8 @@ func unitProperties(u unitRun, name string, stdin, stdout, stderr int) []sdbus.P
 			prop("LockPersonality", true),
 			// Bind mounts, not ReadWritePaths: they also show paths under
 			// /tmp through PrivateTmp. "-" paths may be missing.
-			prop("BindPaths", bindPaths(append(egressDirs(u.spec.Plan), u.readWrite...))),
-			prop("BindReadOnlyPaths", bindPaths(without(append(append([]string{u.spec.AgentBinary}, u.readOnly...), unitKeeps(u.spec.Plan)...), append(egressDirs(u.spec.Plan), u.readWrite...)))),
+			prop("BindPaths", bindPaths(readWrite)),
+			prop("BindReadOnlyPaths", bindPaths(without(append(append([]string{u.spec.AgentBinary}, u.readOnly...), boundBack(u.spec.Plan)...), readWrite))),
 			// The host's socket directories are empty (only the binds above
 			// show what the plan names inside them), SysV IPC is the run's
 			// own, and so is its session keyring.
@@ -471,8 +476,7 @@ func killUnit(ctx context.Context, handle string) error {
 	return nil
 }
 
-// setprivPath is util-linux's setpriv (essential on Debian and Fedora, like
-// prlimit).
+// setprivPath is util-linux's setpriv (essential on Debian and Fedora).
 var setprivPath = "/usr/bin/setpriv"
 
 // nameless says uid has no passwd entry, as an agent's own uid from
@@ -487,7 +491,7 @@ func nameless(uid uint32) bool {
 
 // unitCommand is the unit's ExecStart.
 func unitCommand(u unitRun) []string {
-	if u.cred == nil || !nameless(u.cred.Uid) {
+	if !u.setpriv {
 		return []string{u.spec.AgentBinary}
 	}
 	uid := strconv.FormatUint(uint64(u.cred.Uid), 10)

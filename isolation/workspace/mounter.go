@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 	"github.com/coreos/go-systemd/v22/unit"
 	"github.com/godbus/dbus/v5"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/internal/mountinfo"
 )
 
 // A mounter mounts an image at a directory and takes it away again.
@@ -167,17 +170,15 @@ func waitGone(ctx context.Context, conn *sdbus.Conn, name string) error {
 // device a moment after its last unmount).
 func waitDetached(ctx context.Context, dir string) error {
 	deadline := time.Now().Add(5 * time.Second)
+	point := resolved(dir)
 	for {
 		mounts, err := readMountinfo()
 		if err != nil {
 			return err
 		}
-		busy := false
-		for _, m := range mounts {
-			if m.Point == resolved(dir) && backingFile(m.Source) != "" {
-				busy = true
-			}
-		}
+		busy := slices.ContainsFunc(mounts, func(m mountinfo.Mount) bool {
+			return m.Point == point && backingFile(m.Source) != ""
+		})
 		if !busy {
 			return nil
 		}

@@ -21,38 +21,26 @@ const (
 )
 
 // mountState says what the topmost mount at dir is: the image, something
-// else, or nothing of its own.
-func mountState(dir, image string) (state, error) {
+// else, or nothing of its own; elsewhere is a mount point of the image
+// other than dir, "" when there is none.
+func mountState(dir, image string) (st state, elsewhere string, err error) {
 	mounts, err := readMountinfo()
 	if err != nil {
-		return notMounted, err
-	}
-	dir, image = resolved(dir), resolved(image)
-	for i := len(mounts) - 1; i >= 0; i-- {
-		if mounts[i].Point != dir {
-			continue
-		}
-		if backingFile(mounts[i].Source) == image {
-			return mounted, nil
-		}
-		return mountedOther, nil
-	}
-	return notMounted, nil
-}
-
-// mountedElsewhere is where else than dir the image is mounted, or "".
-func mountedElsewhere(image, dir string) string {
-	mounts, err := readMountinfo()
-	if err != nil {
-		return ""
+		return notMounted, "", err
 	}
 	dir, image = resolved(dir), resolved(image)
 	for _, m := range mounts {
-		if m.Point != dir && backingFile(m.Source) == image {
-			return m.Point
+		isImage := backingFile(m.Source) == image
+		switch {
+		case m.Point == dir && isImage:
+			st = mounted
+		case m.Point == dir:
+			st = mountedOther
+		case isImage && elsewhere == "":
+			elsewhere = m.Point
 		}
 	}
-	return ""
+	return st, elsewhere, nil
 }
 
 // backingFile is the file behind a loop device (/dev/loopN), or "".

@@ -162,7 +162,7 @@ func (e ensurer) ensure(ctx context.Context) error {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return fmt.Errorf("cannot create the workspace: %w", err)
 	}
-	state, err := mountState(o.Dir, o.Image)
+	state, where, err := mountState(o.Dir, o.Image)
 	if err != nil {
 		return err
 	}
@@ -172,7 +172,7 @@ func (e ensurer) ensure(ctx context.Context) error {
 	case mounted:
 		return e.resize(ctx)
 	}
-	if where := mountedElsewhere(o.Image, o.Dir); where != "" {
+	if where != "" {
 		return fmt.Errorf("image %s is already mounted at %s; an image is mounted once", o.Image, where)
 	}
 	var root unix.Stat_t
@@ -316,7 +316,7 @@ func (e ensurer) mount(ctx context.Context) error {
 	// would go on working on the directory beneath the image: it would hand
 	// the wrong root to the agent and could resize a mounted image. Fail
 	// closed instead, saying what to fix.
-	if state, err := mountState(e.opts.Dir, e.opts.Image); err != nil || state != mounted {
+	if state, _, err := mountState(e.opts.Dir, e.opts.Image); err != nil || state != mounted {
 		return fmt.Errorf("the image %s was mounted at %s but the mount does not show in this process's mount namespace (is / a shared mount? mount --make-rshared /)", e.opts.Image, e.opts.Dir)
 	}
 	// mkfs makes lost+found; an agent has no use for it and e2fsck makes

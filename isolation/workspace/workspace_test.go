@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-dev/berth/internal/mountinfo"
 	"github.com/berth-dev/berth/internal/testenv"
 	"github.com/berth-dev/berth/isolation/workspace"
 )
@@ -68,13 +69,13 @@ func statfs(t *testing.T, dir string) unix.Statfs_t {
 // mountsAt counts the mounts at dir.
 func mountsAt(t *testing.T, dir string) int {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read(mountinfo.Self)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := 0
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+	for _, m := range mounts {
+		if m.Point == dir {
 			n++
 		}
 	}
@@ -265,6 +266,14 @@ func TestWorkspaceRefusals(t *testing.T) {
 			unmount(t, o.Dir)
 			os.WriteFile(filepath.Join(o.Dir, "stray"), nil, 0o600)
 		}, "move one of them away"},
+		{"An_image_mounted_at_another_workspace_is_not_mounted_twice", func(t *testing.T, o *workspace.Options) {
+			other := *o
+			other.Dir = o.Dir + "-other"
+			if err := workspace.Ensure(context.Background(), other); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unmount(t, other.Dir) })
+		}, "is already mounted at"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
