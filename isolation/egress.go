@@ -282,9 +282,11 @@ func KeepReadable(p agentproto.Policy, keep string) agentproto.Policy {
 	if p.Unrestricted {
 		return p
 	}
+	res := newResolver()
+	k := res.resolved(keep)
 	var deny []string
 	for _, d := range p.Deny {
-		deny = append(deny, carveOut(d, keep)...)
+		deny = append(deny, res.carveOut(d, k)...)
 	}
 	p.Deny = cleanUnique(deny)
 	p.AllowRead = cleanUnique(append(slices.Clone(p.AllowRead), keep))

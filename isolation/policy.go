@@ -143,15 +143,10 @@ func HostPolicy(fa FileAccess, workspace string, protect []string, opts ...Polic
 	}
 }
 
-// carveOut returns what to deny for deny so that keep stays reachable: deny
-// itself when it is unrelated to keep or inside it, nothing when it is keep,
-// and the entries of deny that do not lead to keep when deny contains keep.
-func carveOut(deny, keep string) []string {
-	res := newResolver()
-	return res.carveOut(deny, res.resolved(keep))
-}
-
-// carveOut is carveOut for a keep resolved already.
+// carveOut returns what to deny for deny so that keep (resolved already)
+// stays reachable: deny itself when it is unrelated to keep or inside it,
+// nothing when it is keep, and the entries of deny that do not lead to keep
+// when deny contains keep.
 func (res *resolver) carveOut(deny, keep string) []string {
 	if deny == "" {
 		return nil

@@ -112,7 +112,7 @@ func info(o Options, format, binDir string) (*nfpm.Info, error) {
 		Description: "systemd-native agent gateway\n" + description,
 		Overridables: nfpm.Overridables{
 			// e2fsprogs: workspace images (mkfs.ext4, resize2fs);
-			// util-linux: prlimit, setpriv, mount, losetup.
+			// util-linux: setpriv, mount, losetup.
 			Depends:  []string{"dbus", "systemd", "e2fsprogs", "util-linux"},
 			Contents: nfpmContents(contents(), o.Root, binDir),
 			Scripts:  scripts.common,

@@ -44,7 +44,7 @@ func backends(env daemon.Env, allUnrestricted bool) map[string]isolation.Backend
 	if hostrun.SystemdAvailable() {
 		log.Info("host runs start as transient systemd units (cgroup limits)")
 	} else {
-		log.Warn("systemd is not reachable (not PID 1, or not root): host runs are held by rlimits only, see berthctl sandbox explain")
+		log.Warn("systemd is not reachable (not PID 1, or not root): host runs get a cgroup of their own where one is writable, else fail closed unless [scheduler] allow_rlimit_fallback = true; see berthctl sandbox explain")
 	}
 	bs := map[string]isolation.Backend{
 		landlock.Name:     landlock.New(),
