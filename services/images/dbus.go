@@ -244,12 +244,12 @@ func (o *imagesObject) exportJob(j *Job) error {
 	}
 	rec := j.Record()
 	props, err := prop.Export(o.conn, path, prop.Map{bus.ImagesJobInterface: {
-		"State":  {Value: rec.State, Emit: prop.EmitTrue},
+		"State":  {Value: rec.State, Emit: prop.EmitFalse},
 		"Target": {Value: rec.Target, Emit: prop.EmitConst},
-		"Step":   {Value: rec.Step, Emit: prop.EmitTrue},
-		"Total":  {Value: rec.Total, Emit: prop.EmitTrue},
-		"Tag":    {Value: rec.Tag, Emit: prop.EmitTrue},
-		"Error":  {Value: rec.Error, Emit: prop.EmitTrue},
+		"Step":   {Value: rec.Step, Emit: prop.EmitFalse},
+		"Total":  {Value: rec.Total, Emit: prop.EmitFalse},
+		"Tag":    {Value: rec.Tag, Emit: prop.EmitFalse},
+		"Error":  {Value: rec.Error, Emit: prop.EmitFalse},
 	}})
 	if err != nil {
 		return fmt.Errorf("cannot export properties of job %s: %w", path, err)
@@ -264,18 +264,18 @@ func (o *imagesObject) exportJob(j *Job) error {
 	var last JobRecord
 	j.watch(func(r JobRecord, line string) {
 		if r.Step != last.Step {
-			props.SetMust(bus.ImagesJobInterface, "Step", r.Step)
+			setProperty(o.conn, props, path, bus.ImagesJobInterface, "Step", r.Step)
 		}
 		if r.Total != last.Total {
-			props.SetMust(bus.ImagesJobInterface, "Total", r.Total)
+			setProperty(o.conn, props, path, bus.ImagesJobInterface, "Total", r.Total)
 		}
 		if line != "" {
 			_ = o.conn.Emit(bus.ImagesPath, bus.ImagesInterface+".Progress", path, r.Step, r.Total, validText(line))
 		}
 		if r.State != JobRunning {
-			props.SetMust(bus.ImagesJobInterface, "Tag", r.Tag)
-			props.SetMust(bus.ImagesJobInterface, "Error", validText(r.Error))
-			props.SetMust(bus.ImagesJobInterface, "State", r.State)
+			setProperty(o.conn, props, path, bus.ImagesJobInterface, "Tag", r.Tag)
+			setProperty(o.conn, props, path, bus.ImagesJobInterface, "Error", validText(r.Error))
+			setProperty(o.conn, props, path, bus.ImagesJobInterface, "State", r.State)
 			if line == "" {
 				_ = o.conn.Emit(bus.ImagesPath, bus.ImagesInterface+".Finished", path, r.Tag, validText(r.Error))
 			}
@@ -310,8 +310,8 @@ func (s *Service) Export(conn *dbus.Conn) error {
 		return err
 	}
 	exported, err := prop.Export(conn, bus.ImagesPath, prop.Map{bus.ImagesInterface: {
-		"Building":   {Value: uint32(s.Building()), Emit: prop.EmitTrue},
-		"ImageCount": {Value: uint32(count), Emit: prop.EmitTrue},
+		"Building":   {Value: uint32(s.Building()), Emit: prop.EmitFalse},
+		"ImageCount": {Value: uint32(count), Emit: prop.EmitFalse},
 	}})
 	if err != nil {
 		return fmt.Errorf("cannot export properties of %s: %w", bus.ImagesInterface, err)
@@ -336,7 +336,7 @@ func (s *Service) Export(conn *dbus.Conn) error {
 	}
 	s.props.Store(&properties{p: exported, building: uint32(s.Building()), imageCnt: uint32(count)})
 	s.conn.Store(conn)
-	go s.publish(conn.Context().Done())
+	go s.publish(conn)
 
 	reply, err := conn.RequestName(bus.ImagesName, dbus.NameFlagDoNotQueue)
 	if err != nil {
@@ -350,7 +350,8 @@ func (s *Service) Export(conn *dbus.Conn) error {
 
 // publish updates Building and ImageCount when something changed; it is
 // the only sender of their PropertiesChanged, and holds no lock meanwhile.
-func (s *Service) publish(stop <-chan struct{}) {
+func (s *Service) publish(conn *dbus.Conn) {
+	stop := conn.Context().Done()
 	for {
 		select {
 		case <-stop:
@@ -364,13 +365,23 @@ func (s *Service) publish(stop <-chan struct{}) {
 		building := uint32(s.Building())
 		if building != p.building {
 			p.building = building
-			p.p.SetMust(bus.ImagesInterface, "Building", building)
+			setProperty(conn, p.p, bus.ImagesPath, bus.ImagesInterface, "Building", building)
 		}
 		if n, err := s.store.countImages(); err == nil && uint32(n) != p.imageCnt {
 			p.imageCnt = uint32(n)
-			p.p.SetMust(bus.ImagesInterface, "ImageCount", uint32(n))
+			setProperty(conn, p.p, bus.ImagesPath, bus.ImagesInterface, "ImageCount", uint32(n))
 		}
 	}
+}
+
+// setProperty stores a property's new value and announces it. The
+// properties are exported with EmitFalse and the signal sent here, so a bus
+// that is gone (the daemon stopping while a build reports) costs a signal
+// nobody would get, not a panic: prop's own emission makes SetMust panic
+// when the connection is closed.
+func setProperty(conn *dbus.Conn, props *prop.Properties, path dbus.ObjectPath, iface, name string, v any) {
+	props.SetMust(iface, name, v)
+	_ = conn.Emit(path, "org.freedesktop.DBus.Properties.PropertiesChanged", iface, map[string]dbus.Variant{name: dbus.MakeVariant(v)}, []string{})
 }
 
 func parseNode() (introspect.Node, error) {
