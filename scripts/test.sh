@@ -4,6 +4,7 @@
 # dbus-daemon, real BoltDB files, real Landlock, real processes).
 #
 #   scripts/test.sh [go test flags...]     e.g. scripts/test.sh -run E2E -v
+#   scripts/test.sh --install-only         only install what the tests use
 #
 # Runs as root: the tests switch users (the agent runs as nobody) and create
 # network namespaces.
@@ -15,19 +16,31 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "scripts/test.sh must run as root (tests run agents as their own uids, mount workspace images and make cgroups)" >&2
   exit 1
 fi
-ensure_packages dbus-daemon:dbus systemd-socket-activate:systemd busctl:systemd curl:curl  # curl: tools reach the egress proxy in tests
-ensure_packages mkfs.ext4:e2fsprogs losetup:mount prlimit:util-linux setpriv:util-linux ipcmk:util-linux  # workspace images, rlimits, SysV IPC probes
-ensure_docker; ensure_packages busybox:busybox-static  # container tests: engine + static busybox for the agent image
-# Cockpit page tests: Debian's Cockpit and Chromium (cockpit-ws lives in /usr/lib/cockpit).
-ensure_packages chromium:chromium cockpit-bridge:cockpit-bridge
-cockpit_missing=()
-[ -x /usr/lib/cockpit/cockpit-ws ] || cockpit_missing+=(cockpit-ws)
-[ -e /usr/share/cockpit/shell/manifest.json ] || cockpit_missing+=(cockpit-system)
-if ((${#cockpit_missing[@]})); then
-  echo "==> installing ${cockpit_missing[*]}" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${cockpit_missing[@]}" >/dev/null
+if ! command -v go >/dev/null; then
+  echo "scripts/test.sh needs Go $(sed -n 's/^go //p' go.mod) or later on PATH (Debian 12's golang is too old)" >&2
+  exit 1
 fi
+# Everything the tests, scripts/check-unit-security.sh and
+# scripts/install-test.sh use, installed in one go before any of them runs:
+# a tool that arrives halfway (rpm did, with the install test) fails the
+# tests before it. NEED:PACKAGE as ensure_packages takes them.
+test_needs=(
+  git:git /etc/ssl/certs/ca-certificates.crt:ca-certificates # go stamps builds from git; modules come over TLS
+  dbus-daemon:dbus busctl:systemd systemd-socket-activate:systemd systemd-analyze:systemd # private buses, activation, unit hardening
+  curl:curl /bin/ip:iproute2 pgrep:procps # what agents run in tests (through the egress proxy, the network probes)
+  mkfs.ext4:e2fsprogs losetup:mount mount:mount # workspace images
+  prlimit:util-linux setpriv:util-linux ipcmk:util-linux unshare:util-linux nsenter:util-linux # rlimits, uids, SysV IPC, namespaces
+  "${docker_needs[@]}" :busybox-static # container tests: the engine, and the static busybox of the agent image
+  chromium:chromium cockpit-bridge:cockpit-bridge /usr/lib/cockpit/cockpit-ws:cockpit-ws # Cockpit page tests
+  /usr/share/cockpit/shell/manifest.json:cockpit-system
+  dpkg-deb:dpkg rpm:rpm # packaging tests inspect the .deb and the .rpm
+  debootstrap:debootstrap dpkg-scanpackages:dpkg-dev # base image and install test: rootfs, local apt mirror
+)
+ensure_packages "${test_needs[@]}"
+if [ "${1:-}" = --install-only ]; then
+  exit 0
+fi
+ensure_docker
 echo "==> base image (berth-base:bookworm, debootstrapped once and cached)"
 scripts/base-image.sh
 
