@@ -36,7 +36,11 @@ func writeConnectors(w io.Writer, v dbus.Variant) error {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\n", id, str(c, "type"), str(c, "state"),
 			cmp.Or(str(c, "connected_since"), "-"), cmp.Or(str(c, "last_event"), "-"), reconnects)
 		if e := str(c, "last_error"); e != "" {
-			notes = append(notes, fmt.Sprintf("  %s: last error: %s", id, oneLine(e)))
+			if at := str(c, "last_error_at"); at != "" {
+				notes = append(notes, fmt.Sprintf("  %s: last error at %s: %s", id, at, oneLine(e)))
+			} else {
+				notes = append(notes, fmt.Sprintf("  %s: last error: %s", id, oneLine(e)))
+			}
 		}
 		if warn := str(c, "warning"); warn != "" {
 			notes = append(notes, fmt.Sprintf("  %s: WARNING: %s", id, oneLine(warn)))

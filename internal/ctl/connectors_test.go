@@ -16,6 +16,10 @@ func TestStatusPrintsEachConnector(t *testing.T) {
 			"last_error": dbus.MakeVariant(lastErr), "reconnects": dbus.MakeVariant(reconnects), "warning": dbus.MakeVariant(warning),
 		}
 	}
+	withErrorAt := func(c map[string]dbus.Variant, at string) map[string]dbus.Variant {
+		c["last_error_at"] = dbus.MakeVariant(at)
+		return c
+	}
 	tests := []struct {
 		name  string
 		value dbus.Variant
@@ -26,6 +30,9 @@ func TestStatusPrintsEachConnector(t *testing.T) {
 			conn("chat", "meepachat", "connected", "2026-12-01T09:00:00Z", "", "", 3),
 			conn("hooks", "webhook", "http", "", "", "", 0),
 		}), []string{"ID", "RECONNECTS", "chat", "meepachat", "connected", "2026-12-01T09:00:00Z", "3", "hooks", "webhook", "http"}},
+		{"Last_error_is_shown_with_its_time", dbus.MakeVariant([]map[string]dbus.Variant{
+			withErrorAt(conn("sl", "slack", "disconnected", "", "cannot connect", "", 4), "2026-12-01T09:05:00Z"),
+		}), []string{"sl: last error at 2026-12-01T09:05:00Z: cannot connect"}},
 		{"Last_error_and_warning_are_shown_under_the_table", dbus.MakeVariant([]map[string]dbus.Variant{
 			conn("dc", "discord", "disconnected", "", "gateway closed\n4004", "MESSAGE_CONTENT intent not granted", 7),
 		}), []string{"dc: last error: gateway closed 4004", "dc: WARNING: MESSAGE_CONTENT intent not granted"}},

@@ -424,7 +424,7 @@ func TestConnectorsPropertyListsEachConnectorWithoutCredentials(t *testing.T) {
 	f := newFakePlatforms(func(id string, c *connectortest.Connector) {
 		c.SetStatus(connector.Status{
 			Type: "fake", State: connector.StateConnected, ConnectedSince: since, LastEvent: since.Add(time.Minute),
-			LastError: "gateway said 4004 for token " + token, Reconnects: 3, Warning: "webhook secret " + testSecret + " seen",
+			LastError: "gateway said 4004 for token " + token, LastErrorAt: since.Add(2 * time.Minute), Reconnects: 3, Warning: "webhook secret " + testSecret + " seen",
 		})
 	})
 	cfg := platformConfig()
@@ -453,7 +453,7 @@ func TestConnectorsPropertyListsEachConnectorWithoutCredentials(t *testing.T) {
 	alpha, hooks := list[0], list[2]
 	want := map[string]any{
 		"id": "alpha", "type": "fake", "state": "connected", "connected_since": "2026-12-01T09:00:00Z",
-		"last_event": "2026-12-01T09:01:00Z", "last_error": "gateway said 4004 for token [redacted]", "reconnects": uint32(3),
+		"last_event": "2026-12-01T09:01:00Z", "last_error": "gateway said 4004 for token [redacted]", "last_error_at": "2026-12-01T09:02:00Z", "reconnects": uint32(3),
 		"warning": "webhook secret [redacted] seen",
 	}
 	for k, w := range want {

@@ -133,6 +133,7 @@ func connectorsValue(st []ConnectorStatus) []map[string]dbus.Variant {
 			"connected_since": dbus.MakeVariant(stamp(c.ConnectedSince)),
 			"last_event":      dbus.MakeVariant(stamp(c.LastEvent)),
 			"last_error":      dbus.MakeVariant(validText(c.LastError)),
+			"last_error_at":   dbus.MakeVariant(stamp(c.LastErrorAt)),
 			"reconnects":      dbus.MakeVariant(uint32(max(c.Reconnects, 0))),
 			"warning":         dbus.MakeVariant(validText(c.Warning)),
 		})

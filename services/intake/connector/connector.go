@@ -113,8 +113,11 @@ type Status struct {
 	State          string
 	ConnectedSince time.Time // zero unless connected
 	LastEvent      time.Time // last inbound event of any kind
-	LastError      string    // never holds a credential
-	Reconnects     int
+	LastError      string    // never holds a credential; "" once healthy again
+	LastErrorAt    time.Time // when LastError happened; zero with it
+	// Reconnects counts connection attempts after the first, whether or not
+	// any succeeded (StatusKeeper keeps it).
+	Reconnects int
 	// Warning is a standing problem an admin must fix, e.g. Discord's
 	// MESSAGE_CONTENT intent not granted (messages arrive empty).
 	Warning string
