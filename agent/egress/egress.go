@@ -103,7 +103,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out.URL.Scheme, out.URL.Host, out.Host = "http", "egress", "egress"
 		rt = p.origin
 	}
-	resp, err := rt.RoundTrip(out)
+	var resp *http.Response
+	var err error
+	if r.ContentLength != 0 {
+		resp, err = p.exchange(out, r.URL.IsAbs())
+	} else {
+		resp, err = rt.RoundTrip(out)
+	}
 	if err != nil {
 		http.Error(w, "berth egress unreachable: "+err.Error(), http.StatusBadGateway)
 		return
@@ -121,6 +127,83 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		dst = flushWriter{w}
 	}
 	io.Copy(dst, resp.Body)
+}
+
+// exchange sends a request with a body on a connection of its own and
+// reads the answer while the body is still being written: the proxy may
+// refuse the request before it has read the body and close the connection,
+// and then the tool must get the proxy's answer, not the failed write
+// (a pooled transport reports the write's broken pipe when it sees that
+// first).
+func (p *Proxy) exchange(out *http.Request, absolute bool) (*http.Response, error) {
+	ctx := out.Context()
+	d := net.Dialer{Timeout: 10 * time.Second}
+	conn, err := d.DialContext(ctx, "unix", p.socket)
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	// An interim 100 Continue would come before the answer: the body is
+	// sent at once instead.
+	out.Header.Del("Expect")
+	out.Close = true
+	written := make(chan error, 1)
+	go func() {
+		bw := bufio.NewWriterSize(conn, 32<<10)
+		var err error
+		if absolute {
+			err = out.WriteProxy(bw)
+		} else {
+			err = out.Write(bw)
+		}
+		if err == nil {
+			err = bw.Flush()
+		}
+		written <- err
+	}()
+	resp, err := readFinalResponse(bufio.NewReaderSize(conn, 32<<10), out)
+	if err != nil {
+		stop()
+		conn.Close()
+		select {
+		case werr := <-written:
+			if werr != nil {
+				return nil, fmt.Errorf("cannot send the request: %w", werr)
+			}
+		default:
+		}
+		return nil, err
+	}
+	resp.Body = &connBody{ReadCloser: resp.Body, conn: conn, stop: stop}
+	return resp, nil
+}
+
+// readFinalResponse reads the response to req, past any interim (1xx) one.
+func readFinalResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+	for {
+		resp, err := http.ReadResponse(br, req)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			return resp, nil
+		}
+		resp.Body.Close()
+	}
+}
+
+// connBody closes the exchange's connection with the response body.
+type connBody struct {
+	io.ReadCloser
+	conn net.Conn
+	stop func() bool
+}
+
+func (b *connBody) Close() error {
+	b.stop()
+	err := b.ReadCloser.Close()
+	b.conn.Close()
+	return err
 }
 
 // flushWriter flushes after each write, so a stream flows.

@@ -205,3 +205,48 @@ func TestAnEventStreamReachesTheToolAsItArrives(t *testing.T) {
 		t.Fatalf("rest of the stream: %q, %v", rest, err)
 	}
 }
+
+// The proxy refuses these before it reads their bodies and closes the
+// connection: the relay, still writing the body, must pass the refusal on
+// rather than its own broken pipe.
+func TestARefusalOfARequestWithALargeBodyReachesTheToolAsTheProxySentIt(t *testing.T) {
+	t.Parallel()
+	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{"ok":true}`) }))
+	t.Cleanup(model.Close)
+	p := stack(t, egress.Policy{RunID: "r1", Providers: []egress.Provider{{Name: "openai", Kind: "openai", BaseURL: model.URL + "/v1", Model: "m", Key: "sk-secret"}}},
+		egress.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	body := strings.Repeat("x", 4<<20)
+	for _, target := range []struct{ name, requestURI, host string }{
+		{"a_provider_no_rule_names", "/providers/nope/chat/completions", p.Addr()},
+		{"a_host_no_rule_allows", "http://files.example/upload", "files.example"},
+	} {
+		t.Run(target.name, func(t *testing.T) {
+			for i := range 40 {
+				code, answer := postClosing(t, p.Addr(), target.requestURI, target.host, body)
+				if code != http.StatusForbidden || !strings.Contains(answer, "berth egress refused") {
+					t.Fatalf("attempt %d: %d %q; want the proxy's 403", i, code, answer)
+				}
+			}
+		})
+	}
+}
+
+// postClosing sends a POST with Connection: close as a tool would and reads
+// the answer while the body is still being written.
+func postClosing(t *testing.T, addr, requestURI, host, body string) (int, string) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	go fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", requestURI, host, len(body), body)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer from the relay: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(b)
+}
