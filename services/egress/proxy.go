@@ -1,13 +1,15 @@
 // Package egress is berth's egress proxy: a sandboxed run's only way out.
 // One Server serves one run on that run's Unix socket. It checks the run's
-// token on every request, lets the agent call its own providers (at their
-// configured endpoints, with the agent's model only) and adds the provider
-// key on the way out; tunnels CONNECT and forwards plain HTTP to what the
-// agent's [agents.egress] allow rules name; refuses everything else with a
-// 403 that says why; refuses loopback, link-local, private and the host's
-// own addresses at dial time unless a rule names the host; and records every
-// decision. It runs as its own unprivileged process (cmd/berth-egress,
-// started per run by Launch), never with the Docker socket; see
+// token on every request, lets the agent call its own providers (only
+// their API endpoints, with the agent's model only, with the headers a
+// call needs) and adds the provider key on the way out; tunnels CONNECT
+// and forwards plain HTTP to what the agent's [agents.egress] allow rules
+// name; refuses everything else with a 403 that says why; refuses
+// internal destinations unless the rule that allows the request names the
+// host; and records every decision. Every request is judged by
+// internal/egresspolicy, the code `berthctl egress explain` answers with.
+// It runs as its own unprivileged process (cmd/berth-egress, started per
+// run by Launch), never with the Docker socket; see
 // docs/adr/0011-egress-gateway.md.
 package egress
 
@@ -24,85 +26,146 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
-	"path"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/berth-dev/berth/internal/egresspolicy"
 	"github.com/berth-dev/berth/isolation"
 )
 
 // Provider is a provider the run may call, key included.
-type Provider struct {
-	Name    string `json:"name"`
-	Kind    string `json:"kind"`
-	BaseURL string `json:"base_url"`
-	Model   string `json:"model"`
-	Key     string `json:"key"`
-}
+type Provider = egresspolicy.Provider
 
-// Policy is what one run may reach.
+// Policy is what one run may reach. Its JSON (the child's stdin) carries
+// the provider keys and secret values, which the plan's JSON never does.
 type Policy struct {
-	RunID     string                 `json:"run_id"`
-	Agent     string                 `json:"agent"`
-	Token     string                 `json:"token"`
-	Providers []Provider             `json:"providers,omitempty"`
-	Allow     []isolation.EgressRule `json:"allow,omitempty"`
+	RunID     string
+	Agent     string
+	Token     string
+	Providers []Provider
+	Allow     []egresspolicy.Rule
 	// Secrets are added to requests for their hosts, which the proxy
 	// intercepts with CA (see secrets.go); other hosts are never intercepted.
-	Secrets []Secret `json:"secrets,omitempty"`
-	CA      *CA      `json:"ca,omitempty"`
+	Secrets []Secret
+	CA      *CA
+}
+
+type wireProvider struct {
+	egresspolicy.Provider
+	Key string `json:"key"`
+}
+
+type wireSecret struct {
+	egresspolicy.Secret
+	Value string `json:"value"`
+}
+
+type wirePolicy struct {
+	RunID     string              `json:"run_id"`
+	Agent     string              `json:"agent"`
+	Token     string              `json:"token"`
+	Providers []wireProvider      `json:"providers,omitempty"`
+	Allow     []egresspolicy.Rule `json:"allow,omitempty"`
+	Secrets   []wireSecret        `json:"secrets,omitempty"`
+	CA        *CA                 `json:"ca,omitempty"`
+}
+
+// MarshalJSON writes the policy with its keys, for the proxy's stdin only.
+func (p Policy) MarshalJSON() ([]byte, error) {
+	w := wirePolicy{RunID: p.RunID, Agent: p.Agent, Token: p.Token, Allow: p.Allow, CA: p.CA}
+	for _, pr := range p.Providers {
+		w.Providers = append(w.Providers, wireProvider{Provider: pr, Key: pr.Key})
+	}
+	for _, s := range p.Secrets {
+		w.Secrets = append(w.Secrets, wireSecret{Secret: s, Value: s.Value})
+	}
+	return json.Marshal(w)
+}
+
+// UnmarshalJSON reads what MarshalJSON wrote.
+func (p *Policy) UnmarshalJSON(data []byte) error {
+	var w wirePolicy
+	if err := json.Unmarshal(data, &w); err != nil {
+		return err
+	}
+	*p = Policy{RunID: w.RunID, Agent: w.Agent, Token: w.Token, Allow: w.Allow, CA: w.CA}
+	for _, pr := range w.Providers {
+		pr.Provider.Key = pr.Key
+		p.Providers = append(p.Providers, pr.Provider)
+	}
+	for _, s := range w.Secrets {
+		s.Secret.Value = s.Value
+		p.Secrets = append(p.Secrets, s.Secret)
+	}
+	return nil
 }
 
 // Options tune a Server; zero values are the defaults.
 type Options struct {
 	Logger *slog.Logger
 	// Resolver resolves destination names (the proxy's, never the sandbox's).
-	Resolver interface {
-		LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
-	}
+	Resolver egresspolicy.Resolver
+	// Addresses classifies internal addresses; nil reads this host's
+	// networks and gateways (egresspolicy.HostClassifier).
+	Addresses *egresspolicy.Classifier
 	// MaxConns bounds the run's simultaneous connections to the proxy (32).
 	MaxConns int
-	// MaxHeaderBytes bounds a request's header (16 KiB).
+	// MaxUnauthenticated bounds the connections that have not yet sent a
+	// request with the run's token (8): one more closes the oldest, so
+	// idle ones never hold the slots authenticated ones wait for.
+	MaxUnauthenticated int
+	// AuthTimeout closes a connection that sends no request with the
+	// run's token in that time (10 s).
+	AuthTimeout time.Duration
+	// MaxHeaderBytes bounds a request's header, request line included
+	// (16 KiB).
 	MaxHeaderBytes int
 	// MaxProviderBody bounds a provider request body the proxy reads to
-	// check its model (16 MiB).
-	MaxProviderBody int64
+	// check its model (16 MiB); MaxProviderBuffer bounds all provider
+	// bodies held at once, across connections (32 MiB).
+	MaxProviderBody   int64
+	MaxProviderBuffer int64
 	// DialTimeout bounds name resolution and connecting (10 s);
 	// ResponseTimeout waits for an upstream's response header (5 min: a
 	// model may think long).
 	DialTimeout     time.Duration
 	ResponseTimeout time.Duration
+	// TunnelIdleTimeout closes a tunnel (or an intercepted one) through
+	// which no byte went either way for that long (10 min).
+	TunnelIdleTimeout time.Duration
 	// MaxDecisions bounds the decisions kept (isolation.MaxEgressDecisions).
 	MaxDecisions int
 	// OnDecision sees every decision as it is made.
-	OnDecision func(isolation.EgressDecision)
+	OnDecision func(egresspolicy.Decision)
 	// RootCAs verifies upstream TLS; nil is the system's pool.
 	RootCAs *x509.CertPool
-	// OwnAddrs are the host's own addresses (refused like loopback); nil
-	// reads the interfaces.
-	OwnAddrs []netip.Addr
 }
 
 // Server is one run's egress proxy.
 type Server struct {
-	pol       Policy
-	opts      Options
-	log       *slog.Logger
-	http      *http.Server
-	transport *http.Transport
+	pol   Policy
+	opts  Options
+	log   *slog.Logger
+	judge *egresspolicy.Judge
+	http  *http.Server
+	// Provider calls and tool requests never share a connection: a tool
+	// could otherwise ride a pooled connection to a provider's address.
+	providers *http.Transport
+	tools     *http.Transport
 	icpt      *interceptor
 	revoked   atomic.Bool
+	budget    byteBudget
 
-	mu        sync.Mutex
-	closed    bool
-	active    sync.WaitGroup // requests being served
-	decisions []isolation.EgressDecision
-	dropped   int
-	tunnels   map[net.Conn]struct{}
+	mu          sync.Mutex
+	closed      bool
+	active      sync.WaitGroup // requests being served
+	decisions   []egresspolicy.Decision
+	dropped     int
+	tunnels     map[net.Conn]struct{}
+	intercepted map[string]*http.Transport // by tunnel target host:port
 }
 
 // NewServer makes the proxy of one run.
@@ -116,8 +179,17 @@ func NewServer(pol Policy, opts Options) (*Server, error) {
 	if opts.Resolver == nil {
 		opts.Resolver = net.DefaultResolver
 	}
+	if opts.Addresses == nil {
+		opts.Addresses = egresspolicy.HostClassifier()
+	}
 	if opts.MaxConns <= 0 {
 		opts.MaxConns = 32
+	}
+	if opts.MaxUnauthenticated <= 0 {
+		opts.MaxUnauthenticated = 8
+	}
+	if opts.AuthTimeout <= 0 {
+		opts.AuthTimeout = 10 * time.Second
 	}
 	if opts.MaxHeaderBytes <= 0 {
 		opts.MaxHeaderBytes = 16 << 10
@@ -125,25 +197,43 @@ func NewServer(pol Policy, opts Options) (*Server, error) {
 	if opts.MaxProviderBody <= 0 {
 		opts.MaxProviderBody = 16 << 20
 	}
+	if opts.MaxProviderBuffer <= 0 {
+		opts.MaxProviderBuffer = 32 << 20
+	}
 	if opts.DialTimeout <= 0 {
 		opts.DialTimeout = 10 * time.Second
 	}
 	if opts.ResponseTimeout <= 0 {
 		opts.ResponseTimeout = 5 * time.Minute
 	}
+	if opts.TunnelIdleTimeout <= 0 {
+		opts.TunnelIdleTimeout = 10 * time.Minute
+	}
 	if opts.MaxDecisions <= 0 {
 		opts.MaxDecisions = isolation.MaxEgressDecisions
 	}
-	if opts.OwnAddrs == nil {
-		opts.OwnAddrs = interfaceAddrs()
-	}
 	for _, p := range pol.Providers {
-		if _, err := providerURL(p, ""); err != nil {
-			return nil, err
+		if _, err := p.BaseURLParsed(); err != nil {
+			return nil, fmt.Errorf("cannot make an egress proxy: %w", err)
+		}
+		for _, e := range p.Endpoints {
+			if err := egresspolicy.CheckEndpoint(e); err != nil {
+				return nil, fmt.Errorf("cannot make an egress proxy: provider %s: %w", p.Name, err)
+			}
 		}
 	}
-	s := &Server{pol: pol, opts: opts, tunnels: map[net.Conn]struct{}{},
-		log: opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent)}
+	for i, sec := range pol.Secrets {
+		if sec.Header == "" || sec.Value == "" || len(sec.Hosts) == 0 {
+			return nil, fmt.Errorf("cannot make an egress proxy: secret %q needs hosts, a header and a value", sec.Name)
+		}
+		for j, h := range sec.Hosts {
+			pol.Secrets[i].Hosts[j] = egresspolicy.NormalHost(h)
+		}
+	}
+	s := &Server{pol: pol, opts: opts, tunnels: map[net.Conn]struct{}{}, intercepted: map[string]*http.Transport{},
+		log:    opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent),
+		budget: byteBudget{max: opts.MaxProviderBuffer}}
+	s.judge = &egresspolicy.Judge{Allow: pol.Allow, Providers: pol.Providers, Secrets: pol.Secrets, Resolver: opts.Resolver, Addresses: opts.Addresses}
 	if pol.CA != nil {
 		icpt, err := newInterceptor(*pol.CA)
 		if err != nil {
@@ -151,39 +241,41 @@ func NewServer(pol Policy, opts Options) (*Server, error) {
 		}
 		s.icpt = icpt
 	}
-	for i, sec := range pol.Secrets {
-		if sec.Header == "" || sec.Value == "" || len(sec.Hosts) == 0 {
-			return nil, fmt.Errorf("cannot make an egress proxy: secret %q needs hosts, a header and a value", sec.Name)
-		}
-		for j, h := range sec.Hosts {
-			pol.Secrets[i].Hosts[j] = strings.ToLower(strings.TrimSuffix(h, "."))
-		}
-	}
-	s.transport = &http.Transport{
-		DialContext:           s.dialForTransport,
-		ForceAttemptHTTP2:     true,
-		TLSHandshakeTimeout:   opts.DialTimeout,
-		ResponseHeaderTimeout: opts.ResponseTimeout,
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       30 * time.Second,
-		Proxy:                 nil,
-	}
-	if opts.RootCAs != nil {
-		s.transport.TLSClientConfig = tlsConfig(opts.RootCAs)
-	}
+	s.providers = s.newTransport(s.dialProvider, "")
+	s.tools = s.newTransport(dialJudged, "")
 	s.http = &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       60 * time.Second,
 		MaxHeaderBytes:    opts.MaxHeaderBytes,
+		ConnContext:       withConn,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
 	return s, nil
 }
 
+func (s *Server) newTransport(dial func(ctx context.Context, network, addr string) (net.Conn, error), serverName string) *http.Transport {
+	t := &http.Transport{
+		DialContext:           dial,
+		ForceAttemptHTTP2:     true,
+		TLSHandshakeTimeout:   s.opts.DialTimeout,
+		ResponseHeaderTimeout: s.opts.ResponseTimeout,
+		MaxIdleConnsPerHost:   4,
+		IdleConnTimeout:       30 * time.Second,
+		Proxy:                 nil,
+	}
+	if s.opts.RootCAs != nil || serverName != "" {
+		t.TLSClientConfig = tlsConfig(s.opts.RootCAs)
+		t.TLSClientConfig.ServerName = serverName
+	}
+	return t
+}
+
 // Serve serves the run on ln until Close.
 func (s *Server) Serve(ln net.Listener) error {
-	err := s.http.Serve(&limitListener{Listener: ln, slots: make(chan struct{}, s.opts.MaxConns)})
+	l := &limitListener{Listener: ln, slots: make(chan struct{}, s.opts.MaxConns),
+		maxUnauthenticated: s.opts.MaxUnauthenticated, authTimeout: s.opts.AuthTimeout}
+	err := s.http.Serve(l)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -203,19 +295,25 @@ func (s *Server) Close() error {
 		c.Close()
 	}
 	s.mu.Unlock()
-	s.transport.CloseIdleConnections()
 	s.active.Wait()
+	s.providers.CloseIdleConnections()
+	s.tools.CloseIdleConnections()
+	s.mu.Lock()
+	for _, t := range s.intercepted {
+		t.CloseIdleConnections()
+	}
+	s.mu.Unlock()
 	return err
 }
 
 // Decisions are the decisions kept, oldest first, and how many were left out.
-func (s *Server) Decisions() ([]isolation.EgressDecision, int) {
+func (s *Server) Decisions() ([]egresspolicy.Decision, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]isolation.EgressDecision(nil), s.decisions...), s.dropped
+	return append([]egresspolicy.Decision(nil), s.decisions...), s.dropped
 }
 
-func (s *Server) record(d isolation.EgressDecision) {
+func (s *Server) record(d egresspolicy.Decision) {
 	d.Time = d.Time.UTC()
 	s.mu.Lock()
 	if len(s.decisions) < s.opts.MaxDecisions {
@@ -236,7 +334,7 @@ func (s *Server) record(d isolation.EgressDecision) {
 // has them as RUN_ID and AGENT: journalctl RUN_ID=<run> ALLOWED=false finds
 // a run's refusals). The rule that matched and the reason for a refusal are
 // left out when empty, so the journal holds no empty fields.
-func logDecision(log *slog.Logger, d isolation.EgressDecision) {
+func logDecision(log *slog.Logger, d egresspolicy.Decision) {
 	level := slog.LevelInfo
 	if !d.Allowed {
 		level = slog.LevelWarn
@@ -252,13 +350,17 @@ func logDecision(log *slog.Logger, d isolation.EgressDecision) {
 }
 
 // refuse answers 403 (or code) with the reason in the body and records it.
-func (s *Server) refuse(w http.ResponseWriter, d isolation.EgressDecision, code int, reason string) {
+func (s *Server) refuse(w http.ResponseWriter, d egresspolicy.Decision, code int, reason string) {
 	d.Allowed, d.Reason = false, reason
 	s.record(d)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Berth-Egress", "refused")
 	w.WriteHeader(code)
 	fmt.Fprintf(w, "berth egress refused %s %s:%d: %s\n", d.Method, d.Host, d.Port, reason)
+}
+
+func (s *Server) refusal(w http.ResponseWriter, d egresspolicy.Decision, r *egresspolicy.Refusal) {
+	s.refuse(w, d, r.Code, r.Reason)
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -271,24 +373,50 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.active.Add(1)
 	s.mu.Unlock()
 	defer s.active.Done()
-	d := isolation.EgressDecision{Time: time.Now(), Method: r.Method}
+	d := egresspolicy.Decision{Time: time.Now(), Method: r.Method}
+	if n := headerSize(r); n > s.opts.MaxHeaderBytes {
+		// Go's own bound lets a few KiB more through: the documented bound
+		// is this one.
+		d.Host, d.Port = splitHostPort(r.Host, 80)
+		w.Header().Set("Connection", "close")
+		s.refuse(w, d, http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("the request header is %d bytes, over the %d allowed", n, s.opts.MaxHeaderBytes))
+		return
+	}
 	if !s.authorized(r) {
 		d.Host, d.Port = splitHostPort(r.Host, 80)
 		w.Header().Set("Proxy-Authenticate", `Bearer realm="berth-egress"`)
 		s.refuse(w, d, http.StatusProxyAuthRequired, "no valid token of this run (the token ends with its run)")
 		return
 	}
+	if c := connOf(r.Context()); c != nil {
+		c.authenticated()
+	}
 	switch {
 	case r.Method == http.MethodConnect:
 		s.tunnel(w, r, d)
 	case r.URL.IsAbs():
 		s.forward(w, r, d)
-	case strings.HasPrefix(r.URL.Path, "/providers/"):
+	case strings.HasPrefix(r.URL.Path, egresspolicy.ProvidersPrefix):
 		s.provider(w, r, d)
 	default:
 		d.Host, d.Port, d.Path = "", 0, r.URL.Path
 		s.refuse(w, d, http.StatusBadRequest, "not a proxy request: want CONNECT, an absolute http:// URL or /providers/<name>/...")
 	}
+}
+
+// headerSize is the request's header as sent: the request line and each
+// field line with its CRLF, and the blank line.
+func headerSize(r *http.Request) int {
+	n := len(r.Method) + 1 + len(r.RequestURI) + 1 + len(r.Proto) + 2 + 2
+	if r.Host != "" {
+		n += len("Host: ") + len(r.Host) + 2
+	}
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			n += len(k) + 2 + len(v) + 2
+		}
+	}
+	return n
 }
 
 func (s *Server) authorized(r *http.Request) bool {
@@ -299,45 +427,35 @@ func (s *Server) authorized(r *http.Request) bool {
 	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.pol.Token)) == 1
 }
 
-// rule is the allow rule that lets method reach host:port.
-func (s *Server) rule(method, host string, port int) (isolation.EgressRule, bool) {
-	return isolation.MatchEgressRule(s.pol.Allow, method, host, port)
+// destination judges a tool's request with the proxy's resolver, bounded
+// by DialTimeout.
+func (s *Server) destination(ctx context.Context, method, host string, port int) (egresspolicy.Destination, *egresspolicy.Refusal) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
+	defer cancel()
+	return s.judge.Destination(ctx, method, host, port)
 }
 
-// named says whether a rule names host explicitly.
-func (s *Server) named(host string) bool {
-	for _, r := range s.pol.Allow {
-		if r.Names(host) {
-			return true
-		}
-	}
-	return false
-}
-
-func noRule(method, host string, port int) string {
-	return fmt.Sprintf("no [agents.egress] allow rule matches %s %s:%d", method, host, port)
-}
-
-func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, d isolation.EgressDecision) {
+func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, d egresspolicy.Decision) {
 	d.Host, d.Port = splitHostPort(r.Host, 443)
-	rule, ok := s.rule(http.MethodConnect, d.Host, d.Port)
+	d.Host = egresspolicy.NormalHost(d.Host)
+	dest, ref := s.destination(r.Context(), http.MethodConnect, d.Host, d.Port)
+	if ref != nil {
+		s.refusal(w, d, ref)
+		return
+	}
 	// A secret's host, where a rule allows it, is always reached through
-	// the interceptor, which adds the secret.
-	if sec := s.secretFor(d.Host); sec != nil && ok {
+	// the interceptor, which adds the secret and judges each request.
+	if sec := s.judge.SecretFor(d.Host, d.Port); sec != nil {
 		d.Rule = "secret " + sec.Name
 		s.intercept(w, r, d, sec)
 		return
 	}
-	if !ok {
-		s.refuse(w, d, http.StatusForbidden, noRule(http.MethodConnect, d.Host, d.Port))
-		return
-	}
-	d.Rule = rule.Raw
+	d.Rule = dest.Rule.Raw
 	ctx, cancel := context.WithTimeout(r.Context(), s.opts.DialTimeout)
-	upstream, err := s.dial(ctx, d.Host, d.Port, s.named(d.Host))
+	upstream, err := dialFirst(ctx, dest.Addrs, d.Port)
 	cancel()
 	if err != nil {
-		s.dialFailed(w, d, err)
+		s.refuse(w, d, http.StatusBadGateway, "cannot reach the destination: "+err.Error())
 		return
 	}
 	hj, ok := w.(http.Hijacker)
@@ -356,117 +474,133 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, d isolation.Egre
 	if _, err := client.Write([]byte("HTTP/1.1 200 Connection Established\r\n\r\n")); err != nil {
 		return
 	}
-	var up, down atomic.Int64
-	done := make(chan struct{}, 2)
-	go func() {
-		n, _ := io.Copy(upstream, io.MultiReader(bytes.NewReader(bufferedBytes(buf)), client))
-		up.Store(n)
-		closeWrite(upstream)
-		done <- struct{}{}
-	}()
-	go func() {
-		n, _ := io.Copy(client, upstream)
-		down.Store(n)
-		closeWrite(client)
-		done <- struct{}{}
-	}()
-	<-done
-	<-done
-	d.Allowed, d.BytesUp, d.BytesDown = true, up.Load(), down.Load()
+	d.BytesUp, d.BytesDown = pipe(client, upstream, bufferedBytes(buf), s.opts.TunnelIdleTimeout)
+	d.Allowed = true
 	s.record(d)
 }
 
-func (s *Server) forward(w http.ResponseWriter, r *http.Request, d isolation.EgressDecision) {
+// dialFirst connects to the first of addrs that answers.
+func dialFirst(ctx context.Context, addrs []netip.Addr, port int) (net.Conn, error) {
+	var dialer net.Dialer
+	var lastErr error
+	for _, a := range addrs {
+		c, err := dialer.DialContext(ctx, "tcp", netip.AddrPortFrom(a, uint16(port)).String())
+		if err == nil {
+			return c, nil
+		}
+		lastErr = err
+	}
+	if lastErr == nil {
+		lastErr = errors.New("no address")
+	}
+	return nil, lastErr
+}
+
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, d egresspolicy.Decision) {
 	d.Host, d.Port = splitHostPort(r.URL.Host, 80)
+	d.Host = egresspolicy.NormalHost(d.Host)
 	d.Path = r.URL.Path
 	if r.URL.Scheme != "http" {
 		s.refuse(w, d, http.StatusBadRequest, fmt.Sprintf("scheme %q: plain requests must be http://, use CONNECT for https", r.URL.Scheme))
 		return
 	}
-	rule, ok := s.rule(r.Method, d.Host, d.Port)
-	if !ok {
-		s.refuse(w, d, http.StatusForbidden, noRule(r.Method, d.Host, d.Port))
+	dest, ref := s.destination(r.Context(), r.Method, d.Host, d.Port)
+	if ref != nil {
+		s.refusal(w, d, ref)
 		return
 	}
-	d.Rule = rule.Raw
-	out := r.Clone(withPermit(r.Context(), s.named(d.Host)))
+	d.Rule = dest.Rule.Raw
+	out := r.Clone(r.Context())
 	out.RequestURI = ""
+	// The request goes to the address judged for it (a pooled connection
+	// is reused only for that address), under its own Host.
+	out.Host = r.URL.Host
+	out.URL.Host = netip.AddrPortFrom(dest.Addrs[0], uint16(d.Port)).String()
 	stripHopHeaders(out.Header)
-	s.roundTrip(w, out, d)
+	s.roundTrip(w, s.tools, out, d)
 }
 
-func (s *Server) provider(w http.ResponseWriter, r *http.Request, d isolation.EgressDecision) {
-	name, rest, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/providers/"), "/")
+func (s *Server) provider(w http.ResponseWriter, r *http.Request, d egresspolicy.Decision) {
+	escaped, _, _ := strings.Cut(r.RequestURI, "?")
 	d.Path = r.URL.Path
-	var p *Provider
-	for i := range s.pol.Providers {
-		if s.pol.Providers[i].Name == name {
-			p = &s.pol.Providers[i]
+	call, ref := s.judge.Provider(r.Method, escaped)
+	if call.URL != nil {
+		d.Host, d.Port = splitHostPort(call.URL.Host, defaultPort(call.URL.Scheme))
+		d.Path = call.URL.Path
+	}
+	if ref != nil {
+		s.refusal(w, d, ref)
+		return
+	}
+	p := call.Provider
+	var body []byte
+	if call.NeedsModel() {
+		var taken int64
+		var err error
+		body, taken, err = s.readProviderBody(r.Body)
+		defer s.budget.give(taken)
+		if ref, ok := errors.AsType[*egresspolicy.Refusal](err); ok {
+			s.refusal(w, d, ref)
+			return
+		}
+		if err != nil {
+			s.refuse(w, d, http.StatusBadRequest, "cannot read the request body")
+			return
+		}
+		if err := egresspolicy.CheckModel(body, p.Model); err != nil {
+			s.refuse(w, d, http.StatusForbidden, fmt.Sprintf("provider %s: %v", p.Name, err))
+			return
 		}
 	}
-	if p == nil {
-		s.refuse(w, d, http.StatusForbidden, fmt.Sprintf("%q is not one of the run's providers", name))
-		return
-	}
-	target, _ := providerURL(*p, "/"+rest)
-	target.RawQuery = r.URL.RawQuery
-	d.Host, d.Port = splitHostPort(target.Host, defaultPort(target.Scheme))
-	d.Path = target.Path
-	if r.Method != http.MethodPost {
-		s.refuse(w, d, http.StatusForbidden, fmt.Sprintf("provider %s: only POST model calls pass, not %s", p.Name, r.Method))
-		return
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, s.opts.MaxProviderBody+1))
-	if err != nil {
-		s.refuse(w, d, http.StatusBadRequest, "cannot read the request body")
-		return
-	}
-	if int64(len(body)) > s.opts.MaxProviderBody {
-		s.refuse(w, d, http.StatusRequestEntityTooLarge, fmt.Sprintf("provider request body over %d bytes", s.opts.MaxProviderBody))
-		return
-	}
-	var call struct {
-		Model *string `json:"model"`
-	}
-	if err := json.Unmarshal(body, &call); err != nil || call.Model == nil {
-		s.refuse(w, d, http.StatusForbidden, fmt.Sprintf("provider %s: the request body names no model", p.Name))
-		return
-	}
-	if *call.Model != p.Model {
-		s.refuse(w, d, http.StatusForbidden, fmt.Sprintf("provider %s: model %q is not the agent's model %q", p.Name, *call.Model, p.Model))
-		return
-	}
 	d.Rule = "provider " + p.Name
-	out, err := http.NewRequestWithContext(withPermit(r.Context(), true), http.MethodPost, target.String(), bytes.NewReader(body))
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, call.URL.String(), bytes.NewReader(body))
 	if err != nil {
 		s.refuse(w, d, http.StatusBadRequest, "cannot build the provider request")
 		return
 	}
-	for k, v := range r.Header {
-		out.Header[k] = v
-	}
-	stripHopHeaders(out.Header)
-	out.Header.Del("Authorization")
-	out.Header.Del("X-Api-Key")
-	out.Header.Del("Cookie")
-	switch p.Kind {
-	case "anthropic":
-		out.Header.Set("X-Api-Key", p.Key)
-	default:
-		out.Header.Set("Authorization", "Bearer "+p.Key)
-	}
+	out.Header = egresspolicy.ProviderHeaders(*p, r.Header)
 	out.ContentLength = int64(len(body))
-	s.roundTrip(w, out, d)
+	if body == nil {
+		out.Body = http.NoBody
+	}
+	s.roundTrip(w, s.providers, out, d)
 }
 
-// roundTrip sends out upstream and copies the answer back.
-func (s *Server) roundTrip(w http.ResponseWriter, out *http.Request, d isolation.EgressDecision) {
+// readProviderBody reads a provider call's body within MaxProviderBody and
+// the run's shared buffer budget; taken is what the caller gives back.
+func (s *Server) readProviderBody(r io.Reader) (body []byte, taken int64, err error) {
+	var buf bytes.Buffer
+	chunk := make([]byte, 32<<10)
+	for {
+		n, rerr := r.Read(chunk)
+		if n > 0 {
+			if int64(buf.Len()+n) > s.opts.MaxProviderBody {
+				return nil, taken, &egresspolicy.Refusal{Code: http.StatusRequestEntityTooLarge, Reason: fmt.Sprintf("provider request body over %d bytes", s.opts.MaxProviderBody)}
+			}
+			if !s.budget.take(int64(n)) {
+				return nil, taken, &egresspolicy.Refusal{Code: http.StatusServiceUnavailable,
+					Reason: fmt.Sprintf("the run's provider calls hold %d bytes of request bodies at once, the most the proxy buffers; retry when one is answered", s.opts.MaxProviderBuffer)}
+			}
+			taken += int64(n)
+			buf.Write(chunk[:n])
+		}
+		if rerr == io.EOF {
+			return buf.Bytes(), taken, nil
+		}
+		if rerr != nil {
+			return nil, taken, rerr
+		}
+	}
+}
+
+// roundTrip sends out upstream on t and copies the answer back.
+func (s *Server) roundTrip(w http.ResponseWriter, t *http.Transport, out *http.Request, d egresspolicy.Decision) {
 	var up countingReader
 	if out.Body != nil && out.Body != http.NoBody {
 		up.r = out.Body
 		out.Body = io.NopCloser(&up)
 	}
-	resp, err := s.transport.RoundTrip(out)
+	resp, err := t.RoundTrip(out)
 	if err != nil {
 		d.BytesUp = up.n
 		s.dialFailed(w, d, err)
@@ -490,119 +624,40 @@ func (s *Server) roundTrip(w http.ResponseWriter, out *http.Request, d isolation
 	s.record(d)
 }
 
-func (s *Server) dialFailed(w http.ResponseWriter, d isolation.EgressDecision, err error) {
-	var ref *refusal
-	if errors.As(err, &ref) {
-		s.refuse(w, d, http.StatusForbidden, ref.reason)
+func (s *Server) dialFailed(w http.ResponseWriter, d egresspolicy.Decision, err error) {
+	if ref, ok := errors.AsType[*egresspolicy.Refusal](err); ok {
+		s.refusal(w, d, ref)
 		return
 	}
 	s.refuse(w, d, http.StatusBadGateway, "cannot reach the destination: "+err.Error())
 }
 
-// refusal is a destination refused at dial time.
-type refusal struct{ reason string }
-
-func (r *refusal) Error() string { return r.reason }
-
-type permitKey struct{}
-
-// withPermit says whether the dial may reach internal addresses (a rule or
-// the provider config names the host).
-func withPermit(ctx context.Context, internal bool) context.Context {
-	return context.WithValue(ctx, permitKey{}, internal)
+// dialJudged connects to an address judged for the request: tool
+// requests carry one in their URL, never a name, so a dial can reach no
+// address that was not judged.
+func dialJudged(ctx context.Context, network, addr string) (net.Conn, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, &egresspolicy.Refusal{Code: http.StatusForbidden, Reason: fmt.Sprintf("%s is not a judged address", addr)}
+	}
+	var dialer net.Dialer
+	return dialer.DialContext(ctx, network, ap.String())
 }
 
-func (s *Server) dialForTransport(ctx context.Context, network, addr string) (net.Conn, error) {
-	host, port := splitHostPort(addr, 80)
-	internal, _ := ctx.Value(permitKey{}).(bool)
+// dialProvider connects to a provider's endpoint, which the admin named
+// (so an internal address is allowed), resolving it with the proxy's
+// resolver.
+func (s *Server) dialProvider(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, port := splitHostPort(addr, 443)
 	ctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
 	defer cancel()
-	return s.dial(ctx, host, port, internal)
-}
-
-// dial resolves host itself and connects to the first address it may reach;
-// internal addresses only when internal is true. The address dialled is the
-// one checked, so a name cannot be re-resolved to somewhere else.
-func (s *Server) dial(ctx context.Context, host string, port int, internal bool) (net.Conn, error) {
 	var addrs []netip.Addr
 	if a, err := netip.ParseAddr(host); err == nil {
 		addrs = []netip.Addr{a}
-	} else {
-		addrs, err = s.opts.Resolver.LookupNetIP(ctx, "ip", host)
-		if err != nil {
-			return nil, fmt.Errorf("cannot resolve %s: %w", host, err)
-		}
+	} else if addrs, err = s.opts.Resolver.LookupNetIP(ctx, "ip", host); err != nil {
+		return nil, fmt.Errorf("cannot resolve %s: %w", host, err)
 	}
-	var refused string
-	var dialer net.Dialer
-	var lastErr error
-	for _, a := range addrs {
-		a = a.Unmap()
-		if why := s.internalAddr(a); why != "" && !internal {
-			refused = fmt.Sprintf("%s resolves to %s, %s; only a rule naming %s exactly allows that", host, a, why, host)
-			continue
-		}
-		c, err := dialer.DialContext(ctx, "tcp", netip.AddrPortFrom(a, uint16(port)).String())
-		if err == nil {
-			return c, nil
-		}
-		lastErr = err
-	}
-	if lastErr != nil {
-		return nil, lastErr
-	}
-	if refused != "" {
-		return nil, &refusal{reason: refused}
-	}
-	return nil, fmt.Errorf("%s has no address", host)
-}
-
-var cgnat = netip.MustParsePrefix("100.64.0.0/10")
-
-// internalAddr says why a is not on the internet, or "".
-func (s *Server) internalAddr(a netip.Addr) string {
-	switch {
-	case a.IsLoopback():
-		return "a loopback address"
-	case a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast():
-		return "a link-local address (cloud metadata lives there)"
-	case a.IsPrivate() || cgnat.Contains(a):
-		return "a private address"
-	case a.IsUnspecified() || a.IsMulticast() || a.IsInterfaceLocalMulticast():
-		return "not a unicast address"
-	}
-	for _, own := range s.opts.OwnAddrs {
-		if own == a {
-			return "an address of this host"
-		}
-	}
-	return ""
-}
-
-func interfaceAddrs() []netip.Addr {
-	out := []netip.Addr{}
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return out
-	}
-	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			out = append(out, p.Addr().Unmap())
-		}
-	}
-	return out
-}
-
-// providerURL is p's endpoint with rest appended to its path.
-func providerURL(p Provider, rest string) (*url.URL, error) {
-	u, err := url.Parse(p.BaseURL)
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return nil, fmt.Errorf("provider %s: base URL %q is not an absolute http(s) URL", p.Name, p.BaseURL)
-	}
-	if rest != "" {
-		u.Path = path.Join("/", u.Path, rest)
-	}
-	return u, nil
+	return dialFirst(ctx, addrs, port)
 }
 
 func defaultPort(scheme string) int {
@@ -655,17 +710,11 @@ func (s *Server) untrack(conns ...net.Conn) {
 	s.mu.Lock()
 	for _, c := range conns {
 		delete(s.tunnels, c)
-		c.Close()
 	}
 	s.mu.Unlock()
-}
-
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
-		return
+	for _, c := range conns {
+		c.Close()
 	}
-	c.Close()
 }
 
 type countingReader struct {
@@ -690,31 +739,25 @@ func (f flushWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// limitListener lets at most cap(slots) connections be open at once; the
-// next Accept waits for one to close.
-type limitListener struct {
-	net.Listener
-	slots chan struct{}
+// byteBudget is what all provider bodies held at once may add up to: one
+// run's calls cannot make the proxy hold more than that.
+type byteBudget struct {
+	mu        sync.Mutex
+	used, max int64
 }
 
-func (l *limitListener) Accept() (net.Conn, error) {
-	l.slots <- struct{}{}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.slots
-		return nil, err
+func (b *byteBudget) take(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used+n > b.max {
+		return false
 	}
-	return &slotConn{Conn: c, release: func() { <-l.slots }}, nil
+	b.used += n
+	return true
 }
 
-type slotConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *slotConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.release)
-	return err
+func (b *byteBudget) give(n int64) {
+	b.mu.Lock()
+	b.used -= n
+	b.mu.Unlock()
 }

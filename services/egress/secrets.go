@@ -16,26 +16,22 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
-	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/internal/egresspolicy"
 )
 
 // Secret is a credential the proxy adds to requests for its hosts
-// ([[egress.secrets]]): for those hosts only, it terminates the sandbox's
-// TLS with the run's CA, sets Header to Format with "{}" replaced by Value,
-// and opens its own TLS to the host.
-type Secret struct {
-	Name   string   `json:"name"`
-	Hosts  []string `json:"hosts"`
-	Header string   `json:"header"`
-	Format string   `json:"format"`
-	Value  string   `json:"value"`
-}
+// ([[egress.secrets]]): for those hosts (and ports) only, it terminates the
+// sandbox's TLS with the run's CA, sets Header to Format with "{}"
+// replaced by Value on requests within the secret's scope, and opens its
+// own TLS to the host.
+type Secret = egresspolicy.Secret
 
 // CA is the certificate authority a run's sandbox trusts for intercepted
 // hosts. Each run gets its own, so a leaked key is worth one run.
@@ -60,8 +56,24 @@ func (ca CA) Bundle() []byte {
 	return append(out, ca.CertPEM...)
 }
 
-// NewCA makes a run's CA, valid for a day.
-func NewCA(runID string) (CA, error) {
+// CALifetime is how long a run's CA lives for a run that may last
+// runTimeout: the run and a margin for its clock and its end (a day when
+// the run has no timeout).
+func CALifetime(runTimeout time.Duration) time.Duration {
+	if runTimeout <= 0 {
+		return 24 * time.Hour
+	}
+	return runTimeout + 10*time.Minute
+}
+
+// NewCA makes a run's CA, valid for lifetime from now, and only for hosts:
+// its X.509 name constraints permit exactly those names (and, as X.509
+// has it, names under them) and IP addresses, so a leaf for any other
+// name fails verification even if the CA's key leaked from the run.
+func NewCA(runID string, hosts []string, lifetime time.Duration) (CA, error) {
+	if lifetime <= 0 {
+		return CA{}, errors.New("cannot make the run's CA: its lifetime must be positive")
+	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return CA{}, fmt.Errorf("cannot make the run's CA key: %w", err)
@@ -71,12 +83,32 @@ func NewCA(runID string) (CA, error) {
 		SerialNumber:          serial,
 		Subject:               pkix.Name{CommonName: "berth egress CA for run " + runID},
 		NotBefore:             time.Now().Add(-time.Minute),
-		NotAfter:              time.Now().Add(24 * time.Hour),
+		NotAfter:              time.Now().Add(lifetime),
 		IsCA:                  true,
 		BasicConstraintsValid: true,
 		MaxPathLenZero:        true,
 		KeyUsage:              x509.KeyUsageCertSign,
+		// Critical, so a verifier that cannot read them refuses the CA.
+		PermittedDNSDomainsCritical: true,
 	}
+	for _, h := range hosts {
+		h = egresspolicy.NormalHost(h)
+		if a, err := netip.ParseAddr(h); err == nil {
+			tmpl.PermittedIPRanges = append(tmpl.PermittedIPRanges, &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())})
+			continue
+		}
+		tmpl.PermittedDNSDomains = append(tmpl.PermittedDNSDomains, h)
+	}
+	// A kind of name with no constraint is unconstrained: permit only the
+	// reserved "invalid." for names, and no address, when none is intercepted.
+	if len(tmpl.PermittedDNSDomains) == 0 {
+		tmpl.PermittedDNSDomains = []string{"invalid"}
+	}
+	if len(tmpl.PermittedIPRanges) == 0 {
+		tmpl.ExcludedIPRanges = []*net.IPNet{{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, {IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}}
+	}
+	tmpl.PermittedURIDomains = []string{"invalid"}
+	tmpl.PermittedEmailAddresses = []string{"invalid"}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		return CA{}, fmt.Errorf("cannot make the run's CA: %w", err)
@@ -150,21 +182,27 @@ func (in *interceptor) leaf(host string) (*tls.Certificate, error) {
 	return c, nil
 }
 
-// secretFor is the secret bound to host, if any.
-func (s *Server) secretFor(host string) *Secret {
-	host = strings.ToLower(strings.TrimSuffix(host, "."))
-	for i := range s.pol.Secrets {
-		if slices.Contains(s.pol.Secrets[i].Hosts, host) {
-			return &s.pol.Secrets[i]
-		}
+// interceptTransport is the transport of the tunnel to host:port: its
+// own TLS names host, while each request goes to the address judged for
+// it.
+func (s *Server) interceptTransport(host string, port int) *http.Transport {
+	key := net.JoinHostPort(host, strconv.Itoa(port))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.intercepted[key]
+	if !ok {
+		t = s.newTransport(dialJudged, host)
+		s.intercepted[key] = t
 	}
-	return nil
+	return t
 }
 
 // intercept serves a CONNECT to a secret's host: TLS with the run's CA
-// towards the sandbox, each request forwarded over the proxy's own TLS with
-// the secret's header set. d is the CONNECT's decision.
-func (s *Server) intercept(w http.ResponseWriter, r *http.Request, d isolation.EgressDecision, sec *Secret) {
+// towards the sandbox, each request judged again (its Host must be the
+// tunnel's, its destination address allowed), the secret's header set when
+// the request is in its scope, and sent over the proxy's own TLS. d is the
+// CONNECT's decision.
+func (s *Server) intercept(w http.ResponseWriter, r *http.Request, d egresspolicy.Decision, sec *Secret) {
 	if s.icpt == nil {
 		s.refuse(w, d, http.StatusInternalServerError, "secret "+sec.Name+": the run has no CA to intercept with")
 		return
@@ -174,7 +212,7 @@ func (s *Server) intercept(w http.ResponseWriter, r *http.Request, d isolation.E
 		s.refuse(w, d, http.StatusInternalServerError, "cannot intercept on this connection")
 		return
 	}
-	client, _, err := hj.Hijack()
+	client, buf, err := hj.Hijack()
 	if err != nil {
 		return
 	}
@@ -184,7 +222,8 @@ func (s *Server) intercept(w http.ResponseWriter, r *http.Request, d isolation.E
 		return
 	}
 	host, port := d.Host, d.Port
-	conn := tls.Server(client, &tls.Config{
+	raw := &prefixConn{Conn: client, pre: bufferedBytes(buf)}
+	conn := tls.Server(raw, &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"http/1.1"},
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -195,46 +234,102 @@ func (s *Server) intercept(w http.ResponseWriter, r *http.Request, d isolation.E
 	if err := conn.HandshakeContext(r.Context()); err != nil {
 		return
 	}
-	br := bufio.NewReaderSize(conn, 4<<10)
+	transport := s.interceptTransport(host, port)
+	// The header read is bounded like the proxy's own (Go's reader is not);
+	// a body is read through the same reader afterwards, unbounded.
+	limited := &io.LimitedReader{R: conn}
+	br := bufio.NewReaderSize(limited, 4<<10)
 	for {
-		conn.SetReadDeadline(time.Now().Add(60 * time.Second))
+		conn.SetReadDeadline(time.Now().Add(s.opts.TunnelIdleTimeout))
+		limited.N = int64(s.opts.MaxHeaderBytes) + 1
 		req, err := http.ReadRequest(br)
 		if err != nil {
+			if limited.N <= 0 {
+				writeRefusal(conn, http.StatusRequestHeaderFieldsTooLarge, "berth egress refused a request to "+host+": its header is over "+strconv.Itoa(s.opts.MaxHeaderBytes)+" bytes")
+			}
 			return
 		}
+		limited.N = 1 << 62
 		conn.SetReadDeadline(time.Time{})
-		rd := isolation.EgressDecision{Time: time.Now(), Method: req.Method, Host: host, Port: port, Path: req.URL.Path, Rule: "secret " + sec.Name}
-		req.URL.Scheme, req.URL.Host = "https", net.JoinHostPort(host, fmt.Sprint(port))
-		req.RequestURI = ""
-		stripHopHeaders(req.Header)
-		req.Header.Set(sec.Header, strings.ReplaceAll(sec.Format, "{}", sec.Value))
-		var up countingReader
-		if req.Body != nil && req.Body != http.NoBody {
-			up.r = req.Body
-			req.Body = io.NopCloser(&up)
-		}
-		resp, err := s.transport.RoundTrip(req.WithContext(withPermit(context.WithoutCancel(r.Context()), s.named(host))))
-		if err != nil {
-			rd.Allowed, rd.Reason, rd.BytesUp = false, "cannot reach the destination: "+err.Error(), up.n
-			var ref *refusal
-			if errors.As(err, &ref) {
-				rd.Reason = ref.reason
-			}
-			s.record(rd)
-			body := "berth egress refused " + req.Method + " " + host + ": " + rd.Reason + "\n"
-			fmt.Fprintf(conn, "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-			continue
-		}
-		stripHopHeaders(resp.Header)
-		var down countingReader
-		down.r = resp.Body
-		resp.Body = io.NopCloser(&down)
-		err = resp.Write(conn)
-		resp.Body.Close()
-		rd.Allowed, rd.BytesUp, rd.BytesDown = true, up.n, down.n
-		s.record(rd)
-		if err != nil || req.Close || resp.Close {
+		if !s.interceptOne(conn, transport, req, r.Context(), host, port, sec) {
 			return
 		}
 	}
+}
+
+// interceptOne judges and sends one request of an intercepted tunnel and
+// says whether the tunnel may carry another.
+func (s *Server) interceptOne(conn net.Conn, transport *http.Transport, req *http.Request, ctx context.Context, host string, port int, sec *Secret) bool {
+	escaped, _, _ := strings.Cut(req.RequestURI, "?")
+	rd := egresspolicy.Decision{Time: time.Now(), Method: req.Method, Host: host, Port: port, Path: req.URL.Path, Rule: "secret " + sec.Name}
+	refuse := func(code int, reason string) bool {
+		rd.Allowed, rd.Reason = false, reason
+		s.record(rd)
+		writeRefusal(conn, code, "berth egress refused "+req.Method+" "+host+": "+reason)
+		// The request's body is not read: the next request cannot be found.
+		return req.Body == nil || req.Body == http.NoBody
+	}
+	if n := headerSize(req); n > s.opts.MaxHeaderBytes {
+		return refuse(http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("the request header is %d bytes, over the %d allowed", n, s.opts.MaxHeaderBytes)) && false
+	}
+	if err := egresspolicy.CheckFronting(host, port, req); err != nil {
+		return refuse(http.StatusForbidden, "secret "+sec.Name+": "+err.Error())
+	}
+	dest, ref := s.destination(ctx, http.MethodConnect, host, port)
+	if ref != nil {
+		return refuse(ref.Code, ref.Reason)
+	}
+	req.URL.Scheme, req.URL.Host, req.URL.User = "https", netip.AddrPortFrom(dest.Addrs[0], uint16(port)).String(), nil
+	req.Host = net.JoinHostPort(host, strconv.Itoa(port))
+	if port == 443 {
+		req.Host = host
+	}
+	req.RequestURI = ""
+	stripHopHeaders(req.Header)
+	if ok, why := sec.Covers(req.Method, escaped); ok {
+		req.Header.Set(sec.Header, strings.ReplaceAll(sec.Format, "{}", sec.Value))
+	} else {
+		rd.Rule, rd.Reason = "secret "+sec.Name+" (not added)", why
+	}
+	var up countingReader
+	if req.Body != nil && req.Body != http.NoBody {
+		up.r = req.Body
+		req.Body = io.NopCloser(&up)
+	}
+	resp, err := transport.RoundTrip(req.WithContext(context.WithoutCancel(ctx)))
+	if err != nil {
+		rd.BytesUp = up.n
+		return refuse(http.StatusBadGateway, "cannot reach the destination: "+err.Error())
+	}
+	stripHopHeaders(resp.Header)
+	var down countingReader
+	down.r = resp.Body
+	resp.Body = io.NopCloser(&down)
+	err = resp.Write(conn)
+	resp.Body.Close()
+	rd.Allowed, rd.BytesUp, rd.BytesDown = true, up.n, down.n
+	s.record(rd)
+	return err == nil && !req.Close && !resp.Close
+}
+
+// writeRefusal answers a request inside an intercepted tunnel.
+func writeRefusal(w io.Writer, code int, msg string) {
+	body := msg + "\n"
+	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nX-Berth-Egress: refused\r\nContent-Length: %d\r\n\r\n%s", code, http.StatusText(code), len(body), body)
+}
+
+// prefixConn reads pre before the connection: what the HTTP server had
+// already read past the CONNECT.
+type prefixConn struct {
+	net.Conn
+	pre []byte
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) {
+	if len(c.pre) > 0 {
+		n := copy(p, c.pre)
+		c.pre = c.pre[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
 }

@@ -41,7 +41,7 @@ func TestASecretIsAddedForItsHostsOnlyAndNeverReachesTheSandbox(t *testing.T) {
 	t.Cleanup(other.Close)
 	_, ghPort, _ := net.SplitHostPort(github.Listener.Addr().String())
 	_, otherPort, _ := net.SplitHostPort(other.Listener.Addr().String())
-	ca, err := egress.NewCA("r1")
+	ca, err := egress.NewCA("r1", []string{"api.github.test"}, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

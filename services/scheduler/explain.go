@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-dev/berth/agent/provider"
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/egresspolicy"
 	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -144,7 +145,11 @@ func (s *Service) ExplainEgressJSON(agent, method, rawURL string) (string, error
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	v, err := e.Plan.Egress.Decide(method, target)
+	// The proxy's own judging, with a resolver as the proxy has one: an
+	// internal address is decided as it would be.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	v, err := e.Plan.Egress.Decide(ctx, method, target, net.DefaultResolver, egresspolicy.HostClassifier())
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
