@@ -24,6 +24,9 @@ const signatureWindow = 5 * time.Minute
 // standing warning (a wrong signing_secret fails every request).
 const badSignatureWarning = 3
 
+// badSignatureWarningText is that warning.
+const badSignatureWarningText = "Events API requests keep failing signature verification: check signing_secret (Basic Information → Signing Secret)"
+
 // Handler serves the Events API (events mode) at /hooks/{connector id}.
 func (c *Connector) Handler(sink connector.Sink) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -55,22 +58,21 @@ func (c *Connector) serveEvents(w http.ResponseWriter, r *http.Request, sink con
 	}
 	if err := c.verify(r.Header, body); err != nil {
 		c.log.Warn("rejected a Slack request", "error", err, "remote", r.RemoteAddr)
-		c.update(func(s *connector.Status) {
-			s.LastError = "rejected a request: " + err.Error()
-			c.badSignatures++
-			if c.badSignatures >= badSignatureWarning {
-				s.Warning = "Events API requests keep failing signature verification: check signing_secret (Basic Information → Signing Secret)"
-			}
-		})
+		c.status.Failed(fmt.Errorf("rejected a request: %w", err))
+		c.mu.Lock()
+		c.badSignatures++
+		warn := c.badSignatures >= badSignatureWarning
+		c.mu.Unlock()
+		if warn {
+			c.status.Warn(badSignatureWarningText)
+		}
 		http.Error(w, "invalid signature", http.StatusUnauthorized)
 		return
 	}
-	c.update(func(s *connector.Status) {
-		if c.badSignatures >= badSignatureWarning {
-			s.Warning = ""
-		}
-		c.badSignatures = 0
-	})
+	c.mu.Lock()
+	c.badSignatures = 0
+	c.mu.Unlock()
+	c.status.ClearWarning(badSignatureWarningText)
 	var cb callback
 	if err := json.Unmarshal(body, &cb); err != nil {
 		c.log.Warn("ignored a Slack request that is not JSON", "error", err)
@@ -89,7 +91,7 @@ func (c *Connector) serveEvents(w http.ResponseWriter, r *http.Request, sink con
 	case "app_rate_limited":
 		c.sawEvent()
 		c.log.Warn("Slack is dropping events: the app exceeded 30,000 events per hour")
-		c.update(func(s *connector.Status) { s.LastError = "Slack rate-limited the app's events (app_rate_limited)" })
+		c.status.Failed(errors.New("Slack rate-limited the app's events (app_rate_limited)"))
 		w.WriteHeader(http.StatusOK)
 		return
 	}
@@ -101,7 +103,7 @@ func (c *Connector) serveEvents(w http.ResponseWriter, r *http.Request, sink con
 		c.log.Warn("ignored a malformed Slack event", "error", c.errText(err))
 		http.Error(w, "malformed event", http.StatusBadRequest)
 	default:
-		c.update(func(s *connector.Status) { s.LastError = c.errText(err) })
+		c.status.Failed(errors.New(c.errText(err)))
 		http.Error(w, "not stored, retry later", http.StatusInternalServerError)
 	}
 }

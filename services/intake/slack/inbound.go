@@ -80,6 +80,7 @@ func (c *Connector) deliver(ctx context.Context, sink connector.Sink, cb callbac
 			"message_id", m.ID, "error", c.errText(err))
 		return fmt.Errorf("cannot hand the message to intake: %w", err)
 	}
+	c.status.Healthy()
 	c.log.Debug("accepted Slack message", "message_id", m.ID, "via", via)
 	return nil
 }

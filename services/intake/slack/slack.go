@@ -69,7 +69,8 @@ type Options struct {
 	// then its own); its transport's TLS config is also used for the
 	// WebSocket when it is an *http.Transport.
 	HTTPClient *http.Client
-	// Logger defaults to slog.Default().
+	// Logger receives the connector's log; it should carry connector=id
+	// (intake's does). Defaults to slog.Default().
 	Logger *slog.Logger
 	// Clock drives back-off, rate-limit waits and the signature window;
 	// defaults to the real clock.
@@ -105,8 +106,9 @@ type Connector struct {
 	tlsConf *tls.Config
 	secrets []string
 
+	status *connector.StatusKeeper
+
 	mu       sync.Mutex
-	status   connector.Status
 	self     identity
 	names    map[string]string // channel id → name; "" when it cannot be known
 	progress map[string]sendProgress
@@ -148,11 +150,10 @@ func New(id string, o Options) (*Connector, error) {
 	} else if tr, ok := hc.Transport.(*http.Transport); ok && tr.TLSClientConfig != nil {
 		tlsConf = tr.TLSClientConfig
 	}
-	log := o.Logger.With("connector", id)
 	c := &Connector{
 		id:       id,
 		o:        o,
-		log:      log,
+		log:      o.Logger,
 		clock:    o.Clock,
 		hc:       hc,
 		tlsConf:  tlsConf,
@@ -165,10 +166,11 @@ func New(id string, o Options) (*Connector, error) {
 		}
 	}
 	c.api = c.newAPI(hc)
-	c.status = connector.Status{Type: "slack", State: connector.StateConnecting}
+	state := connector.StateConnecting
 	if o.Mode == ModeEvents {
-		c.status.State = connector.StateHTTP
+		state = connector.StateHTTP
 	}
+	c.status = connector.NewStatusKeeper("slack", state, c.clock.Now)
 	return c, nil
 }
 
@@ -293,22 +295,9 @@ func (c *Connector) newAPI(hc httpDoer) *slackapi.Client {
 func (c *Connector) LongLived() bool { return c.o.Mode == ModeSocket }
 
 // Status is the connection's state for `berthctl status`.
-func (c *Connector) Status() connector.Status {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.status
-}
+func (c *Connector) Status() connector.Status { return c.status.Snapshot() }
 
-func (c *Connector) update(f func(s *connector.Status)) {
-	c.mu.Lock()
-	f(&c.status)
-	c.mu.Unlock()
-}
-
-func (c *Connector) sawEvent() {
-	now := c.clock.Now()
-	c.update(func(s *connector.Status) { s.LastEvent = now })
-}
+func (c *Connector) sawEvent() { c.status.Saw(c.clock.Now()) }
 
 // redact removes the connector's credentials from s; every error text that
 // reaches a log line or Status goes through it.
@@ -340,19 +329,15 @@ func (c *Connector) identity(ctx context.Context) (identity, error) {
 	if err != nil {
 		var se slackapi.SlackErrorResponse
 		if errors.As(err, &se) && authRefused(se.Err) {
-			c.update(func(s *connector.Status) {
-				s.Warning = fmt.Sprintf("Slack refused bot_token (%s): check the bot token of the app", se.Err)
-			})
+			c.status.Warn(fmt.Sprintf("Slack refused bot_token (%s): check the bot token of the app", se.Err))
 		}
 		return identity{}, fmt.Errorf("cannot identify the bot with auth.test: %s", c.errText(err))
 	}
 	self = identity{UserID: resp.UserID, BotID: resp.BotID, TeamID: resp.TeamID}
 	c.mu.Lock()
 	c.self = self
-	if strings.HasPrefix(c.status.Warning, "Slack refused bot_token") {
-		c.status.Warning = ""
-	}
 	c.mu.Unlock()
+	c.status.ClearWarning("Slack refused bot_token")
 	return self, nil
 }
 

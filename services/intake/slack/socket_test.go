@@ -2,6 +2,7 @@ package slack
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -268,6 +269,57 @@ func TestSocketModeReconnectsWhenSlackAsksToDisconnect(t *testing.T) {
 	}
 }
 
+func TestARefreshOpensTheNewConnectionBeforeClosingTheOldAndLogsItAtInfo(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	fake := slacktest.New(t, slacktest.Options{})
+	sink := newSink()
+	c, logs := startSocket(t, fake, sink, nil)
+
+	release := fake.HoldHandshakes()
+	defer release()
+	if err := fake.Disconnect("refresh_requested"); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.WaitHeldHandshake(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The new connection is on its way: the old one still delivers.
+	during := mention(fake, "during the refresh")
+	id, err := fake.Deliver(ctx, during)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.WaitAck(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if err := fake.WaitClosed(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fake.Timeline(), []string{"open 1", "open 2", "close 1"}; !slices.Equal(got, want) {
+		t.Errorf("connections = %v, want %v: the new one open before the old one closes", got, want)
+	}
+	after := mention(fake, "after the refresh")
+	if _, err := fake.Deliver(ctx, after); err != nil {
+		t.Fatal(err)
+	}
+	calls := sink.wait(ctx, t, 2)
+	if calls[0].ID != "C0CHAN:"+during.TS || calls[1].ID != "C0CHAN:"+after.TS {
+		t.Errorf("sink got %+v, want the messages sent during and after the refresh", calls)
+	}
+	if st := c.Status(); st.State != connector.StateConnected || st.LastError != "" {
+		t.Errorf("status after a refresh = %+v, want connected without an error", st)
+	}
+	log := logs.String()
+	if strings.Contains(log, "level=WARN") || strings.Contains(log, "level=ERROR") {
+		t.Errorf("a routine refresh logged a warning:\n%s", log)
+	}
+	if !strings.Contains(log, `level=INFO msg="Slack asked for a fresh Socket Mode connection`) {
+		t.Errorf("the refresh is not logged at INFO:\n%s", log)
+	}
+}
+
 func TestAnEnvelopeIntakeDidNotStoreIsNotAckedAndItsRedeliveryHasTheSameID(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
@@ -495,5 +547,36 @@ func TestAChannelWhoseNameSlackWillNotTellIsStillHandedOn(t *testing.T) {
 	}
 	if calls := sink.wait(ctx, t, 1); calls[0].ChannelName != "" || calls[0].Channel != "C0CHAN" {
 		t.Errorf("message = %+v, want channel C0CHAN without a name", calls[0])
+	}
+}
+
+func TestAConnectorThatNeverConnectedCountsEachRetryAsAReconnect(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	fake := slacktest.New(t, slacktest.Options{})
+	clock := clockwork.NewFakeClock()
+	o, _ := socketOptions(t, fake)
+	o.AppToken = "xapp-1-wrong"
+	o.Clock = clock
+	c, err := New("slack-test", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, c, newSink())
+	for range 4 {
+		if err := clock.BlockUntilContext(ctx, 1); err != nil { // waiting to retry
+			t.Fatal(err)
+		}
+		clock.Advance(o.MaxBackoff)
+	}
+	if err := clock.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Status()
+	if st.Reconnects != 4 || fake.Opens() != 5 {
+		t.Errorf("after 5 failed attempts: reconnects = %d (Slack saw %d opens), want 4 like every connector", st.Reconnects, fake.Opens())
+	}
+	if st.LastError == "" || st.LastErrorAt.IsZero() {
+		t.Errorf("status = %+v, want the last error with its time", st)
 	}
 }

@@ -90,6 +90,9 @@ type Server struct {
 	refusals   map[string]string
 	names      map[string]string
 	seq        int
+	hold       chan struct{} // non-nil: handshakes wait for it to close
+	held       int           // handshakes waiting on hold
+	timeline   []string      // "open N" / "close N" per WebSocket, in order
 }
 
 type envelope struct {
@@ -100,6 +103,7 @@ type envelope struct {
 }
 
 type wsConn struct {
+	n       int // 1-based, in the order connections opened
 	ws      *websocket.Conn
 	writeMu sync.Mutex
 	done    chan struct{}
@@ -217,6 +221,49 @@ func (s *Server) BreakHandshakes(n int) {
 	s.mu.Lock()
 	s.breakNext += n
 	s.mu.Unlock()
+}
+
+// HoldHandshakes makes WebSocket handshakes wait (after apps.connections.open
+// answered) until release is called, as a slow network would.
+func (s *Server) HoldHandshakes() (release func()) {
+	ch := make(chan struct{})
+	s.mu.Lock()
+	s.hold = ch
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.hold = nil
+			s.mu.Unlock()
+			close(ch)
+		})
+	}
+}
+
+// WaitHeldHandshake waits until a handshake waits on HoldHandshakes.
+func (s *Server) WaitHeldHandshake(ctx context.Context) error {
+	if err := s.wait(ctx, func() bool { return s.held > 0 }); err != nil {
+		return fmt.Errorf("waiting for a held handshake: %w", err)
+	}
+	return nil
+}
+
+// Timeline returns "open N" and "close N" for each WebSocket connection
+// (numbered from 1 in the order they opened), in the order they happened.
+func (s *Server) Timeline() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.timeline...)
+}
+
+// WaitClosed waits until connection n (numbered from 1) has closed.
+func (s *Server) WaitClosed(ctx context.Context, n int) error {
+	want := fmt.Sprintf("close %d", n)
+	if err := s.wait(ctx, func() bool { return slices.Contains(s.timeline, want) }); err != nil {
+		return fmt.Errorf("waiting for connection %d to close: %w", n, err)
+	}
+	return nil
 }
 
 // FailOpen makes the next apps.connections.open calls answer ok:false with
@@ -623,7 +670,21 @@ func (s *Server) link(w http.ResponseWriter, r *http.Request) {
 	if broken {
 		s.breakNext--
 	}
+	hold := s.hold
+	if hold != nil {
+		s.held++
+		s.notify()
+	}
 	s.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+		}
+		s.mu.Lock()
+		s.held--
+		s.mu.Unlock()
+	}
 	if !valid {
 		http.Error(w, "invalid or used ticket", http.StatusUnauthorized)
 		return
@@ -651,15 +712,23 @@ func (s *Server) link(w http.ResponseWriter, r *http.Request) {
 		"connection_info": map[string]any{"app_id": s.o.AppID},
 	})
 	_ = ws.WriteControl(websocket.PingMessage, []byte("hello"), time.Now().Add(time.Second))
-	if err := c.write(websocket.TextMessage, hello); err != nil {
-		_ = ws.Close()
-		return
-	}
+	// Listed as open before hello goes out (so that the timeline has it
+	// before the client can react to hello), but nothing is sent on it
+	// before hello: writeMu is held until then.
+	c.writeMu.Lock()
 	s.mu.Lock()
 	s.conns = append(s.conns, c)
 	s.connects++
+	c.n = s.connects
+	s.timeline = append(s.timeline, fmt.Sprintf("open %d", c.n))
 	s.notify()
 	s.mu.Unlock()
+	_ = ws.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	err = ws.WriteMessage(websocket.TextMessage, hello)
+	c.writeMu.Unlock()
+	if err != nil {
+		_ = ws.Close()
+	}
 	go s.ping(c)
 	s.read(c)
 }
@@ -691,6 +760,7 @@ func (s *Server) read(c *wsConn) {
 				break
 			}
 		}
+		s.timeline = append(s.timeline, fmt.Sprintf("close %d", c.n))
 		s.notify()
 		s.mu.Unlock()
 	}()
