@@ -89,6 +89,10 @@
 //	│   ╰── <connector> NUL <seq: uint64, big-endian> : <run id>
 //	╰── done
 //	    ╰── <done_at: unix ns, uint64 big-endian><seq: uint64 big-endian> : <run id>
+//	sessions (created by the first save; no schema change)
+//	╰── <connector> : the gateway session the connector keeps (Discord: JSON
+//	      session_id, resume_gateway_url, seq, bot_user_id), so that a
+//	      restart resumes it and the platform replays what it missed
 //
 // The pending buckets are indexes in arrival order, one key range per
 // connector: each connector's worker reads only its own range, never every

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +39,9 @@ const (
 	interactionAcceptTimeout = 2500 * time.Millisecond
 )
 
+// otherAPIVersion finds a base_url path that ends in an API version.
+var otherAPIVersion = regexp.MustCompile(`/api/v[0-9]+$`)
+
 // Trigger values: which guild messages go to an agent (DMs always do).
 const (
 	TriggerMention = "mention"
@@ -47,8 +51,10 @@ const (
 // Options configures one Discord connector. Credentials are plain strings,
 // already resolved from the environment or $CREDENTIALS_DIRECTORY.
 type Options struct {
-	// BaseURL is the REST API ("https://discord.com/api/v10"); a URL with no
-	// path ("https://discord.com", a fake's address) gets /api/v10 added.
+	// BaseURL is the REST API ("https://discord.com/api/v10"); the host
+	// alone ("https://discord.com", a fake's address) gets /api/v10 added,
+	// as does any other path (a reverse proxy's prefix); trailing slashes
+	// do not count.
 	BaseURL string
 	// GatewayURL overrides the URL GET /gateway/bot answers (ws:// or wss://).
 	GatewayURL string
@@ -173,6 +179,12 @@ func validate(id string, o *Options) error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("base_url %q is not an http(s) URL", o.BaseURL)
 	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("base_url %q has a query or fragment; give the host or the API root", o.BaseURL)
+	}
+	if v := otherAPIVersion.FindString(strings.TrimRight(u.Path, "/")); v != "" && v != apiPath {
+		return fmt.Errorf("base_url %q names API %s; berth speaks %s (give the host or the root ending in %s)", o.BaseURL, strings.TrimPrefix(v, "/api/"), strings.TrimPrefix(apiPath, "/api/"), apiPath)
+	}
 	if o.GatewayURL != "" {
 		g, err := url.Parse(o.GatewayURL)
 		if err != nil || (g.Scheme != "ws" && g.Scheme != "wss") || g.Host == "" {
@@ -267,14 +279,20 @@ func httpClient(o Options) (*http.Client, error) {
 	return &http.Client{Transport: tr}, nil
 }
 
-// apiBase is the REST API root for a validated base URL.
+// apiBase is the REST API root for a validated base URL: the host alone
+// gets /api/v10, a path ending in /api gets /v10, one ending in /api/v10 is
+// the root as given, any other path is a prefix (a reverse proxy's) that
+// /api/v10 follows. Trailing slashes do not count.
 func apiBase(base string) string {
 	base = strings.TrimRight(base, "/")
 	u, _ := url.Parse(base)
-	if u.Path == "" {
-		return base + apiPath
+	switch {
+	case strings.HasSuffix(u.Path, apiPath):
+		return base
+	case strings.HasSuffix(u.Path, "/api"):
+		return base + strings.TrimPrefix(apiPath, "/api")
 	}
-	return base
+	return base + apiPath
 }
 
 // LongLived reports whether Run holds a Gateway connection (a bot token is

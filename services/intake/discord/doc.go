@@ -27,7 +27,8 @@
 //     keep a channel cache so a message in a thread carries its parent channel
 //     (Channel, ChannelName) and the thread (Thread) the reply goes to.
 //   - POST /api/v10/channels/{channel}/messages for replies (allowed_mentions
-//     empty: an agent's text never pings @everyone), and
+//     empty: an agent's text never pings @everyone; nonce and enforce_nonce),
+//     GET /api/v10/channels/{channel} for a channel missing from the cache, and
 //     POST /api/v10/webhooks/{application}/{interaction token} for follow-ups;
 //     X-RateLimit-Remaining / X-RateLimit-Reset-After per route, 429 with
 //     Retry-After (header, else the body's retry_after) and the global flag
@@ -60,16 +61,31 @@
 // a MESSAGE_CREATE only after sink.Accept returned nil; when Accept fails it
 // drops the connection (close code 4000, so the session stays resumable) and
 // resumes from the last accepted event, so Discord replays the failed one
-// with the same message ID. A process restart cannot resume (the session is
-// in memory), so a message received but not yet accepted when intake dies is
-// not redelivered by the Gateway.
+// with the same message ID.
+//
+// When the Sink is also a SessionStore (intake's Service, in intake.db), the
+// session (id, resume_gateway_url, sequence number, the bot's user id) is
+// kept after each event is handled, so a restarted intake RESUMEs and
+// Discord replays what was sent while it was down; only INVALID_SESSION with
+// d false (or close 4007/4009) starts a new session. The keeper writes in
+// the background, the latest state only: what it wrote can lag behind (a
+// replay of events already stored, which the inbox deduplicates) but never
+// passes a message not yet stored. Stopping drops the connection without a
+// close frame, since a close with 1000 or 1001 would end the session. A
+// resumed session gets no GUILD_CREATE, so a guild channel missing from the
+// cache is looked up with GET /channels/{id} (a thread's parent too).
 //
 // # Replies
 //
 // Send splits with connector.Split at 2,000 characters and posts the chunks
 // in order; it remembers, per reply, how many chunks were posted, so a reply
 // retried after a RetryAfterError or a transient failure does not repeat the
-// chunks that already arrived (in memory: a restart may repeat them).
+// chunks that already arrived. Each chunk is posted with a nonce (the run
+// id, with ".<n>" after the first chunk, hashed to 25 characters when
+// longer, as a scheduler run id is) and enforce_nonce, so a chunk posted
+// again after a crash or a lost answer returns the message already made
+// instead of a second one, for as long as Discord keeps the nonce (a few
+// minutes). Follow-ups of slash commands take no nonce and may repeat.
 //
 // Package discordtest is the fake Discord the tests (and end-to-end tests)
 // run this package against.

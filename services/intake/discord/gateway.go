@@ -51,12 +51,27 @@ type session struct {
 	id        string
 	resumeURL string
 	selfID    string
-	seq       atomic.Int64 // last event handled (for messages: accepted)
+	seq       atomic.Int64   // last event handled (for messages: accepted)
+	keeper    *sessionKeeper // nil: the session is not kept across restarts
 }
 
 func (s *session) reset() {
 	s.id, s.resumeURL = "", ""
 	s.seq.Store(0)
+	s.checkpoint()
+}
+
+// checkpoint hands the session to the keeper, which stores it in the
+// background.
+func (s *session) checkpoint() {
+	if s.keeper != nil {
+		s.keeper.note(keptSession{ID: s.id, ResumeURL: s.resumeURL, Seq: s.seq.Load(), SelfID: s.selfID})
+	}
+}
+
+func (s *session) restore(k keptSession) {
+	s.id, s.resumeURL, s.selfID = k.ID, k.ResumeURL, k.SelfID
+	s.seq.Store(k.Seq)
 }
 
 // connResult is how one connection ended.
@@ -78,6 +93,15 @@ func (c *Connector) Run(ctx context.Context, sink connector.Sink) error {
 		s.State, s.ConnectedSince = connector.StateStopped, time.Time{}
 	})
 	var sess session
+	if store, ok := sink.(SessionStore); ok {
+		sess.keeper = newSessionKeeper(store, c.id, c.log)
+		if kept := sess.keeper.load(); kept.ID != "" {
+			sess.restore(kept)
+			c.log.Info("resuming the discord gateway session kept from before the restart", "seq", kept.Seq)
+		}
+		go sess.keeper.run()
+		defer sess.keeper.close()
+	}
 	failures := 0
 	for first := true; ; first = false {
 		if !first {
@@ -231,6 +255,7 @@ func (c *Connector) connect(ctx context.Context, sink connector.Sink, sess *sess
 			if p.S != nil {
 				sess.seq.Store(*p.S)
 			}
+			sess.checkpoint()
 		case opHeartbeat:
 			if err := c.sendHeartbeat(ctx, conn, sess); err != nil {
 				return connResult{established: ready.Load(), err: err}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/bwmarrin/discordgo"
@@ -53,6 +55,35 @@ func (c *Connector) channel(id string) (channelInfo, bool) {
 	return ch, ok
 }
 
+// guildChannel is the cached guild channel id, else what GET /channels/{id}
+// answers (then cached). The cache fills from GUILD_CREATE, which follows
+// READY only: a session resumed after a restart starts with an empty one.
+// A failed lookup is logged and leaves the message without the channel's
+// name and thread parent; one Discord refused is not asked for again.
+func (c *Connector) guildChannel(ctx context.Context, id string) (channelInfo, bool) {
+	if ch, ok := c.channel(id); ok || c.o.BotToken == "" {
+		return ch, ok
+	}
+	data, err := c.call(ctx, http.MethodGet, "GET /channels/"+id, "/channels/"+url.PathEscape(id), nil, true)
+	if err != nil {
+		c.log.Warn("cannot look up the discord channel; the message goes on without its name and thread parent", "channel", id, "error", err)
+		if connector.IsPermanent(err) {
+			// Asking again cannot help (no access, or no such channel).
+			c.mu.Lock()
+			c.channels[id] = channelInfo{}
+			c.mu.Unlock()
+		}
+		return channelInfo{}, false
+	}
+	var ch discordgo.Channel
+	if err := json.Unmarshal(data, &ch); err != nil || ch.ID != id {
+		c.log.Warn("discord answered a channel lookup with something else; ignored", "channel", id)
+		return channelInfo{}, false
+	}
+	c.rememberChannels(&ch)
+	return c.channel(id)
+}
+
 // onMessage hands a MESSAGE_CREATE to the sink; an error means it was not
 // stored and must not be acknowledged.
 func (c *Connector) onMessage(ctx context.Context, sink connector.Sink, raw json.RawMessage, selfID string) error {
@@ -61,7 +92,7 @@ func (c *Connector) onMessage(ctx context.Context, sink connector.Sink, raw json
 		c.log.Warn("discord gateway sent a malformed MESSAGE_CREATE; ignored")
 		return nil
 	}
-	msg, ok := c.toMessage(&m, selfID)
+	msg, ok := c.toMessage(ctx, &m, selfID)
 	if !ok {
 		return nil
 	}
@@ -76,7 +107,7 @@ func (c *Connector) onMessage(ctx context.Context, sink connector.Sink, raw json
 }
 
 // toMessage filters a Discord message and maps it; false: not for an agent.
-func (c *Connector) toMessage(m *discordgo.Message, selfID string) (connector.Message, bool) {
+func (c *Connector) toMessage(ctx context.Context, m *discordgo.Message, selfID string) (connector.Message, bool) {
 	skip := func(why string) (connector.Message, bool) {
 		c.log.Debug("discord message ignored", "message_id", m.ID, "reason", why)
 		return connector.Message{}, false
@@ -131,12 +162,15 @@ func (c *Connector) toMessage(m *discordgo.Message, selfID string) (connector.Me
 	if dm {
 		msg.Meta[MetaDM] = "true"
 	}
-	if ch, ok := c.channel(m.ChannelID); ok {
+	if dm {
+		return msg, true
+	}
+	if ch, ok := c.guildChannel(ctx, m.ChannelID); ok {
 		msg.ChannelName = ch.name
 		if ch.thread && ch.parent != "" {
 			msg.Thread = m.ChannelID
 			msg.Channel = ch.parent
-			if parent, ok := c.channel(ch.parent); ok {
+			if parent, ok := c.guildChannel(ctx, ch.parent); ok {
 				msg.ChannelName = parent.name
 			}
 		}

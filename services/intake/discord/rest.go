@@ -3,6 +3,8 @@ package discord
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -244,7 +246,7 @@ func (c *Connector) Send(ctx context.Context, r connector.Reply) error {
 			if i == 0 {
 				ref = r.MessageID
 			}
-			err = c.postMessage(ctx, target, chunks[i], ref)
+			err = c.postMessage(ctx, target, chunks[i], ref, replyNonce(r.RunID, i))
 		}
 		c.mu.Lock()
 		if err == nil {
@@ -268,8 +270,36 @@ func (c *Connector) Send(ctx context.Context, r connector.Reply) error {
 // noMentions keeps an agent's text from pinging anyone.
 var noMentions = map[string]any{"parse": []string{}}
 
-func (c *Connector) postMessage(ctx context.Context, channel, content, replyTo string) error {
+// nonceLimit is the longest nonce Discord takes (resources/message.mdx).
+const nonceLimit = 25
+
+// replyNonce is the nonce of chunk i of a run's reply: the run id, with
+// ".<n>" for the chunks after the first, hashed to nonceLimit characters
+// when longer (a scheduler run id has 36). Posted with enforce_nonce, a
+// chunk posted again after a crash or a lost answer returns the message
+// already made instead of a second one.
+func replyNonce(runID string, chunk int) string {
+	if runID == "" {
+		return ""
+	}
+	n := runID
+	if chunk > 0 {
+		n += "." + strconv.Itoa(chunk+1)
+	}
+	if len(n) <= nonceLimit {
+		return n
+	}
+	sum := sha256.Sum256([]byte(n))
+	return hex.EncodeToString(sum[:])[:nonceLimit]
+}
+
+func (c *Connector) postMessage(ctx context.Context, channel, content, replyTo, nonce string) error {
 	body := map[string]any{"content": content, "allowed_mentions": noMentions}
+	if nonce != "" {
+		// Discord keeps a nonce for a few minutes: a retry after longer than
+		// that posts again.
+		body["nonce"], body["enforce_nonce"] = nonce, true
+	}
 	if replyTo != "" {
 		body["message_reference"] = map[string]any{"message_id": replyTo, "fail_if_not_exists": false}
 	}

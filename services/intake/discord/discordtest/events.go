@@ -75,6 +75,14 @@ func (s *Server) GuildCreate(guild string, chs ...Channel) int64 {
 		}
 		channels = append(channels, v)
 	}
+	s.mu.Lock()
+	for _, list := range [][]any{channels, threads} {
+		for _, v := range list {
+			c := v.(map[string]any)
+			s.channels[c["id"].(string)] = c
+		}
+	}
+	s.mu.Unlock()
 	return s.Dispatch("GUILD_CREATE", map[string]any{"id": guild, "name": "guild " + guild, "channels": channels, "threads": threads})
 }
 

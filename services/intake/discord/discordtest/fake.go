@@ -1,9 +1,12 @@
 // Package discordtest is an in-process fake of Discord for tests: the
 // Gateway (v10, JSON: HELLO, IDENTIFY → READY, RESUME → replay + RESUMED or
-// INVALID_SESSION, heartbeats and their ACKs, close codes), the REST routes
-// berth uses (GET /api/v10/gateway/bot, POST /api/v10/channels/{id}/messages,
-// POST /api/v10/channels/{id}/typing, POST /api/v10/webhooks/{app}/{token})
-// with rate-limit headers and 429s, and Ed25519-signed interaction requests.
+// INVALID_SESSION, heartbeats and their ACKs, close codes; the session
+// outlives its connection unless the client closes with 1000 or 1001), the
+// REST routes berth uses (GET /api/v10/gateway/bot, GET
+// /api/v10/channels/{id}, POST /api/v10/channels/{id}/messages with nonce and
+// enforce_nonce, POST /api/v10/channels/{id}/typing, POST
+// /api/v10/webhooks/{app}/{token}) with rate-limit headers and 429s, and
+// Ed25519-signed interaction requests.
 // It follows discord/discord-api-docs (developers/events/gateway.mdx,
 // gateway-events.mdx, topics/rate-limits.mdx, interactions/receiving-and-responding.mdx).
 package discordtest
@@ -65,6 +68,18 @@ type Server struct {
 	refusals          map[string]Refusal
 	breakNext         []string
 	rejectIntents     bool
+	channels          map[string]map[string]any // GET /channels/{id}: what GUILD_CREATE listed
+	nonces            map[string]sentNonce      // enforce_nonce: author NUL nonce → the message it made
+	postRequests      int
+	loseResponses     int
+	nonceWindow       time.Duration
+}
+
+// sentNonce is a message created with enforce_nonce, kept for the window in
+// which the same nonce returns it.
+type sentNonce struct {
+	message map[string]any
+	at      time.Time
 }
 
 type event struct {
@@ -86,12 +101,16 @@ type Handshake struct {
 
 // Post is one message berth posted.
 type Post struct {
-	Channel   string // channel (or thread) id; "" for a follow-up
-	Webhook   string // "{app}/{token}" for an interaction follow-up
-	Content   string
-	ReplyTo   string // message_reference.message_id
-	Mentions  json.RawMessage
-	Authority string // the Authorization header
+	Channel string // channel (or thread) id; "" for a follow-up
+	Webhook string // "{app}/{token}" for an interaction follow-up
+	Content string
+	ReplyTo string // message_reference.message_id
+	Nonce   string
+	// EnforceNonce is enforce_nonce: a repeated nonce returned the first
+	// message instead of posting again.
+	EnforceNonce bool
+	Mentions     json.RawMessage
+	Authority    string // the Authorization header
 }
 
 // Limit makes the next REST POST answer 429 (Global: the global limit), or,
@@ -129,11 +148,15 @@ func New(t testing.TB) *Server {
 		heartbeatInterval: 45000,
 		ackHeartbeats:     true,
 		refusals:          map[string]Refusal{},
+		channels:          map[string]map[string]any{},
+		nonces:            map[string]sentNonce{},
+		nonceWindow:       5 * time.Minute,
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /api/v10/gateway/bot", s.gatewayBot)
 	mux.HandleFunc("POST /api/v10/channels/{channel}/messages", s.channelMessage)
 	mux.HandleFunc("POST /api/v10/channels/{channel}/typing", s.channelTyping)
+	mux.HandleFunc("GET /api/v10/channels/{channel}", s.getChannel)
 	mux.HandleFunc("POST /api/v10/webhooks/{app}/{token}", s.followup)
 	mux.HandleFunc("GET /gateway", func(w http.ResponseWriter, r *http.Request) { s.gateway(w, r, "/gateway") })
 	mux.HandleFunc("GET /resume", func(w http.ResponseWriter, r *http.Request) { s.gateway(w, r, "/resume") })
@@ -512,6 +535,14 @@ func (s *Server) readLoop(ctx context.Context, c *websocket.Conn) {
 	for {
 		op, d, err := readPayload(ctx, c)
 		if err != nil {
+			// gateway.mdx, Disconnecting: a client that closes with 1000 or
+			// 1001 invalidates its session; any other way out keeps it.
+			if code := websocket.CloseStatus(err); code == websocket.StatusNormalClosure || code == websocket.StatusGoingAway {
+				s.mu.Lock()
+				s.sessionID = ""
+				s.notify()
+				s.mu.Unlock()
+			}
 			return
 		}
 		if op == 1 {
@@ -653,6 +684,8 @@ func (s *Server) refused(w http.ResponseWriter, key string) bool {
 
 type messageBody struct {
 	Content          string          `json:"content"`
+	Nonce            json.RawMessage `json:"nonce"` // an integer or a string
+	EnforceNonce     bool            `json:"enforce_nonce"`
 	AllowedMentions  json.RawMessage `json:"allowed_mentions"`
 	MessageReference *struct {
 		MessageID string `json:"message_id"`
@@ -681,6 +714,10 @@ func (s *Server) channelMessage(w http.ResponseWriter, r *http.Request) {
 	if !s.authorized(w, r) {
 		return
 	}
+	s.mu.Lock()
+	s.postRequests++
+	s.notify()
+	s.mu.Unlock()
 	ch := r.PathValue("channel")
 	if s.refused(w, ch) || s.limited(w) {
 		return
@@ -689,12 +726,108 @@ func (s *Server) channelMessage(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	p := Post{Channel: ch, Content: b.Content, Mentions: b.AllowedMentions, Authority: r.Header.Get("Authorization")}
+	nonce, ok := readNonce(w, b.Nonce)
+	if !ok {
+		return
+	}
+	p := Post{Channel: ch, Content: b.Content, Mentions: b.AllowedMentions, Authority: r.Header.Get("Authorization"), Nonce: nonce, EnforceNonce: b.EnforceNonce}
 	if b.MessageReference != nil {
 		p.ReplyTo = b.MessageReference.MessageID
 	}
+	// resources/message.mdx, Create Message: with enforce_nonce, a nonce the
+	// same author used in the past few minutes returns that message and
+	// creates none.
+	key := p.Authority + "\x00" + nonce
+	s.mu.Lock()
+	if prior, ok := s.nonces[key]; ok && b.EnforceNonce && nonce != "" && time.Since(prior.at) < s.nonceWindow {
+		s.mu.Unlock()
+		s.answerMessage(w, r, prior.message)
+		return
+	}
+	s.mu.Unlock()
 	id := s.addPost(p)
-	reply(w, http.StatusOK, map[string]any{"id": id, "channel_id": ch, "content": b.Content, "type": 0})
+	msg := map[string]any{"id": id, "channel_id": ch, "content": b.Content, "type": 0}
+	if nonce != "" {
+		msg["nonce"] = nonce
+	}
+	if b.EnforceNonce && nonce != "" {
+		s.mu.Lock()
+		s.nonces[key] = sentNonce{message: msg, at: time.Now()}
+		s.mu.Unlock()
+	}
+	s.answerMessage(w, r, msg)
+}
+
+// readNonce reads a message's nonce (an integer or a string of at most 25
+// characters); false when it answered 400.
+func readNonce(w http.ResponseWriter, raw json.RawMessage) (string, bool) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", true
+	}
+	var str string
+	if json.Unmarshal(raw, &str) != nil {
+		var n json.Number
+		if json.Unmarshal(raw, &n) != nil {
+			reply(w, http.StatusBadRequest, map[string]any{"message": "Invalid Form Body", "code": 50035})
+			return "", false
+		}
+		str = n.String()
+	}
+	if len(str) > 25 {
+		reply(w, http.StatusBadRequest, map[string]any{"message": "Invalid Form Body", "code": 50035,
+			"errors": map[string]any{"nonce": map[string]any{"_errors": []any{map[string]any{"code": "BASE_TYPE_BAD_LENGTH", "message": "Must be between 1 and 25 in length."}}}}})
+		return "", false
+	}
+	return str, true
+}
+
+// answerMessage answers a created (or an existing) message, unless the test
+// asked to lose the answer: the message stands and the client sees its
+// connection cut, as after a crash or a network failure between the two.
+func (s *Server) answerMessage(w http.ResponseWriter, r *http.Request, msg map[string]any) {
+	s.mu.Lock()
+	lose := s.loseResponses > 0
+	if lose {
+		s.loseResponses--
+	}
+	s.mu.Unlock()
+	if lose {
+		if hj, ok := w.(http.Hijacker); ok {
+			if conn, _, err := hj.Hijack(); err == nil {
+				_ = conn.Close()
+				return
+			}
+		}
+		panic(http.ErrAbortHandler)
+	}
+	reply(w, http.StatusOK, msg)
+}
+
+// LoseNextResponses makes the next n message posts create their message and
+// then cut the connection instead of answering.
+func (s *Server) LoseNextResponses(n int) { s.mu.Lock(); s.loseResponses += n; s.mu.Unlock() }
+
+// PostRequests counts the POSTs to channel messages, answered or not.
+func (s *Server) PostRequests() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.postRequests
+}
+
+// getChannel answers GET /channels/{id} for the channels and threads
+// GuildCreate listed.
+func (s *Server) getChannel(w http.ResponseWriter, r *http.Request) {
+	if !s.authorized(w, r) {
+		return
+	}
+	s.mu.Lock()
+	ch, ok := s.channels[r.PathValue("channel")]
+	s.mu.Unlock()
+	if !ok {
+		reply(w, http.StatusNotFound, map[string]any{"message": "Unknown Channel", "code": 10003})
+		return
+	}
+	reply(w, http.StatusOK, ch)
 }
 
 func (s *Server) followup(w http.ResponseWriter, r *http.Request) {
