@@ -29,10 +29,13 @@ type Result struct {
 	ExitCode int
 	// Stderr is the tail of the agent's stderr (its logs), kept in the run record.
 	Stderr string
-	// Egress are the decisions of the run's egress proxy, oldest first (at
-	// most MaxEgressDecisions; EgressDropped counts those left out).
+	// Egress are the decisions of the run's egress proxy the record keeps,
+	// oldest first: the first and last ones and the refusals (see
+	// EgressFirstKept); EgressDropped counts those left out, EgressCounts
+	// counts them all.
 	Egress        []EgressDecision
 	EgressDropped int
+	EgressCounts  EgressCounts
 }
 
 // Backend runs agent requests in one kind of sandbox.

@@ -568,6 +568,23 @@ func writeEgress(w io.Writer, run map[string]dbus.Variant) {
 	if n, ok := run["egress_dropped"].Value().(uint32); ok && n > 0 {
 		fmt.Fprintf(w, "  (%d more not kept)\n", n)
 	}
+	writeEgressCounts(w, run)
+}
+
+// writeEgressCounts prints every decision of the run counted by host: the
+// record keeps only some decisions, the counts hold them all.
+func writeEgressCounts(w io.Writer, run map[string]dbus.Variant) {
+	var counts isolation.EgressCounts
+	if json.Unmarshal([]byte(str(run, "egress_counts")), &counts) != nil || counts.Allowed+counts.Refused == 0 {
+		return
+	}
+	fmt.Fprintf(w, "egress counts: %d allowed, %d refused\n", counts.Allowed, counts.Refused)
+	for _, h := range counts.Hosts {
+		fmt.Fprintf(w, "  %s %d allowed %d refused\n", h.Host, h.Allowed, h.Refused)
+	}
+	if o := counts.OtherHosts; o.Allowed+o.Refused > 0 {
+		fmt.Fprintf(w, "  (other hosts) %d allowed %d refused\n", o.Allowed, o.Refused)
+	}
 }
 
 func indent(s string) string {

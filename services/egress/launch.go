@@ -67,6 +67,66 @@ type LaunchOptions struct {
 	StopTimeout time.Duration
 }
 
+// MakeRoot makes the directory of the runs' egress directories, or sets
+// its mode: 0711, so a run user reaches its own run's directory by its path
+// but no local user can list the run ids.
+func MakeRoot(root string) error {
+	if err := os.MkdirAll(root, 0o711); err != nil {
+		return fmt.Errorf("cannot create the egress directory: %w", err)
+	}
+	if err := os.Chmod(root, 0o711); err != nil {
+		return fmt.Errorf("cannot set the egress directory's mode: %w", err)
+	}
+	return nil
+}
+
+// runAccess is who may use a run's directory besides its owner: the run
+// user's group, when the scheduler is root and can hand it over; anyone
+// who knows the path otherwise (the run then runs as the scheduler's user,
+// or the scheduler cannot chown).
+type runAccess struct{ gid int }
+
+func runAccessFor(client *isolation.RunUser) runAccess {
+	if client == nil || os.Geteuid() != 0 {
+		return runAccess{gid: -1}
+	}
+	return runAccess{gid: int(client.GID)}
+}
+
+// apply gives path to root and the run user's group with groupMode, or
+// sets openMode when there is no group to give it to.
+func (a runAccess) apply(path string, groupMode, openMode os.FileMode) error {
+	if a.gid < 0 {
+		return os.Chmod(path, openMode)
+	}
+	if err := os.Chown(path, 0, a.gid); err != nil {
+		return err
+	}
+	return os.Chmod(path, groupMode)
+}
+
+// writeBundle writes the CA bundle the sandbox trusts: readable by the run
+// user only. When the scheduler trusts upstreams through a CA file of its
+// own (SSL_CERT_FILE), that file's certificates lead the bundle, so a tool
+// whose SSL_CERT_FILE now names the bundle trusts what the proxy does.
+func writeBundle(path string, opts LaunchOptions, access runAccess) error {
+	bundle := opts.CABundle
+	if opts.UpstreamCAFile != "" {
+		upstream, err := os.ReadFile(opts.UpstreamCAFile)
+		if err != nil {
+			return fmt.Errorf("cannot read the upstream CA file %s: %w", opts.UpstreamCAFile, err)
+		}
+		bundle = append(append(upstream, '\n'), bundle...)
+	}
+	if err := os.WriteFile(path, bundle, 0o600); err != nil {
+		return fmt.Errorf("cannot write the run's CA bundle: %w", err)
+	}
+	if err := access.apply(path, 0o640, 0o644); err != nil {
+		return fmt.Errorf("cannot let the run user read its CA bundle: %w", err)
+	}
+	return nil
+}
+
 // Proxy is a started proxy process.
 type Proxy struct {
 	cmd     *exec.Cmd
@@ -76,9 +136,17 @@ type Proxy struct {
 	log     *slog.Logger
 	done    chan struct{}
 
-	mu        sync.Mutex
-	decisions []isolation.EgressDecision
-	dropped   int
+	mu  sync.Mutex
+	rec record
+}
+
+// Record is a run's egress record: the decisions it keeps (the first and
+// last ones and the refusals), how many more there were, and all of them
+// counted.
+type Record struct {
+	Decisions []isolation.EgressDecision
+	Dropped   int
+	Counts    isolation.EgressCounts
 }
 
 // Launch creates the run's socket, starts the proxy process on it as
@@ -97,14 +165,14 @@ func Launch(ctx context.Context, pol Policy, opts LaunchOptions) (p *Proxy, err 
 		return nil, errors.New("cannot start the egress proxy: egress_user is root")
 	}
 	dir := filepath.Dir(opts.Socket)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		return nil, fmt.Errorf("cannot create the egress directory: %w", err)
+	if err := MakeRoot(filepath.Dir(dir)); err != nil {
+		return nil, err
 	}
 	// A run run again (after a scheduler crash) starts with a fresh directory.
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, fmt.Errorf("cannot clear the run's egress directory: %w", err)
 	}
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("cannot create the run's egress directory: %w", err)
 	}
 	defer func() {
@@ -112,10 +180,15 @@ func Launch(ctx context.Context, pol Policy, opts LaunchOptions) (p *Proxy, err 
 			os.RemoveAll(dir)
 		}
 	}()
+	access := runAccessFor(opts.Client)
 	if len(opts.CABundle) > 0 {
-		if err := os.WriteFile(filepath.Join(dir, isolation.EgressCABundleName), opts.CABundle, 0o644); err != nil {
-			return nil, fmt.Errorf("cannot write the run's CA bundle: %w", err)
+		if err := writeBundle(filepath.Join(dir, isolation.EgressCABundleName), opts, access); err != nil {
+			return nil, err
 		}
+	}
+	// Last, once everything in it is in place: the run user may enter.
+	if err := access.apply(dir, 0o750, 0o711); err != nil {
+		return nil, fmt.Errorf("cannot open the run's egress directory to the run user: %w", err)
 	}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: opts.Socket, Net: "unix"})
 	if err != nil {
@@ -218,11 +291,7 @@ func (p *Proxy) read(stdout io.Reader, ready chan<- error) {
 		case l.Decision != nil:
 			logDecision(p.log, *l.Decision)
 			p.mu.Lock()
-			if len(p.decisions) < isolation.MaxEgressDecisions {
-				p.decisions = append(p.decisions, *l.Decision)
-			} else {
-				p.dropped++
-			}
+			p.rec.add(*l.Decision)
 			p.mu.Unlock()
 		}
 	}
@@ -232,8 +301,8 @@ func (p *Proxy) read(stdout io.Reader, ready chan<- error) {
 }
 
 // Stop revokes the run's token (the process ends and with it every
-// connection), removes the socket and returns the run's decisions.
-func (p *Proxy) Stop() ([]isolation.EgressDecision, int) {
+// connection), removes the socket and returns the run's egress record.
+func (p *Proxy) Stop() Record {
 	p.stdin.Close()
 	exited := make(chan struct{})
 	go func() { p.cmd.Wait(); close(exited) }()
@@ -252,7 +321,9 @@ func (p *Proxy) Stop() ([]isolation.EgressDecision, int) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return append([]isolation.EgressDecision(nil), p.decisions...), p.dropped
+	var rec Record
+	rec.Decisions, rec.Dropped, rec.Counts = p.rec.result()
+	return rec
 }
 
 // Pid is the proxy process's pid.

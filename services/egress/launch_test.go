@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/berth-dev/berth/internal/testenv"
@@ -86,7 +87,7 @@ func TestTheProxyRunsUnprivilegedAndItsTokenEndsWithTheRun(t *testing.T) {
 	if code, body := do(t, px.origin(token), "POST", "http://egress/providers/openai/chat/completions", `{"model":"m"}`); code != 200 {
 		t.Fatalf("provider call through the proxy process: %d %q", code, body)
 	}
-	decisions, _ := p.Stop()
+	decisions := p.Stop().Decisions
 	if len(decisions) != 1 || !decisions[0].Allowed {
 		t.Fatalf("decisions = %+v, want the one allowed provider call", decisions)
 	}
@@ -157,4 +158,133 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+func TestARecordKeepsTheRefusalAfter1000Allowed(t *testing.T) {
+	t.Parallel()
+	oa := fakeOpenAI(t)
+	p, socket := launch(t, "flood", token, egress.Policy{Providers: []egress.Provider{{Name: "openai", Kind: "openai", BaseURL: oa.URL + "/v1", Model: "m", Key: openKey}}})
+	px := proxy{socket: socket}
+	origin := px.origin(token)
+	for i := range 1000 {
+		if code, body := do(t, origin, "POST", "http://egress/providers/openai/chat/completions", `{"model":"m"}`); code != 200 {
+			t.Fatalf("provider call %d: %d %q", i, code, body)
+		}
+	}
+	if code, _ := do(t, px.client(token), "GET", "http://files.example/secret-plans", ""); code != http.StatusForbidden {
+		t.Fatalf("a host no rule allows: %d, want 403", code)
+	}
+	if code, body := do(t, origin, "POST", "http://egress/providers/openai/chat/completions", `{"model":"m"}`); code != 200 {
+		t.Fatalf("the last provider call: %d %q", code, body)
+	}
+	rec := p.Stop()
+
+	n := len(rec.Decisions)
+	if n != isolation.EgressFirstKept+isolation.EgressLastKept || rec.Dropped != 1002-n {
+		t.Fatalf("kept %d, dropped %d; want the first %d and the last %d of 1002", n, rec.Dropped, isolation.EgressFirstKept, isolation.EgressLastKept)
+	}
+	refusal := rec.Decisions[n-2]
+	if refusal.Allowed || refusal.Host != "files.example" || refusal.Path != "/secret-plans" {
+		t.Errorf("the second to last decision kept is %+v, want the refusal of files.example", refusal)
+	}
+	if last := rec.Decisions[n-1]; !last.Allowed || last.Path != "/v1/chat/completions" {
+		t.Errorf("the last decision kept is %+v, want the last provider call", last)
+	}
+	for i := 1; i < n; i++ {
+		if rec.Decisions[i].Time.Before(rec.Decisions[i-1].Time) {
+			t.Fatalf("decisions %d and %d are out of order", i-1, i)
+		}
+	}
+	oaHost, _, _ := net.SplitHostPort(strings.TrimPrefix(oa.URL, "http://"))
+	want := isolation.EgressCounts{Allowed: 1001, Refused: 1, Hosts: []isolation.EgressHostCount{
+		{Host: oaHost, Allowed: 1001}, {Host: "files.example", Refused: 1},
+	}}
+	if got := fmt.Sprintf("%+v", rec.Counts); got != fmt.Sprintf("%+v", want) {
+		t.Errorf("counts %s, want %s", got, fmt.Sprintf("%+v", want))
+	}
+}
+
+func TestARecordKeepsRefusalsAndCountsHosts(t *testing.T) {
+	t.Parallel()
+	p, socket := launch(t, "scan", token, egress.Policy{})
+	client := proxy{socket: socket}.client(token)
+	const hosts = isolation.EgressHostsCounted + 6
+	refusals := isolation.EgressFirstKept + isolation.EgressRefusalsKept + isolation.EgressLastKept + 20
+	for i := range refusals {
+		if code, _ := do(t, client, "GET", fmt.Sprintf("http://h%d.example/", i%hosts), ""); code != http.StatusForbidden {
+			t.Fatalf("request %d: %d, want 403", i, code)
+		}
+	}
+	rec := p.Stop()
+	kept := isolation.EgressFirstKept + isolation.EgressRefusalsKept + isolation.EgressLastKept
+	if len(rec.Decisions) != kept || rec.Dropped != refusals-kept {
+		t.Errorf("kept %d, dropped %d; want %d kept and %d dropped", len(rec.Decisions), rec.Dropped, kept, refusals-kept)
+	}
+	if rec.Counts.Refused != refusals || len(rec.Counts.Hosts) != isolation.EgressHostsCounted {
+		t.Fatalf("counts %+v: want %d refusals over %d hosts counted one by one", rec.Counts, refusals, isolation.EgressHostsCounted)
+	}
+	sum := rec.Counts.OtherHosts.Refused
+	for _, h := range rec.Counts.Hosts {
+		sum += h.Refused
+	}
+	if sum != refusals || rec.Counts.OtherHosts.Refused == 0 {
+		t.Errorf("hosts and other hosts count %d refusals (other hosts %d), want all %d", sum, rec.Counts.OtherHosts.Refused, refusals)
+	}
+}
+
+// A local user can neither list the runs' directories nor look into one;
+// the run user reaches its socket and reads its CA bundle.
+func TestOnlyTheRunUserReachesItsRunsEgressDirectory(t *testing.T) {
+	t.Parallel()
+	testenv.NeedRoot(t)
+	_, err := exec.LookPath("curl")
+	testenv.Need(t, err == nil, "curl is not installed")
+	nobody, err := isolation.LookupRunUser("nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUser := &isolation.RunUser{Name: "4242", UID: 4242, GID: 4242}
+	other := &isolation.RunUser{Name: "4343", UID: 4343, GID: 4343}
+	base, err := os.MkdirTemp("", "be-modes-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	os.Chmod(base, 0o755)
+	root := filepath.Join(base, "egress")
+	// An older scheduler left it listable.
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(root, "run1", isolation.EgressSocketName)
+	p, err := egress.Launch(context.Background(), egress.Policy{RunID: "run1", Token: token}, egress.LaunchOptions{
+		Logger: quiet, Binary: proxyBinary, User: nobody, Client: runUser, Socket: socket, CABundle: []byte("run CA\n"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	bundle := filepath.Join(filepath.Dir(socket), isolation.EgressCABundleName)
+	as := func(u *isolation.RunUser, name string, args ...string) (string, error) {
+		cmd := exec.Command(name, args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}}}
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := as(other, "ls", root); err == nil {
+		t.Errorf("another local user lists the run ids: %q", out)
+	}
+	if out, err := as(other, "cat", bundle); err == nil {
+		t.Errorf("another local user reads the run's CA bundle: %q", out)
+	}
+	if out, err := as(other, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket, "http://egress/"); err == nil {
+		t.Errorf("another local user reaches the run's socket: %q", out)
+	}
+	if out, err := as(runUser, "cat", bundle); err != nil || out != "run CA\n" {
+		t.Errorf("the run user reads its CA bundle: %q, %v", out, err)
+	}
+	// 407: the socket answers, and the request has no token.
+	if out, err := as(runUser, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket, "http://egress/"); err != nil || out != "407" {
+		t.Errorf("the run user through its socket: %q, %v; want the proxy's 407", out, err)
+	}
 }

@@ -329,7 +329,7 @@ func (r Run) Variants() map[string]dbus.Variant {
 		"egress_dropped": dbus.MakeVariant(uint32(r.EgressDropped)),
 	}
 	for _, f := range []struct{ key, text string }{
-		{"text", r.Text}, {"reply", r.Reply}, {"error", r.Error}, {"tool_calls", toolCalls}, {"stderr_tail", r.StderrTail}, {"egress", egressJSON(r)},
+		{"text", r.Text}, {"reply", r.Reply}, {"error", r.Error}, {"tool_calls", toolCalls}, {"stderr_tail", r.StderrTail}, {"egress", egressJSON(r)}, {"egress_counts", egressCountsJSON(r)},
 	} {
 		text := cleanText(f.text)
 		cut := len(text) > maxFieldBytes
@@ -523,6 +523,20 @@ func egressJSON(r Run) string {
 	data, err := json.Marshal(r.Egress)
 	if err != nil {
 		return "[]"
+	}
+	return string(data)
+}
+
+// egressCountsJSON is every egress decision of the run counted, as GetRun
+// returns it: a JSON object, "{}" when the run made none (or ran before
+// runs were counted).
+func egressCountsJSON(r Run) string {
+	if r.EgressCounts == nil {
+		return "{}"
+	}
+	data, err := json.Marshal(r.EgressCounts)
+	if err != nil {
+		return "{}"
 	}
 	return string(data)
 }

@@ -176,6 +176,9 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 		cur.Handle = ""
 		cur.StderrTail = cleanText(tailUTF8(res.Stderr, maxStderrTail))
 		cur.Egress, cur.EgressDropped = res.Egress, res.EgressDropped
+		if c := res.EgressCounts; c.Allowed+c.Refused > 0 {
+			cur.EgressCounts = &c
+		}
 		switch {
 		case runErr != nil && errors.Is(cause, errShutdown):
 			// Handed back by a graceful stop: not an attempt that counts.

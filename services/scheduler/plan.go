@@ -96,7 +96,8 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		spec.EgressToken = token
 		defer func() {
 			// The run is over: its token dies with its proxy.
-			res.Egress, res.EgressDropped = proxy.Stop()
+			rec := proxy.Stop()
+			res.Egress, res.EgressDropped, res.EgressCounts = rec.Decisions, rec.Dropped, rec.Counts
 		}()
 	}
 	res, err = b.Run(ctx, spec)
@@ -201,7 +202,7 @@ func (s *Service) hostFacts(cfg *config.Config) runplan.HostFacts {
 	host.EgressDir = filepath.Join(s.stateDir, "egress")
 	// It exists before a plan is compiled, so a policy that carves the
 	// run's own directory out of the denied state dir denies the others'.
-	if err := os.MkdirAll(host.EgressDir, 0o755); err != nil {
+	if err := egress.MakeRoot(host.EgressDir); err != nil {
 		s.log.Warn("cannot create the egress directory", "err", err)
 	}
 	if fi, err := os.Stat(cfg.Scheduler.EgressBinary); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {

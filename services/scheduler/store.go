@@ -75,10 +75,12 @@ type Run struct {
 	Error       string          `json:"error,omitempty"` // the whole story, for admins
 	ToolCalls   json.RawMessage `json:"tool_calls,omitempty"`
 	StderrTail  string          `json:"stderr_tail,omitempty"`
-	// Egress is what the run's egress proxy decided (at most
-	// isolation.MaxEgressDecisions; EgressDropped says how many more).
+	// Egress is what the run's egress proxy decided, as far as the record
+	// keeps it (the first and last decisions and the refusals;
+	// EgressDropped says how many more); EgressCounts counts every one.
 	Egress        []isolation.EgressDecision `json:"egress,omitempty"`
 	EgressDropped int                        `json:"egress_dropped,omitempty"`
+	EgressCounts  *isolation.EgressCounts    `json:"egress_counts,omitempty"`
 	Backend       string                     `json:"backend,omitempty"`
 	Handle        string                     `json:"handle,omitempty"` // from Backend OnStart; Kill understands it
 	Attempts      int                        `json:"attempts"`         // starts not handed back by a graceful stop
