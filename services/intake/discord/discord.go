@@ -118,8 +118,9 @@ type Connector struct {
 
 	limits *rateLimits
 
+	status *connector.StatusKeeper
+
 	mu            sync.Mutex // guards the fields below; never held across I/O
-	status        connector.Status
 	contentWarned bool
 	channels      map[string]channelInfo
 	progress      map[string]int // reply key → chunks already posted
@@ -161,10 +162,11 @@ func New(id string, o Options) (*Connector, error) {
 	}
 	c.http = client
 	c.limits = newRateLimits(c.clock)
-	c.status = connector.Status{Type: "discord", State: connector.StateStopped}
+	state := connector.StateStopped // until Run starts the Gateway
 	if o.BotToken == "" {
-		c.status.State = connector.StateHTTP
+		state = connector.StateHTTP
 	}
+	c.status = connector.NewStatusKeeper("discord", state, c.clock.Now)
 	return c, nil
 }
 
@@ -300,22 +302,9 @@ func apiBase(base string) string {
 func (c *Connector) LongLived() bool { return c.o.BotToken != "" }
 
 // Status is the connection's state for `berthctl status`.
-func (c *Connector) Status() connector.Status {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.status
-}
+func (c *Connector) Status() connector.Status { return c.status.Snapshot() }
 
-func (c *Connector) setStatus(f func(s *connector.Status)) {
-	c.mu.Lock()
-	f(&c.status)
-	c.mu.Unlock()
-}
-
-func (c *Connector) noteEvent() {
-	now := c.clock.Now()
-	c.setStatus(func(s *connector.Status) { s.LastEvent = now })
-}
+func (c *Connector) noteEvent() { c.status.Saw(c.clock.Now()) }
 
 // redact removes credentials from text that may quote a request or answer.
 func (c *Connector) redact(s string, secrets ...string) string {

@@ -89,9 +89,7 @@ func (c *Connector) Run(ctx context.Context, sink connector.Sink) error {
 	if c.o.BotToken == "" {
 		return nil
 	}
-	defer c.setStatus(func(s *connector.Status) {
-		s.State, s.ConnectedSince = connector.StateStopped, time.Time{}
-	})
+	defer c.status.Stopped()
 	var sess session
 	if store, ok := sink.(SessionStore); ok {
 		sess.keeper = newSessionKeeper(store, c.id, c.log)
@@ -103,11 +101,8 @@ func (c *Connector) Run(ctx context.Context, sink connector.Sink) error {
 		defer sess.keeper.close()
 	}
 	failures := 0
-	for first := true; ; first = false {
-		if !first {
-			c.setStatus(func(s *connector.Status) { s.Reconnects++ })
-		}
-		c.setStatus(func(s *connector.Status) { s.State = connector.StateConnecting })
+	for {
+		c.status.Connecting()
 		res := c.connect(ctx, sink, &sess)
 		if ctx.Err() != nil {
 			return nil
@@ -128,9 +123,7 @@ func (c *Connector) Run(ctx context.Context, sink connector.Sink) error {
 		if res.err != nil {
 			msg = c.redact(res.err.Error())
 		}
-		c.setStatus(func(s *connector.Status) {
-			s.State, s.ConnectedSince, s.LastError = connector.StateDisconnected, time.Time{}, msg
-		})
+		c.status.Disconnected(errors.New(msg), c.clock.Now())
 		c.log.Warn("discord gateway disconnected; reconnecting", "error", msg, "resume", sess.id != "", "in", delay.String())
 		select {
 		case <-ctx.Done():
@@ -161,7 +154,7 @@ func (c *Connector) connect(ctx context.Context, sink connector.Sink, sess *sess
 		gw, err := c.gatewayURL(ctx)
 		if connector.IsPermanent(err) {
 			warn := "the bot token was rejected: " + c.redact(err.Error())
-			c.setStatus(func(s *connector.Status) { s.Warning = warn })
+			c.status.Warn(warn)
 			return connResult{err: err, fatal: true}
 		}
 		if err != nil {
@@ -327,13 +320,10 @@ func (c *Connector) dispatch(ctx context.Context, sink connector.Sink, sess *ses
 
 func (c *Connector) connected(ready *atomic.Bool) {
 	ready.Store(true)
-	now := c.clock.Now()
-	c.setStatus(func(s *connector.Status) {
-		s.State, s.ConnectedSince, s.LastError = connector.StateConnected, now, ""
-		if s.Warning != ContentWarning {
-			s.Warning = "" // a refusal of the bot is over once it connects
-		}
-	})
+	c.status.Connected(c.clock.Now())
+	if w := c.status.Snapshot().Warning; w != ContentWarning {
+		c.status.ClearWarning(w) // a refusal of the bot is over once it connects
+	}
 }
 
 // read returns the next frame; nil (with a log line) for a frame that is not
@@ -379,7 +369,7 @@ func (c *Connector) readFailure(err error, sess *session, established bool) conn
 		res.fatal = true
 		sess.reset()
 		c.log.Error("discord gateway refused the bot", "error", warn)
-		c.setStatus(func(s *connector.Status) { s.Warning = warn })
+		c.status.Warn(warn)
 		res.err = errors.New(warn)
 		return res
 	}

@@ -150,9 +150,11 @@ func (c *Connector) command(w http.ResponseWriter, ctx context.Context, sink con
 	defer cancel()
 	if err := sink.Accept(actx, msg); err != nil {
 		c.log.Warn("cannot hand the slash command to intake; answering 500", "message_id", in.ID, "error", err)
+		c.status.Failed(fmt.Errorf("cannot store slash command %s: %w", in.ID, err))
 		http.Error(w, "cannot store the command", http.StatusInternalServerError)
 		return
 	}
+	c.status.Healthy()
 	c.log.Debug("discord slash command accepted", "message_id", in.ID, "command", data.Name)
 	writeJSON(w, discordgo.InteractionResponse{Type: discordgo.InteractionResponseDeferredChannelMessageWithSource})
 }

@@ -193,8 +193,8 @@ func (c *Connector) warnNoContent(messageID string) {
 	c.mu.Lock()
 	first := !c.contentWarned
 	c.contentWarned = true
-	c.status.Warning = ContentWarning
 	c.mu.Unlock()
+	c.status.Warn(ContentWarning)
 	if first {
 		c.log.Error("discord message arrived without content; the MESSAGE_CONTENT intent is not granted", "message_id", messageID,
 			"fix", "Developer Portal → your application → Bot → Privileged Gateway Intents → MESSAGE CONTENT INTENT")

@@ -257,9 +257,12 @@ func (c *Connector) Send(ctx context.Context, r connector.Reply) error {
 		c.mu.Unlock()
 		if err != nil {
 			c.log.Warn("cannot post the discord reply", "run_id", r.RunID, "message_id", r.MessageID, "chunk", i+1, "chunks", len(chunks), "error", err)
-			return fmt.Errorf("cannot post chunk %d of %d: %w", i+1, len(chunks), err)
+			err = fmt.Errorf("cannot post chunk %d of %d: %w", i+1, len(chunks), err)
+			c.status.Failed(err)
+			return err
 		}
 	}
+	c.status.Healthy()
 	c.mu.Lock()
 	delete(c.progress, key)
 	c.mu.Unlock()
