@@ -521,9 +521,8 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d egresspolicy.
 }
 
 func (s *Server) provider(w http.ResponseWriter, r *http.Request, d egresspolicy.Decision) {
-	escaped, _, _ := strings.Cut(r.RequestURI, "?")
 	d.Path = r.URL.Path
-	call, ref := s.judge.Provider(r.Method, escaped)
+	call, ref := s.judge.Provider(r.Method, requestPath(r))
 	if call.URL != nil {
 		d.Host, d.Port = splitHostPort(call.URL.Host, defaultPort(call.URL.Scheme))
 		d.Path = call.URL.Path

@@ -260,7 +260,7 @@ func (s *Server) intercept(w http.ResponseWriter, r *http.Request, d egresspolic
 // interceptOne judges and sends one request of an intercepted tunnel and
 // says whether the tunnel may carry another.
 func (s *Server) interceptOne(conn net.Conn, transport *http.Transport, req *http.Request, ctx context.Context, host string, port int, sec *Secret) bool {
-	escaped, _, _ := strings.Cut(req.RequestURI, "?")
+	escaped := requestPath(req)
 	rd := egresspolicy.Decision{Time: time.Now(), Method: req.Method, Host: host, Port: port, Path: req.URL.Path, Rule: "secret " + sec.Name}
 	refuse := func(code int, reason string) bool {
 		rd.Allowed, rd.Reason = false, reason
@@ -310,6 +310,19 @@ func (s *Server) interceptOne(conn net.Conn, transport *http.Transport, req *htt
 	rd.Allowed, rd.BytesUp, rd.BytesDown = true, up.n, down.n
 	s.record(rd)
 	return err == nil && !req.Close && !resp.Close
+}
+
+// requestPath is the path of r's request-target as sent (still
+// percent-encoded, without the query), in origin or absolute form.
+func requestPath(r *http.Request) string {
+	target, _, _ := strings.Cut(r.RequestURI, "?")
+	if _, rest, ok := strings.Cut(target, "://"); ok && !strings.HasPrefix(target, "/") {
+		if i := strings.IndexByte(rest, '/'); i >= 0 {
+			return rest[i:]
+		}
+		return "/"
+	}
+	return target
 }
 
 // writeRefusal answers a request inside an intercepted tunnel.
