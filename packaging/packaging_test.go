@@ -29,7 +29,7 @@ func TestPackages(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := exec.LookPath("dpkg-deb"); err != nil {
-		t.Fatalf("dpkg-deb is needed to inspect the package: %v", err)
+		t.Fatalf("dpkg-deb is needed to inspect the package (scripts/test.sh installs it): %v", err)
 	}
 	// Stand-in binaries: this test is about the layout, not the programs.
 	bin := t.TempDir()
@@ -124,7 +124,7 @@ func TestCockpitPackage(t *testing.T) {
 	}
 	for _, tool := range []string{"dpkg-deb", "rpm"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s is needed to inspect the packages: %v", tool, err)
+			t.Fatalf("%s is needed to inspect the packages (scripts/test.sh installs it): %v", tool, err)
 		}
 	}
 	bin := t.TempDir()
