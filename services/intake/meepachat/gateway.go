@@ -11,11 +11,16 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 
 	"github.com/berth-dev/berth/services/intake/connector"
 )
+
+// noChannelWarning is the standing warning of a bot that was added nowhere.
+const noChannelWarning = "the bot is in no channel: add it to a server (Server Settings → Bots) or a channel"
 
 // errAccept marks a session ended because intake could not take a message.
 var errAccept = errors.New("intake could not store a message")
@@ -25,16 +30,11 @@ var errAccept = errors.New("intake could not store a message")
 func (c *Connector) Run(ctx context.Context, sink connector.Sink) error {
 	var pending *connector.Message // a message Accept refused, offered again first
 	failures := 0
-	for first := true; ; first = false {
-		if !first {
-			c.update(func(s *connector.Status) { s.Reconnects++ })
-		}
-		c.update(func(s *connector.Status) { s.State = connector.StateConnecting })
+	defer c.status.Stopped()
+	for {
+		c.status.Connecting()
 		healthy, err := c.session(ctx, sink, &pending)
 		if ctx.Err() != nil {
-			c.update(func(s *connector.Status) {
-				s.State, s.ConnectedSince = connector.StateStopped, time.Time{}
-			})
 			return nil
 		}
 		if healthy {
@@ -43,13 +43,9 @@ func (c *Connector) Run(ctx context.Context, sink connector.Sink) error {
 		failures++
 		wait := c.backoff(failures)
 		c.log.Warn("meepachat gateway unavailable; reconnecting", "error", err, "retry_in", wait.String())
-		c.update(func(s *connector.Status) {
-			s.State, s.ConnectedSince = connector.StateDisconnected, time.Time{}
-			s.LastError = err.Error()
-		})
+		c.status.Disconnected(err, c.clock.Now())
 		select {
 		case <-ctx.Done():
-			c.update(func(s *connector.Status) { s.State = connector.StateStopped })
 			return nil
 		case <-c.clock.After(wait):
 		}
@@ -81,7 +77,7 @@ func (c *Connector) session(ctx context.Context, sink connector.Sink, pending **
 	touch := func() {
 		now := c.clock.Now()
 		lastSeen.Store(now.UnixNano())
-		c.update(func(s *connector.Status) { s.LastEvent = now })
+		c.status.Saw(now)
 	}
 	dctx, dcancel := context.WithTimeout(ctx, dialTimeout)
 	conn, resp, err := websocket.Dial(dctx, c.gateway, &websocket.DialOptions{
@@ -197,7 +193,7 @@ func (c *Connector) session(ctx context.Context, sink connector.Sink, pending **
 func (c *Connector) dialError(resp *http.Response, err error) error {
 	if resp != nil && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) {
 		msg := fmt.Sprintf("the gateway refused the bot token (HTTP %d)", resp.StatusCode)
-		c.update(func(s *connector.Status) { s.Warning = msg + ": check the token and that the bot still exists" })
+		c.status.Warn(msg + ": check the token and that the bot still exists")
 		return errors.New(msg)
 	}
 	if resp != nil {
@@ -301,13 +297,11 @@ func (c *Connector) onReady(ctx context.Context, conn *websocket.Conn, data json
 		return err
 	}
 	now := c.clock.Now()
-	c.update(func(s *connector.Status) {
-		s.State, s.ConnectedSince, s.LastError = connector.StateConnected, now, ""
-		s.Warning = ""
-		if len(ids) == 0 {
-			s.Warning = "the bot is in no channel: add it to a server (Server Settings → Bots) or a channel"
-		}
-	})
+	c.status.Connected(now)
+	c.status.ClearWarning("")
+	if len(ids) == 0 {
+		c.status.Warn(noChannelWarning)
+	}
 	c.log.Info("meepachat gateway ready", "servers", len(r.Servers), "channels", len(ids))
 	return nil
 }
@@ -351,11 +345,9 @@ func (c *Connector) onServer(ctx context.Context, conn *websocket.Conn, data jso
 	if err := c.subscribe(ctx, conn, ids); err != nil {
 		c.log.Warn("cannot subscribe to a new meepachat server's channels", "server", s.ID, "error", err)
 	}
-	c.update(func(st *connector.Status) {
-		if strings.HasPrefix(st.Warning, "the bot is in no channel") && len(ids) > 0 {
-			st.Warning = ""
-		}
-	})
+	if len(ids) > 0 {
+		c.status.ClearWarning(noChannelWarning)
+	}
 }
 
 // message turns a message.created into a Message, or says it is not for us.
@@ -381,8 +373,15 @@ func (c *Connector) message(data json.RawMessage) (connector.Message, bool) {
 		log.Debug("meepachat message without text (attachments only?); ignored")
 		return connector.Message{}, false
 	}
-	if c.o.Trigger == "mention" && !info.dm && !mentions(w, bot) {
+	if c.o.Trigger == TriggerMention && !info.dm && !mentions(w, bot) {
 		log.Debug("meepachat message does not mention the bot; ignored")
+		return connector.Message{}, false
+	}
+	// Like Slack and Discord, the agent gets the text without the bot's
+	// leading mention, so that "@berth /sh ls" is the command "/sh ls".
+	text := stripLeadingMention(w.Content, bot)
+	if text == "" {
+		log.Debug("meepachat message is only a mention of the bot; ignored")
 		return connector.Message{}, false
 	}
 	if !known {
@@ -390,7 +389,7 @@ func (c *Connector) message(data json.RawMessage) (connector.Message, bool) {
 	}
 	m := connector.Message{
 		Connector: c.id, ID: w.ID, Channel: w.ChannelID, ChannelName: info.name,
-		Server: info.server, Thread: w.ThreadID, Author: w.UserID, Text: w.Content,
+		Server: info.server, Thread: w.ThreadID, Author: w.UserID, Text: text,
 		Meta: map[string]string{},
 	}
 	if info.dm {
@@ -408,6 +407,28 @@ func mentions(w wireMessage, bot botUser) bool {
 		}
 	}
 	return bot.Username != "" && strings.Contains(strings.ToLower(w.Content), "@"+strings.ToLower(bot.Username))
+}
+
+// stripLeadingMention removes the bot's mention ("<@id>" or "@username",
+// any case) from the start of content, with the whitespace around it.
+func stripLeadingMention(content string, bot botUser) string {
+	text := strings.TrimSpace(content)
+	forms := []string{"<@" + bot.ID + ">"}
+	if bot.Username != "" {
+		forms = append(forms, "@"+bot.Username)
+	}
+	for _, form := range forms {
+		if bot.ID == "" || len(text) < len(form) || !strings.EqualFold(text[:len(form)], form) {
+			continue
+		}
+		rest := text[len(form):]
+		// "@berthbot" is not a mention of "@berth".
+		if r, _ := utf8.DecodeRuneInString(rest); rest != "" && (unicode.IsLetter(r) || unicode.IsDigit(r) || strings.ContainsRune("_-.", r)) {
+			continue
+		}
+		return strings.TrimSpace(rest)
+	}
+	return text
 }
 
 // accept hands m to intake; only a nil answer counts the event as handled.

@@ -65,6 +65,40 @@ func TestInboundMessagesReachTheSinkWithWhatTheReplyNeeds(t *testing.T) {
 	}
 }
 
+func TestTheBotsLeadingMentionIsStrippedLikeOnSlackAndDiscord(t *testing.T) {
+	t.Parallel()
+	byID := func(id, content string) meepachattest.Message {
+		m := human(id, content)
+		m.Mentions = []meepachattest.Mention{{ID: testBotID}}
+		return m
+	}
+	tests := []struct {
+		name string
+		in   meepachattest.Message
+		want string
+	}{
+		{"A_username_mention_before_a_command", human("m-1", "@berth /sh ls -l"), "/sh ls -l"},
+		{"An_id_mention_with_whitespace_around_it", byID("m-2", "  <@bot-7f3a>\t status  "), "status"},
+		{"A_mention_in_another_case", human("m-3", "@Berth hello"), "hello"},
+		{"A_mention_later_in_the_text_stays", human("m-4", "ask @berth later"), "ask @berth later"},
+		{"A_longer_name_is_not_the_bots_mention", human("m-5", "@berthold hi"), "@berthold hi"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t)
+			f := newFake(t, testOptions())
+			c, _ := newTestConnector(t, f, func(o *Options) { o.Trigger = TriggerAll })
+			sink := newSink()
+			connected(ctx, t, f, c, sink)
+			deliver(ctx, t, f, tt.in)
+			if got := sink.wait(ctx, t, 1)[0].Text; got != tt.want {
+				t.Errorf("text handed on = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestMessagesNotForTheAgentAreIgnored(t *testing.T) {
 	t.Parallel()
 	own := meepachattest.Message{ID: "m-own", ChannelID: channelID, UserID: testBotID, Content: "my own reply",
@@ -88,8 +122,14 @@ func TestMessagesNotForTheAgentAreIgnored(t *testing.T) {
 		{"Other_bots_are_heard_when_allowed_but_never_the_bot_itself",
 			func(o *Options) { o.AllowBots = true }, []meepachattest.Message{own, otherBot}, []string{"m-bot"}},
 		{"With_trigger_mention_only_mentions_and_DMs_are_heard",
-			func(o *Options) { o.Trigger = "mention" },
+			func(o *Options) { o.Trigger = TriggerMention },
 			[]meepachattest.Message{plain, mention, mentionByID, dm}, []string{"m-mention", "m-mention-id", "m-dm"}},
+		{"Without_a_trigger_only_mentions_and_DMs_are_heard",
+			func(o *Options) { o.Trigger = "" },
+			[]meepachattest.Message{plain, mention, mentionByID, dm}, []string{"m-mention", "m-mention-id", "m-dm"}},
+		{"A_message_that_is_only_the_mention_is_ignored",
+			func(o *Options) { o.Trigger = TriggerMention },
+			[]meepachattest.Message{human("m-only", " @berth  "), mention}, []string{"m-mention"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

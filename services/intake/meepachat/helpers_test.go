@@ -67,8 +67,9 @@ func newTestConnector(t *testing.T, f *meepachattest.Fake, edit func(*Options)) 
 	t.Helper()
 	logs := &syncBuffer{}
 	o := Options{
-		BaseURL: f.URL, Token: testToken,
-		Logger:     slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		BaseURL: f.URL, Token: testToken, Trigger: TriggerAll, // most tests hear every message
+		// Carrying connector= as intake's logger for a connector does.
+		Logger:     slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("connector", "chat"),
 		BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond,
 	}
 	if edit != nil {
@@ -114,9 +115,7 @@ func testCtx(t *testing.T) context.Context {
 func waitStatus(ctx context.Context, t *testing.T, c *Connector, what string, cond func(connector.Status) bool) connector.Status {
 	t.Helper()
 	for {
-		c.mu.Lock()
-		st, ch := c.status, c.changed
-		c.mu.Unlock()
+		st, ch := c.status.Watch()
 		if cond(st) {
 			return st
 		}

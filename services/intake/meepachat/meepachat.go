@@ -34,6 +34,12 @@ const (
 	defaultRequest = 30 * time.Second
 )
 
+// Triggers: which server-channel messages are handed to intake (DMs always).
+const (
+	TriggerMention = "mention" // messages that mention the bot
+	TriggerAll     = "all"     // every message in the bot's channels
+)
+
 // Meta keys Send reads back from Reply.Meta.
 const (
 	MetaServer = "server" // MeepaChat server id of the channel
@@ -60,11 +66,12 @@ type Options struct {
 	HTTPClient *http.Client
 	// AllowBots hands on messages of other bots too (never the bot's own).
 	AllowBots bool
-	// Trigger is "all" (default: every message in the bot's channels) or
-	// "mention" (in server channels only messages that mention the bot; DMs
-	// always).
+	// Trigger is TriggerMention (default: in server channels only messages
+	// that mention the bot; DMs always) or TriggerAll (every message in the
+	// bot's channels).
 	Trigger string
-	// Logger defaults to slog.Default().
+	// Logger receives the connector's log; it should carry connector=id
+	// (intake's does). Defaults to slog.Default().
 	Logger *slog.Logger
 	// Clock drives back-off, heartbeat and Retry-After waits; defaults to the
 	// real clock.
@@ -91,9 +98,9 @@ type Connector struct {
 	log     *slog.Logger
 	clock   clockwork.Clock
 
+	status *connector.StatusKeeper
+
 	mu       sync.Mutex
-	status   connector.Status
-	changed  chan struct{} // closed and replaced on every status change
 	conn     *websocket.Conn
 	bot      botUser
 	channels map[string]channelInfo
@@ -140,10 +147,10 @@ func newConnector(id string, o Options) (*Connector, error) {
 	}
 	switch o.Trigger {
 	case "":
-		o.Trigger = "all"
-	case "all", "mention":
+		o.Trigger = TriggerMention
+	case TriggerMention, TriggerAll:
 	default:
-		return nil, fmt.Errorf(`trigger must be "all" or "mention", not %q`, o.Trigger)
+		return nil, fmt.Errorf(`trigger must be "mention" or "all", not %q`, o.Trigger)
 	}
 	if o.BackoffMin == 0 {
 		o.BackoffMin = time.Second
@@ -180,10 +187,9 @@ func newConnector(id string, o Options) (*Connector, error) {
 	}
 	return &Connector{
 		id: id, o: o, base: base, gateway: gateway, client: client,
-		log:      o.Logger.With("connector", id),
+		log:      o.Logger,
 		clock:    o.Clock,
-		status:   connector.Status{Type: Type, State: connector.StateConnecting},
-		changed:  make(chan struct{}),
+		status:   connector.NewStatusKeeper(Type, connector.StateConnecting, o.Clock.Now),
 		channels: map[string]channelInfo{},
 		progress: map[string]sendProgress{},
 	}, nil
@@ -258,17 +264,4 @@ func newHTTPClient(skipVerify bool, caFile string) (*http.Client, error) {
 func (c *Connector) LongLived() bool { return true }
 
 // Status is the connection's state for `berthctl status`.
-func (c *Connector) Status() connector.Status {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.status
-}
-
-// update changes the status under the lock and wakes waiters.
-func (c *Connector) update(f func(s *connector.Status)) {
-	c.mu.Lock()
-	f(&c.status)
-	close(c.changed)
-	c.changed = make(chan struct{})
-	c.mu.Unlock()
-}
+func (c *Connector) Status() connector.Status { return c.status.Snapshot() }

@@ -33,7 +33,7 @@ func TestNewRefusesBadOptionsWithAClearError(t *testing.T) {
 		{"A_token_without_the_bot_id", func(o *Options) { o.Token = testSecret }, "token must be"},
 		{"A_token_with_an_empty_secret", func(o *Options) { o.Token = testBotID + "." }, "token must be"},
 		{"A_token_with_a_newline", func(o *Options) { o.Token = testToken + "\n" }, "token must be"},
-		{"An_unknown_trigger", func(o *Options) { o.Trigger = "always" }, `trigger must be "all" or "mention"`},
+		{"An_unknown_trigger", func(o *Options) { o.Trigger = "always" }, `trigger must be "mention" or "all"`},
 		{"Back_off_bounds_inverted", func(o *Options) { o.BackoffMin, o.BackoffMax = 10, 5 }, "back-off bounds"},
 		{"A_missing_ca_file", func(o *Options) { o.CAFile = filepath.Join(dir, "absent.pem") }, "cannot read ca_file"},
 		{"A_ca_file_without_a_certificate", func(o *Options) { o.CAFile = notPEM }, "holds no PEM certificate"},
@@ -163,7 +163,9 @@ func TestTheTokenNeverReachesLogsStatusOrErrors(t *testing.T) {
 	if strings.Contains(everything, testSecret) || strings.Contains(everything, testToken) {
 		t.Errorf("the bot token leaked:\n%s", everything)
 	}
-	if !strings.Contains(logs.String(), "connector=chat") {
-		t.Errorf("log lines do not name the connector:\n%s", logs)
+	for line := range strings.Lines(logs.String()) {
+		if n := strings.Count(line, "connector=chat"); n != 1 {
+			t.Errorf("a log line names the connector %d times, want once: %s", n, line)
+		}
 	}
 }

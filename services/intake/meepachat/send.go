@@ -24,6 +24,16 @@ const maxShortWaits = 3
 // thread. Chunks already posted by an earlier call for the same reply are not
 // posted again.
 func (c *Connector) Send(ctx context.Context, r connector.Reply) error {
+	err := c.send(ctx, r)
+	if err != nil {
+		c.status.Failed(fmt.Errorf("cannot post a reply: %w", err))
+	} else {
+		c.status.Healthy()
+	}
+	return err
+}
+
+func (c *Connector) send(ctx context.Context, r connector.Reply) error {
 	path, err := c.replyPath(r)
 	if err != nil {
 		return err
@@ -122,9 +132,7 @@ func (c *Connector) postChunk(ctx context.Context, path, content, thread string)
 			case <-c.clock.After(wait):
 			}
 		case status == http.StatusUnauthorized:
-			c.update(func(s *connector.Status) {
-				s.Warning = "MeepaChat refused the bot token when posting a reply (HTTP 401): check the token"
-			})
+			c.status.Warn("MeepaChat refused the bot token when posting a reply (HTTP 401): check the token")
 			return fmt.Errorf("meepachat refused the bot token (HTTP 401)")
 		case status == http.StatusBadRequest || status == http.StatusForbidden || status == http.StatusNotFound ||
 			status == http.StatusGone || status == http.StatusRequestEntityTooLarge || status == http.StatusUnprocessableEntity:

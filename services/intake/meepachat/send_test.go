@@ -193,3 +193,24 @@ func TestRefusalsThatWillNotChangeArePermanent(t *testing.T) {
 		})
 	}
 }
+
+func TestAFailedReplyIsTheLastErrorWithItsTimeUntilALaterReplyIsPosted(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	f := newFake(t, testOptions())
+	c, _ := newTestConnector(t, f, nil)
+	connected(ctx, t, f, c, newSink())
+	f.RateLimit("600") // longer than Send waits out itself
+	if err := c.Send(ctx, reply("limited")); err == nil {
+		t.Fatal("Send succeeded through a long rate limit")
+	}
+	if st := c.Status(); !strings.Contains(st.LastError, "rate limit") || st.LastErrorAt.IsZero() {
+		t.Fatalf("status after a failed reply = %+v, want the error and its time", st)
+	}
+	if err := c.Send(ctx, reply("fine")); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Status(); st.LastError != "" || !st.LastErrorAt.IsZero() {
+		t.Errorf("status after a later reply was posted = %+v, want the error cleared", st)
+	}
+}

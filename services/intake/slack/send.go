@@ -64,6 +64,16 @@ type sendProgress struct {
 
 // Send posts r in its thread, in chunks of at most MessageLimit characters.
 func (c *Connector) Send(ctx context.Context, r connector.Reply) error {
+	err := c.send(ctx, r)
+	if err != nil {
+		c.status.Failed(fmt.Errorf("cannot post a reply: %w", err))
+	} else {
+		c.status.Healthy()
+	}
+	return err
+}
+
+func (c *Connector) send(ctx context.Context, r connector.Reply) error {
 	if r.Channel == "" {
 		return &connector.PermanentError{Reason: "the reply has no Slack channel"}
 	}

@@ -189,3 +189,24 @@ func TestAWrongBotTokenIsAPermanentRefusal(t *testing.T) {
 		t.Errorf("the bot token leaked into the error or the log")
 	}
 }
+
+func TestAFailedReplyIsTheLastErrorWithItsTimeUntilALaterReplyIsPosted(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	fake := slacktest.New(t, slacktest.Options{})
+	c, _ := newSender(t, fake, nil)
+	fake.RateLimit(time.Minute) // longer than Send waits out itself
+	r := connector.Reply{RunID: "run-1", MessageID: "C0CHAN:1.0001", Channel: "C0CHAN", Thread: "1767326125.000100", Text: "hi"}
+	if err := c.Send(ctx, r); err == nil {
+		t.Fatal("Send succeeded through a long rate limit")
+	}
+	if st := c.Status(); !strings.Contains(st.LastError, "rate") || st.LastErrorAt.IsZero() {
+		t.Fatalf("status after a failed reply = %+v, want the error and its time", st)
+	}
+	if err := c.Send(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Status(); st.LastError != "" || !st.LastErrorAt.IsZero() {
+		t.Errorf("status after a later reply was posted = %+v, want the error cleared", st)
+	}
+}
