@@ -1,6 +1,7 @@
 package intake
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"os"
@@ -75,6 +76,15 @@ func (d *discordIntake) stop() {
 		d.t.Errorf("Close: %v", err)
 	}
 	d.svc = nil
+}
+
+// waitConnected waits until the connector has read READY (or RESUMED).
+func (d *discordIntake) waitConnected(s *Service) {
+	d.t.Helper()
+	eventually(d.t, "the discord connector is connected", func() bool {
+		st := s.ConnectorStatuses()
+		return len(st) == 1 && st[0].State == "connected"
+	})
 }
 
 func TestDiscordMessagesSentWhileIntakeWasStoppedAreAnsweredOnceAfterTheRestart(t *testing.T) {
@@ -162,4 +172,27 @@ func TestADiscordReplyWhoseAnswerWasLostIsPostedOnceWhenTheOutboxRetries(t *test
 	if p := posts[0]; !p.EnforceNonce || p.Nonce == "" || len(p.Nonce) > 25 {
 		t.Errorf("post = %+v, want a nonce of at most 25 characters with enforce_nonce", p)
 	}
+}
+
+func TestAKeptDiscordSessionThatDiscordForgotStartsANewOneAfterTheRestart(t *testing.T) {
+	t.Parallel()
+	fake := discordtest.New(t)
+	alice := discordtest.User{ID: "500000000000000001", Username: "alice"}
+	const dm = "700000000000000009"
+	d := newDiscordIntake(t, fake)
+	d.waitConnected(d.start())
+	d.stop()
+
+	fake.SetAllowResume(false) // down too long: Discord answers op 9, d false
+	s := d.start()
+	hs := fake.WaitHandshakes(t, 3)
+	if hs[1].Op != 6 || hs[1].Resumed || hs[2].Op != 2 {
+		t.Fatalf("handshakes after the restart = %+v, want the refused RESUME, then IDENTIFY", hs[1:])
+	}
+	fake.MessageCreate(discordtest.MessageSpec{ID: "3001", Channel: dm, Author: alice, Content: "after the new session"})
+	eventually(t, "the message is submitted", func() bool { return d.sub.callsFor("dc/3001") == 1 })
+	eventually(t, "the new session is kept", func() bool {
+		kept, err := s.GatewaySession("dc")
+		return err == nil && len(kept) > 0 && !bytes.Contains(kept, []byte(hs[1].SessionID))
+	})
 }
