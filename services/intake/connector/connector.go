@@ -58,6 +58,19 @@ type Reply struct {
 	Text      string // what to post; for a failed run the error text intake wrote
 	Failed    bool
 	Meta      map[string]string // Message.Meta of the message it answers
+	// Retry says an earlier attempt may have posted this reply: intake tried
+	// it before and never marked it delivered (it may have crashed between
+	// the post and the mark). A RepostChecker looks on the platform first.
+	Retry bool
+}
+
+// RepostChecker is implemented by connectors that, for a Reply with Retry
+// set, look on the platform for what an earlier attempt posted and post
+// only what is missing (Slack: message metadata in the thread). Intake
+// records the first attempt of a reply durably before Send for them, so that
+// a crash between the post and its delivered mark still makes a Retry.
+type RepostChecker interface {
+	ChecksReposts() bool
 }
 
 // Connector is one configured platform connection. Intake calls Run once

@@ -89,8 +89,22 @@ func (c *Connector) send(ctx context.Context, r connector.Reply) error {
 		start = p.sent
 	}
 	c.mu.Unlock()
+	var posted map[int]bool
+	if r.Retry && start == 0 {
+		var err error
+		if posted, err = c.postedChunks(ctx, r, len(chunks)); err != nil {
+			return err
+		}
+		if len(posted) > 0 {
+			c.log.Info("found chunks of a reply posted by an earlier attempt; posting only the rest",
+				"run_id", r.RunID, "message_id", r.MessageID, "found", len(posted), "chunks", len(chunks))
+		}
+	}
 	for i := start; i < len(chunks); i++ {
-		if err := c.post(ctx, r.Channel, r.Thread, chunks[i]); err != nil {
+		if posted[i+1] {
+			continue
+		}
+		if err := c.post(ctx, r.Channel, r.Thread, chunks[i], replyMetadata(r.RunID, i+1, len(chunks))); err != nil {
 			c.mu.Lock()
 			if connector.IsPermanent(err) {
 				delete(c.progress, key)
@@ -113,9 +127,9 @@ func (c *Connector) send(ctx context.Context, r connector.Reply) error {
 }
 
 // post sends one chunk, sleeping through short 429 waits.
-func (c *Connector) post(ctx context.Context, channel, thread, text string) error {
+func (c *Connector) post(ctx context.Context, channel, thread, text string, meta slackapi.SlackMetadata) error {
 	for tries := 0; ; tries++ {
-		err := c.postOnce(ctx, channel, thread, text)
+		err := c.postOnce(ctx, channel, thread, text, meta)
 		var rl *slackapi.RateLimitedError
 		switch {
 		case err == nil:
@@ -140,10 +154,10 @@ func (c *Connector) post(ctx context.Context, channel, thread, text string) erro
 	}
 }
 
-func (c *Connector) postOnce(ctx context.Context, channel, thread, text string) error {
+func (c *Connector) postOnce(ctx context.Context, channel, thread, text string, meta slackapi.SlackMetadata) error {
 	ctx, cancel := context.WithTimeout(ctx, c.o.RequestTimeout)
 	defer cancel()
-	opts := []slackapi.MsgOption{slackapi.MsgOptionText(text, false)}
+	opts := []slackapi.MsgOption{slackapi.MsgOptionText(text, false), slackapi.MsgOptionMetadata(meta)}
 	if thread != "" {
 		opts = append(opts, slackapi.MsgOptionTS(thread))
 	}
@@ -174,4 +188,94 @@ func (c *Connector) classify(err error) error {
 		return fmt.Errorf("Slack failed chat.postMessage: HTTP %d", sc.Code)
 	}
 	return fmt.Errorf("cannot post to Slack: %s", c.errText(err))
+}
+
+// ReplyEventType is the metadata event type of every chunk berth posts; its
+// payload names the run and the chunk ({"run_id", "chunk", "chunks"}).
+const ReplyEventType = "berth_reply"
+
+// historyPages bounds the pages (of historyPageSize messages) a retry reads
+// looking for an earlier attempt's chunks.
+const (
+	historyPages    = 5
+	historyPageSize = 200
+)
+
+func replyMetadata(runID string, chunk, chunks int) slackapi.SlackMetadata {
+	return slackapi.SlackMetadata{EventType: ReplyEventType, EventPayload: map[string]any{
+		"run_id": runID, "chunk": chunk, "chunks": chunks,
+	}}
+}
+
+// ChecksReposts reports that a Reply with Retry set is first looked for in
+// the thread's history (connector.RepostChecker).
+func (c *Connector) ChecksReposts() bool { return true }
+
+// postedChunks returns the chunks (numbered from 1) of r that an earlier
+// attempt already posted: the bot's messages in r's thread (or the channel's
+// recent history outside a thread) whose metadata names r's run. A history
+// Slack will not show (missing scope, thread gone) counts as nothing posted:
+// the reply is posted again rather than lost.
+func (c *Connector) postedChunks(ctx context.Context, r connector.Reply, chunks int) (map[int]bool, error) {
+	self, err := c.identity(ctx)
+	if err != nil {
+		return nil, err
+	}
+	posted := map[int]bool{}
+	cursor := ""
+	for range historyPages {
+		msgs, next, err := c.historyPage(ctx, r.Channel, r.Thread, cursor)
+		var se slackapi.SlackErrorResponse
+		if errors.As(err, &se) {
+			c.log.Warn("cannot read the Slack thread to find an earlier attempt of the reply; posting it again",
+				"run_id", r.RunID, "message_id", r.MessageID, "error", se.Err, "hint", "the bot needs the channels:history, groups:history, im:history and mpim:history scopes")
+			return posted, nil
+		}
+		var rl *slackapi.RateLimitedError
+		if errors.As(err, &rl) {
+			return nil, &connector.RetryAfterError{After: max(rl.RetryAfter, time.Second), Err: errors.New("Slack rate-limited reading the thread")}
+		}
+		if err != nil {
+			// Not knowing what is posted, wait rather than post twice.
+			return nil, fmt.Errorf("cannot read the Slack thread to find an earlier attempt of the reply: %s", c.errText(err))
+		}
+		for _, m := range msgs {
+			if m.User != self.UserID && (self.BotID == "" || m.BotID != self.BotID) {
+				continue
+			}
+			p := m.Metadata.EventPayload
+			if m.Metadata.EventType != ReplyEventType || p["run_id"] != r.RunID {
+				continue
+			}
+			if n, ok := p["chunk"].(float64); ok && int(n) >= 1 && int(n) <= chunks {
+				posted[int(n)] = true
+			}
+		}
+		if next == "" || len(posted) == chunks {
+			break
+		}
+		cursor = next
+	}
+	return posted, nil
+}
+
+// historyPage reads one page of the thread (conversations.replies) or, for
+// a reply outside a thread, of the channel's recent history
+// (conversations.history), with message metadata.
+func (c *Connector) historyPage(ctx context.Context, channel, thread, cursor string) ([]slackapi.Message, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.o.RequestTimeout)
+	defer cancel()
+	if thread != "" {
+		msgs, _, next, err := c.api.GetConversationRepliesContext(ctx, &slackapi.GetConversationRepliesParameters{
+			ChannelID: channel, Timestamp: thread, Cursor: cursor, Limit: historyPageSize, IncludeAllMetadata: true,
+		})
+		return msgs, next, err
+	}
+	resp, err := c.api.GetConversationHistoryContext(ctx, &slackapi.GetConversationHistoryParameters{
+		ChannelID: channel, Cursor: cursor, Limit: historyPageSize, IncludeAllMetadata: true,
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return resp.Messages, resp.ResponseMetaData.NextCursor, nil
 }

@@ -210,3 +210,62 @@ func TestAFailedReplyIsTheLastErrorWithItsTimeUntilALaterReplyIsPosted(t *testin
 		t.Errorf("status after a later reply was posted = %+v, want the error cleared", st)
 	}
 }
+
+func TestARetryAfterACrashPostsOnlyWhatTheThreadDoesNotHaveYet(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	long := longReply()
+	chunks := connector.Split(long, MessageLimit)
+	tests := []struct {
+		name string
+		// before is what the attempt before the crash posted.
+		before    func(t *testing.T, fake *slacktest.Server, c *Connector, r connector.Reply)
+		wantPosts int // in all, after the retry
+	}{
+		{"A_reply_posted_before_the_crash_is_not_posted_again", func(t *testing.T, _ *slacktest.Server, c *Connector, r connector.Reply) {
+			if err := c.Send(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+		}, len(chunks)},
+		{"A_reply_cut_short_by_the_crash_gets_its_missing_chunks", func(t *testing.T, fake *slacktest.Server, c *Connector, r connector.Reply) {
+			fake.RateLimitAfter(1, 120*time.Second)
+			if err := c.Send(ctx, r); err == nil {
+				t.Fatal("Send went through the rate limit")
+			}
+		}, len(chunks)},
+		{"A_reply_never_posted_is_posted", func(*testing.T, *slacktest.Server, *Connector, connector.Reply) {}, len(chunks)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			fake := slacktest.New(t, slacktest.Options{})
+			thread := mention(fake, "write me a long one")
+			fake.Callback(thread) // the message is in the channel's history
+			r := connector.Reply{RunID: "run-7", MessageID: "C0CHAN:" + thread.TS, Channel: "C0CHAN", Thread: thread.TS, Text: long}
+			before, _ := newSender(t, fake, nil)
+			tc.before(t, fake, before, r)
+
+			// The crash: a new process knows nothing of what was posted.
+			after, _ := newSender(t, fake, nil)
+			r.Retry = true
+			if err := after.Send(ctx, r); err != nil {
+				t.Fatalf("Send after the crash: %v", err)
+			}
+			posts := fake.Posts()
+			if len(posts) != tc.wantPosts {
+				t.Fatalf("%d posts in all, want each of the %d chunks once", len(posts), len(chunks))
+			}
+			for i, p := range posts {
+				if p.Text != chunks[i] || p.ThreadTS != thread.TS {
+					t.Errorf("post %d is not chunk %d in the thread", i+1, i+1)
+				}
+				if p.Metadata == nil || p.Metadata.EventType != ReplyEventType || p.Metadata.EventPayload["run_id"] != "run-7" {
+					t.Errorf("post %d carries metadata %+v, want %s with the run id", i+1, p.Metadata, ReplyEventType)
+				}
+			}
+			if fake.HistoryReads() == 0 {
+				t.Error("the retry did not look at the thread")
+			}
+		})
+	}
+}

@@ -1,5 +1,6 @@
 // Package slacktest is an in-process fake of Slack for tests: the Web API
-// methods berth calls (apps.connections.open, auth.test, chat.postMessage)
+// methods berth calls (apps.connections.open, auth.test, chat.postMessage,
+// conversations.info, conversations.history, conversations.replies)
 // and a Socket Mode WebSocket, speaking Slack's documented wire protocol
 // (hello, events_api envelopes with envelope_id / retry_attempt /
 // retry_reason, disconnect, WebSocket pings, acknowledgements), plus
@@ -9,6 +10,10 @@
 // socket, Redeliver sends an unacknowledged one again as Slack's retry does,
 // Drop cuts the socket without a close frame, Disconnect sends Slack's
 // disconnect frame, RateLimit and Refuse shape chat.postMessage answers.
+// chat.postMessage keeps message metadata, and conversations.history and
+// conversations.replies return the history with it (include_all_metadata),
+// paged with limit and cursor; HoldPosts and HoldHandshakes hold answers
+// so that a test can crash or refresh at that point.
 package slacktest
 
 import (
@@ -52,6 +57,27 @@ type Post struct {
 	Text     string
 	ThreadTS string
 	TS       string // the ts the fake gave the posted message
+	// Metadata is the message metadata the post carried, nil without.
+	Metadata *Metadata
+}
+
+// Metadata is Slack's message metadata: an event type and its payload.
+type Metadata struct {
+	EventType    string         `json:"event_type"`
+	EventPayload map[string]any `json:"event_payload"`
+}
+
+// message is one message of the workspace's history: delivered events and
+// the bot's posts, as conversations.history and conversations.replies
+// return them.
+type message struct {
+	Channel  string
+	TS       string
+	ThreadTS string
+	User     string
+	BotID    string
+	Text     string
+	Metadata *Metadata
 }
 
 // Event is an inner Events API event ("message" or "app_mention").
@@ -74,25 +100,29 @@ type Server struct {
 	o   Options
 	srv *httptest.Server
 
-	mu         sync.Mutex
-	changed    chan struct{} // closed and replaced on every change
-	tickets    map[string]bool
-	conns      []*wsConn
-	connects   int
-	opens      int
-	breakNext  int
-	failOpen   []string
-	envelopes  map[string]*envelope
-	acks       []string
-	posts      []Post
-	rateLimits []time.Duration
-	rlSkip     int // posts that succeed before rateLimits apply
-	refusals   map[string]string
-	names      map[string]string
-	seq        int
-	hold       chan struct{} // non-nil: handshakes wait for it to close
-	held       int           // handshakes waiting on hold
-	timeline   []string      // "open N" / "close N" per WebSocket, in order
+	mu           sync.Mutex
+	changed      chan struct{} // closed and replaced on every change
+	tickets      map[string]bool
+	conns        []*wsConn
+	connects     int
+	opens        int
+	breakNext    int
+	failOpen     []string
+	envelopes    map[string]*envelope
+	acks         []string
+	posts        []Post
+	rateLimits   []time.Duration
+	rlSkip       int // posts that succeed before rateLimits apply
+	refusals     map[string]string
+	names        map[string]string
+	seq          int
+	history      []message
+	holdPosts    chan struct{} // non-nil: chat.postMessage answers wait for it
+	heldPosts    int
+	historyReads int           // conversations.history and conversations.replies calls
+	hold         chan struct{} // non-nil: handshakes wait for it to close
+	held         int           // handshakes waiting on hold
+	timeline     []string      // "open N" / "close N" per WebSocket, in order
 }
 
 type envelope struct {
@@ -139,6 +169,8 @@ func New(t testing.TB, o Options) *Server {
 	mux.HandleFunc("POST /api/auth.test", s.authTest)
 	mux.HandleFunc("POST /api/chat.postMessage", s.postMessage)
 	mux.HandleFunc("POST /api/conversations.info", s.conversationsInfo)
+	mux.HandleFunc("POST /api/conversations.history", s.conversationsHistory)
+	mux.HandleFunc("POST /api/conversations.replies", s.conversationsReplies)
 	mux.HandleFunc("GET /link/", s.link)
 	if o.TLS {
 		s.srv = httptest.NewTLSServer(mux)
@@ -221,6 +253,40 @@ func (s *Server) BreakHandshakes(n int) {
 	s.mu.Lock()
 	s.breakNext += n
 	s.mu.Unlock()
+}
+
+// HoldPosts makes chat.postMessage post the message and then hold its
+// answer until release is called.
+func (s *Server) HoldPosts() (release func()) {
+	ch := make(chan struct{})
+	s.mu.Lock()
+	s.holdPosts = ch
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.holdPosts = nil
+			s.mu.Unlock()
+			close(ch)
+		})
+	}
+}
+
+// WaitHeldPost waits until a posted message's answer is held by HoldPosts.
+func (s *Server) WaitHeldPost(ctx context.Context) error {
+	if err := s.wait(ctx, func() bool { return s.heldPosts > 0 }); err != nil {
+		return fmt.Errorf("waiting for a held post: %w", err)
+	}
+	return nil
+}
+
+// HistoryReads is how many conversations.history and conversations.replies
+// calls the fake answered.
+func (s *Server) HistoryReads() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.historyReads
 }
 
 // HoldHandshakes makes WebSocket handshakes wait (after apps.connections.open
@@ -354,7 +420,8 @@ func (s *Server) WaitAck(ctx context.Context, envelopeID string) error {
 }
 
 // Callback wraps ev in an event_callback payload as the Events API sends it
-// (the HTTP body in events mode, the envelope payload in Socket Mode).
+// (the HTTP body in events mode, the envelope payload in Socket Mode). The
+// message joins the channel's history (conversations.history, .replies).
 func (s *Server) Callback(ev Event) []byte {
 	s.mu.Lock()
 	s.seq++
@@ -362,6 +429,13 @@ func (s *Server) Callback(ev Event) []byte {
 	s.mu.Unlock()
 	if ev.EventTS == "" {
 		ev.EventTS = ev.TS
+	}
+	if ev.Channel != "" && ev.TS != "" {
+		s.mu.Lock()
+		if !slices.ContainsFunc(s.history, func(m message) bool { return m.Channel == ev.Channel && m.TS == ev.TS }) {
+			s.history = append(s.history, message{Channel: ev.Channel, TS: ev.TS, ThreadTS: ev.ThreadTS, User: ev.User, BotID: ev.BotID, Text: ev.Text})
+		}
+		s.mu.Unlock()
 	}
 	body, _ := json.Marshal(map[string]any{
 		"token":      "verification-token",
@@ -647,11 +721,33 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 		refuse(w, code)
 		return
 	}
+	var meta *Metadata
+	if raw := r.PostForm.Get("metadata"); raw != "" {
+		meta = &Metadata{}
+		if err := json.Unmarshal([]byte(raw), meta); err != nil || meta.EventType == "" {
+			s.mu.Unlock()
+			refuse(w, "invalid_metadata_format")
+			return
+		}
+	}
 	s.seq++
 	ts := fmt.Sprintf("%d.%06d", time.Now().Unix(), s.seq)
-	s.posts = append(s.posts, Post{Channel: channel, Text: text, ThreadTS: thread, TS: ts})
+	s.posts = append(s.posts, Post{Channel: channel, Text: text, ThreadTS: thread, TS: ts, Metadata: meta})
+	s.history = append(s.history, message{Channel: channel, TS: ts, ThreadTS: thread, User: s.o.BotUserID, BotID: s.o.BotID, Text: text, Metadata: meta})
+	hold := s.holdPosts
+	if hold != nil {
+		s.heldPosts++
+	}
 	s.notify()
 	s.mu.Unlock()
+	if hold != nil {
+		// Posted, but the answer waits: a crash now leaves a posted reply
+		// its sender never heard about.
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+		}
+	}
 	msg := map[string]any{"type": "message", "text": text, "user": s.o.BotUserID, "bot_id": s.o.BotID, "ts": ts}
 	if thread != "" {
 		msg["thread_ts"] = thread
@@ -806,4 +902,103 @@ func SignedRequest(ctx context.Context, url, secret string, ts time.Time, body [
 	req.Header.Set("X-Slack-Request-Timestamp", timestamp)
 	req.Header.Set("X-Slack-Signature", sig)
 	return req, nil
+}
+
+// conversationsHistory answers conversations.history: the channel's
+// messages outside threads (and thread parents), newest first, paged with
+// limit and cursor; metadata only with include_all_metadata.
+func (s *Server) conversationsHistory(w http.ResponseWriter, r *http.Request) {
+	_ = r.ParseForm()
+	if tok := token(r); tok != s.o.BotToken {
+		refuse(w, "invalid_auth")
+		return
+	}
+	channel := r.PostForm.Get("channel")
+	s.mu.Lock()
+	s.historyReads++
+	var msgs []message
+	for _, m := range s.history {
+		if m.Channel == channel && (m.ThreadTS == "" || m.ThreadTS == m.TS) {
+			msgs = append(msgs, m)
+		}
+	}
+	_, known := s.names[channel]
+	s.mu.Unlock()
+	if !known && len(msgs) == 0 && !strings.HasPrefix(channel, "D") {
+		refuse(w, "channel_not_found")
+		return
+	}
+	slices.SortFunc(msgs, func(a, b message) int { return strings.Compare(b.TS, a.TS) })
+	replyPage(w, r, msgs)
+}
+
+// conversationsReplies answers conversations.replies: the thread's parent
+// and its replies, oldest first, paged with limit and cursor; metadata only
+// with include_all_metadata; thread_not_found for a ts that is no message.
+func (s *Server) conversationsReplies(w http.ResponseWriter, r *http.Request) {
+	_ = r.ParseForm()
+	if tok := token(r); tok != s.o.BotToken {
+		refuse(w, "invalid_auth")
+		return
+	}
+	channel, ts := r.PostForm.Get("channel"), r.PostForm.Get("ts")
+	s.mu.Lock()
+	s.historyReads++
+	var msgs []message
+	for _, m := range s.history {
+		if m.Channel == channel && (m.TS == ts || m.ThreadTS == ts) {
+			msgs = append(msgs, m)
+		}
+	}
+	s.mu.Unlock()
+	if ts == "" || len(msgs) == 0 {
+		refuse(w, "thread_not_found")
+		return
+	}
+	slices.SortFunc(msgs, func(a, b message) int { return strings.Compare(a.TS, b.TS) })
+	replyPage(w, r, msgs)
+}
+
+// replyPage answers one page of msgs: limit (default 100, at most 1000)
+// from the offset the cursor names.
+func replyPage(w http.ResponseWriter, r *http.Request, msgs []message) {
+	limit, err := strconv.Atoi(r.PostForm.Get("limit"))
+	if err != nil || limit <= 0 {
+		limit = 100
+	}
+	limit = min(limit, 1000)
+	from := 0
+	if c := r.PostForm.Get("cursor"); c != "" {
+		n, err := strconv.Atoi(strings.TrimPrefix(c, "page:"))
+		if err != nil || n < 0 || n > len(msgs) {
+			refuse(w, "invalid_cursor")
+			return
+		}
+		from = n
+	}
+	to := min(from+limit, len(msgs))
+	withMeta := r.PostForm.Get("include_all_metadata") == "1" || r.PostForm.Get("include_all_metadata") == "true"
+	out := make([]map[string]any, 0, to-from)
+	for _, m := range msgs[from:to] {
+		o := map[string]any{"type": "message", "ts": m.TS, "text": m.Text}
+		if m.User != "" {
+			o["user"] = m.User
+		}
+		if m.BotID != "" {
+			o["bot_id"] = m.BotID
+		}
+		if m.ThreadTS != "" {
+			o["thread_ts"] = m.ThreadTS
+		}
+		if withMeta && m.Metadata != nil {
+			o["metadata"] = m.Metadata
+		}
+		out = append(out, o)
+	}
+	next := ""
+	if to < len(msgs) {
+		next = fmt.Sprintf("page:%d", to)
+	}
+	reply(w, map[string]any{"ok": true, "messages": out, "has_more": next != "",
+		"response_metadata": map[string]any{"next_cursor": next}})
 }
