@@ -65,6 +65,13 @@ type LaunchOptions struct {
 	CABundle []byte
 	// StopTimeout bounds how long Stop waits for the process (5 s).
 	StopTimeout time.Duration
+	// Confine, when set, puts the started process into limits of its own
+	// before it gets the policy; the release it returns runs once the
+	// process has ended. An error ends the launch.
+	Confine func(pid int) (release func(), err error)
+	// MemoryMax, when set, is the memory the process is confined to: its
+	// Go runtime collects harder as it nears it (GOMEMLIMIT).
+	MemoryMax int64
 }
 
 // MakeRoot makes the directory of the runs' egress directories, or sets
@@ -135,6 +142,7 @@ type Proxy struct {
 	timeout time.Duration
 	log     *slog.Logger
 	done    chan struct{}
+	release func()
 
 	mu  sync.Mutex
 	rec record
@@ -221,6 +229,9 @@ func Launch(ctx context.Context, pol Policy, opts LaunchOptions) (p *Proxy, err 
 	if opts.UpstreamCAFile != "" {
 		cmd.Env = append(cmd.Env, "SSL_CERT_FILE="+opts.UpstreamCAFile)
 	}
+	if opts.MemoryMax > 0 {
+		cmd.Env = append(cmd.Env, fmt.Sprintf("GOMEMLIMIT=%d", opts.MemoryMax*3/4))
+	}
 	cmd.Dir = "/"
 	cmd.ExtraFiles = []*os.File{lf}
 	// No Pdeathsig: it fires when the forking thread ends, which the Go
@@ -246,6 +257,15 @@ func Launch(ctx context.Context, pol Policy, opts LaunchOptions) (p *Proxy, err 
 		log: opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent)}
 	ready := make(chan error, 1)
 	go p.read(stdout, ready)
+	// Confined before it has the policy, so before it serves anything.
+	if opts.Confine != nil {
+		release, err := opts.Confine(cmd.Process.Pid)
+		if err != nil {
+			p.Stop()
+			return nil, fmt.Errorf("cannot start the egress proxy: %w", err)
+		}
+		p.release = sync.OnceFunc(release)
+	}
 	if _, err := stdin.Write(append(cfg, '\n')); err != nil {
 		p.Stop()
 		return nil, fmt.Errorf("cannot hand the policy to the egress proxy: %w", err)
@@ -315,6 +335,9 @@ func (p *Proxy) Stop() Record {
 	select {
 	case <-p.done:
 	case <-time.After(p.timeout):
+	}
+	if p.release != nil {
+		p.release()
 	}
 	if err := os.RemoveAll(p.dir); err != nil {
 		p.log.Warn("cannot remove the run's egress directory", "err", err)

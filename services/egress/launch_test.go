@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/testenv"
 	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/hostrun"
 	"github.com/berth-dev/berth/services/egress"
 )
 
@@ -286,5 +289,75 @@ func TestOnlyTheRunUserReachesItsRunsEgressDirectory(t *testing.T) {
 	// 407: the socket answers, and the request has no token.
 	if out, err := as(runUser, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--unix-socket", socket, "http://egress/"); err != nil || out != "407" {
 		t.Errorf("the run user through its socket: %q, %v; want the proxy's 407", out, err)
+	}
+}
+
+// The proxy is in a cgroup of its own, with its limits, from before it has
+// the policy until its run ends; then the cgroup is gone.
+func TestTheProxyRunsInACgroupOfItsOwnWhileItsRunLasts(t *testing.T) {
+	t.Parallel()
+	testenv.NeedRoot(t)
+	nobody, err := isolation.LookupRunUser("nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	os.Chmod(root, 0o755)
+	socket := filepath.Join(root, "egress", "cg1", isolation.EgressSocketName)
+	lim := hostrun.Limits{MemoryMax: 96 << 20, TasksMax: 50, CPUQuotaPercent: 100}
+	var helper *hostrun.Helper
+	var confineErr error
+	p, err := egress.Launch(context.Background(), egress.Policy{RunID: "cg1", Token: token}, egress.LaunchOptions{
+		Logger: quiet, Binary: proxyBinary, User: nobody, Client: nobody, Socket: socket, MemoryMax: int64(lim.MemoryMax),
+		Confine: func(pid int) (func(), error) {
+			helper, confineErr = hostrun.ConfineHelper(context.Background(), "egress", "cg1", pid, lim, false)
+			if confineErr != nil {
+				return nil, confineErr
+			}
+			return helper.Release, nil
+		},
+	})
+	if confineErr != nil && strings.Contains(confineErr.Error(), "no writable cgroup") {
+		testenv.Need(t, false, "no writable cgroup here: %v", confineErr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if helper == nil || len(helper.Dirs) == 0 {
+		t.Fatal("the proxy got no cgroup")
+	}
+	pid := strconv.Itoa(p.Pid())
+	var memory, tasks bool
+	for _, dir := range helper.Dirs {
+		procs, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		if err != nil || !slices.Contains(strings.Fields(string(procs)), pid) {
+			t.Errorf("%s lists %q (%v), want the proxy's pid %s", dir, procs, err, pid)
+		}
+		for _, f := range []struct {
+			file, want string
+			seen       *bool
+		}{
+			{"memory.limit_in_bytes", "100663296", &memory}, {"memory.max", "100663296", &memory}, {"pids.max", "50", &tasks},
+		} {
+			if b, err := os.ReadFile(filepath.Join(dir, f.file)); err == nil {
+				*f.seen = true
+				if got := strings.TrimSpace(string(b)); got != f.want {
+					t.Errorf("%s/%s = %s, want %s", dir, f.file, got, f.want)
+				}
+			}
+		}
+	}
+	if !memory || !tasks {
+		t.Errorf("the proxy's cgroups %v limit memory %v, tasks %v; want both", helper.Dirs, memory, tasks)
+	}
+	environ, _ := os.ReadFile("/proc/" + pid + "/environ")
+	if !strings.Contains(string(environ), "GOMEMLIMIT=75497472") {
+		t.Errorf("the proxy's environment has no GOMEMLIMIT of 3/4 of its memory: %q", environ)
+	}
+	p.Stop()
+	for _, dir := range helper.Dirs {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("the proxy's cgroup %s is left after its run: %v", dir, err)
+		}
 	}
 }

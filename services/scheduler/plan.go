@@ -142,6 +142,8 @@ func (s *Service) startEgress(ctx context.Context, plan isolation.Plan, host run
 		CABundle: bundle,
 		// Private CAs the admin gave the scheduler hold for upstreams too.
 		UpstreamCAFile: s.opts.Getenv("SSL_CERT_FILE"),
+		Confine:        s.confineEgress(ctx, plan),
+		MemoryMax:      int64(egressProxyLimits.MemoryMax),
 	})
 	if err != nil {
 		return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start the run's egress proxy", Err: err}
