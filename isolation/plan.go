@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/user"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentproto"
@@ -34,7 +35,11 @@ const (
 type Plan struct {
 	Backend BackendKind `json:"backend"`
 	RunID   string      `json:"run_id,omitempty"`
-	AgentID string      `json:"agent"`
+	// Attempt is the number of the run's start this plan is for (1, 2, …;
+	// 0 for a plan of no start, such as sandbox explain). With RunID it
+	// names what the sandbox leaves on the host (AttemptName).
+	Attempt int    `json:"attempt,omitempty"`
+	AgentID string `json:"agent"`
 	// AgentBinary is the host path of berth-agent.
 	AgentBinary string `json:"agent_binary"`
 	// RunAs is the name of the unprivileged user the agent runs as; User is
@@ -68,6 +73,31 @@ type Plan struct {
 	// drained once it ended.
 	Timeout   time.Duration `json:"timeout"`
 	KillGrace time.Duration `json:"kill_grace"`
+}
+
+// AttemptName names what one attempt of a run leaves on the host: its
+// container, transient unit, cgroup and egress directory. A run started again
+// after a crash keeps its id, so only the attempt tells a dead start's
+// leftovers from the live one's. Attempt 0 is the run id alone.
+func AttemptName(runID string, attempt int) string {
+	if attempt <= 0 {
+		return runID
+	}
+	return runID + "-" + strconv.Itoa(attempt)
+}
+
+// ParseAttemptName splits an AttemptName; a name without a valid attempt
+// is (name, 0).
+func ParseAttemptName(name string) (runID string, attempt int) {
+	i := strings.LastIndexByte(name, '-')
+	if i < 0 {
+		return name, 0
+	}
+	n, err := strconv.Atoi(name[i+1:])
+	if err != nil || n <= 0 || strconv.Itoa(n) != name[i+1:] { // AttemptName's spelling only
+		return name, 0
+	}
+	return name[:i], n
 }
 
 // RunUser is a looked-up run user.

@@ -30,6 +30,8 @@ func main() {
 				Deliverer: scheduler.BusDeliverer{Conn: env.Bus},
 				Images:    scheduler.BusImages{Conn: env.Bus},
 				Logger:    env.Log,
+				// Crash tests only: hold a start where the test kills us.
+				Hold: scheduler.HoldAtFiles(os.Getenv("BERTH_TEST_HOLD_DIR")),
 			})
 		},
 		Progress: (*scheduler.Service).LastProgress,

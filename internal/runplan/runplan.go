@@ -97,7 +97,14 @@ type Explanation struct {
 // (unknown agent, missing key, provider without network) is refused with an
 // *isolation.RunError.
 func Compile(cfg *config.Config, agentID, runID string, host HostFacts) (isolation.Plan, error) {
-	c, err := compile(cfg, agentID, runID, host)
+	return CompileAttempt(cfg, agentID, runID, 0, host)
+}
+
+// CompileAttempt is Compile for the run's start number attempt: the plan
+// carries it, and it names the run's egress directory
+// (isolation.AttemptName), so a dead attempt's is told from the live one's.
+func CompileAttempt(cfg *config.Config, agentID, runID string, attempt int, host HostFacts) (isolation.Plan, error) {
+	c, err := compile(cfg, agentID, runID, attempt, host)
 	if err != nil {
 		return isolation.Plan{}, err
 	}
@@ -109,7 +116,7 @@ func Compile(cfg *config.Config, agentID, runID string, host HostFacts) (isolati
 
 // Explain returns the plan a run of agentID would get, without keys, and why.
 func Explain(cfg *config.Config, agentID string, host HostFacts) (Explanation, error) {
-	c, err := compile(cfg, agentID, "", host)
+	c, err := compile(cfg, agentID, "", 0, host)
 	if err != nil {
 		return Explanation{}, err
 	}
@@ -126,7 +133,7 @@ type compiled struct {
 	problems []*isolation.RunError
 }
 
-func compile(cfg *config.Config, agentID, runID string, host HostFacts) (compiled, error) {
+func compile(cfg *config.Config, agentID, runID string, attempt int, host HostFacts) (compiled, error) {
 	if cfg == nil {
 		return compiled{}, errors.New("cannot compile a run plan: no configuration")
 	}
@@ -136,7 +143,7 @@ func compile(cfg *config.Config, agentID, runID string, host HostFacts) (compile
 	}
 	c := compiled{why: map[string]string{}}
 	p := &c.plan
-	p.RunID, p.AgentID = runID, a.ID
+	p.RunID, p.Attempt, p.AgentID = runID, attempt, a.ID
 	p.AgentBinary = cfg.Scheduler.AgentBinary
 	p.RunAs = cfg.Scheduler.RunAs
 	p.User = host.RunUser
@@ -352,10 +359,10 @@ var defaultEndpoints = map[string]string{
 // direct network (an admin's opt-in) or with nothing to reach gets none.
 // maxSocketPath is what sun_path holds besides its terminating NUL;
 // runIDLength is the length of the scheduler's run ids
-// (20261201T113402_018006016_6bcbbdf01b).
+// (20261201T113402_018006016_6bcbbdf01b) with room for an attempt ("-99").
 const (
 	maxSocketPath = 107
-	runIDLength   = 36
+	runIDLength   = 36 + 3
 )
 
 func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts) {
@@ -397,7 +404,7 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 	if dir == "" {
 		dir = filepath.Join(host.StateDir, "egress")
 	}
-	runDir := filepath.Join(dir, p.RunID)
+	runDir := filepath.Join(dir, isolation.AttemptName(p.RunID, p.Attempt))
 	if p.RunID == "" {
 		runDir = filepath.Join(dir, "<run id>")
 	}

@@ -10,10 +10,12 @@
 // ports, no engine socket) and berth-agent still confines itself with
 // Landlock inside (isolation.ContainerPolicy).
 //
-// Every container carries labels: berth.run (or berth.pool for a warm
-// container that has no run yet), berth.agent, berth.config-hash and
-// berth.instance (which scheduler made it), so Sweep can remove what a
-// crashed scheduler left behind without touching anyone else's containers.
+// Every container carries labels: berth.run and berth.attempt (or
+// berth.pool for a warm container that has no run yet), berth.agent,
+// berth.config-hash and berth.instance (which scheduler made it), so Sweep
+// can remove what a crashed scheduler left behind — a dead attempt of a run
+// that is running again included — without touching anyone else's
+// containers.
 //
 // With container_mode.warm = N the backend keeps N containers per agent
 // started and blocked on their stdin (pool.go); a run takes one, and it is
@@ -39,6 +41,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -59,7 +62,11 @@ const Name = "container"
 
 // Labels on every container berth creates.
 const (
-	LabelRun        = "berth.run"
+	LabelRun = "berth.run"
+	// LabelAttempt is the number of the run's start the container is for
+	// (isolation.Plan.Attempt): a run started again after a crash keeps
+	// its berth.run.
+	LabelAttempt    = "berth.attempt"
 	LabelAgent      = "berth.agent"
 	LabelConfigHash = "berth.config-hash"
 	LabelInstance   = "berth.instance"
@@ -373,6 +380,7 @@ func (b *Backend) prepare(ctx context.Context, p isolation.Plan) (prepared, erro
 		AttachStdin: true, AttachStdout: true, AttachStderr: true,
 		Labels: map[string]string{
 			LabelRun:      p.RunID,
+			LabelAttempt:  strconv.Itoa(p.Attempt),
 			LabelAgent:    p.AgentID,
 			LabelInstance: b.instance,
 		},
@@ -461,7 +469,7 @@ func (b *Backend) start(ctx context.Context, spec isolation.Spec, input []byte, 
 	if s == nil {
 		created := time.Now()
 		createCtx, cancel := b.call(context.WithoutCancel(ctx))
-		c, err := b.cli.ContainerCreate(createCtx, client.ContainerCreateOptions{Config: p.config, HostConfig: p.host, Name: containerName(spec.RunID)})
+		c, err := b.cli.ContainerCreate(createCtx, client.ContainerCreateOptions{Config: p.config, HostConfig: p.host, Name: containerName(isolation.AttemptName(spec.RunID, spec.Attempt))})
 		cancel()
 		if err != nil {
 			if errors.Is(err, context.DeadlineExceeded) {
@@ -740,9 +748,12 @@ func (b *Backend) Kill(ctx context.Context, handle string) error {
 	return nil
 }
 
-// Sweep removes this instance's containers whose run keep does not claim:
-// what a crashed scheduler left behind. It returns the runs it cleaned up.
-func (b *Backend) Sweep(ctx context.Context, keep func(runID string) bool) ([]string, error) {
+// Sweep removes this instance's containers whose run and attempt live does
+// not claim (nil claims none): what a crashed scheduler left behind, also
+// when the run is running again in another attempt. A container without a
+// berth.attempt label is of attempt 0, which no start has. It returns the
+// runs it cleaned up.
+func (b *Backend) Sweep(ctx context.Context, live func(runID string, attempt int) bool) ([]string, error) {
 	listCtx, cancel := b.call(ctx)
 	list, err := b.cli.ContainerList(listCtx, client.ContainerListOptions{
 		All:     true,
@@ -769,7 +780,8 @@ func (b *Backend) Sweep(ctx context.Context, keep func(runID string) bool) ([]st
 			b.log.Info("removed a warm container left behind by an earlier scheduler", "container", c.ID, "agent", c.Labels[LabelPool])
 			continue
 		}
-		if keep != nil && keep(run) {
+		attempt, _ := strconv.Atoi(c.Labels[LabelAttempt])
+		if live != nil && live(run, attempt) {
 			continue
 		}
 		if err := b.Kill(ctx, handlePrefix+c.ID); err != nil {

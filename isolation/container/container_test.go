@@ -442,7 +442,7 @@ func TestSweepRemovesOrphansOfItsOwnInstanceOnly(t *testing.T) {
 		t.Fatalf("another instance's sweep removed %v (%v); want nothing", removed, err)
 	}
 	restarted := newBackend(t, cli) // same instance: a restarted scheduler
-	if removed, err := restarted.Sweep(ctx, func(run string) bool { return run != s.RunID }); err != nil || len(removed) != 1 || removed[0] != s.RunID {
+	if removed, err := restarted.Sweep(ctx, func(run string, _ int) bool { return run != s.RunID }); err != nil || len(removed) != 1 || removed[0] != s.RunID {
 		t.Fatalf("sweep removed %v (%v); want run %s", removed, err, s.RunID)
 	}
 	select {

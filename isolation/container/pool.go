@@ -119,7 +119,7 @@ func (b *Backend) PoolSize(agent string) int {
 
 // templateOf strips what belongs to one run from a spec.
 func templateOf(s isolation.Spec) isolation.Spec {
-	s.RunID = ""
+	s.RunID, s.Attempt = "", 0
 	s.Request = agentproto.Request{}
 	s.OnStart = nil
 	return s
@@ -262,6 +262,7 @@ func (b *Backend) startMember(ctx context.Context, agent string, p prepared) (*s
 	cfg := *p.config
 	cfg.Labels = maps.Clone(p.config.Labels)
 	delete(cfg.Labels, LabelRun)
+	delete(cfg.Labels, LabelAttempt)
 	cfg.Labels[LabelPool] = agent
 	var r [3]byte
 	_, _ = rand.Read(r[:])

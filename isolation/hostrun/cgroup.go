@@ -18,7 +18,7 @@ import (
 )
 
 // Without systemd a host run still gets a cgroup of its own where one is
-// writable (ADR 13): <the scheduler's own cgroup>/berth-runs/<run id>.<pid>,
+// writable (ADR 13): <the scheduler's own cgroup>/berth-runs/<run id>-<attempt>.<pid>,
 // with the memory (no swap), pids and CPU limits of the plan. The agent's
 // pid is written into it before it gets its request, so every process of
 // the run is born inside it; the run's end kills what is left in it and

@@ -84,7 +84,7 @@ type runLimits interface {
 func newRunLimits(spec isolation.Spec) (runLimits, error) {
 	host, err := probeCgroupsOnce()
 	if err == nil {
-		return newCgroupLimits(host, spec.RunID, limitsOf(spec.Limits), spec.Timeout), nil
+		return newCgroupLimits(host, isolation.AttemptName(spec.RunID, spec.Attempt), limitsOf(spec.Limits), spec.Timeout), nil
 	}
 	if spec.Limits.RlimitFallback {
 		return rlimitLimits{l: spec.Limits, timeout: spec.Timeout}, nil
@@ -177,10 +177,10 @@ func egressHolds(p isolation.Plan) []string {
 // cgroupHolds are Explain's lines for a run in a cgroup of host: the files
 // and values the run's cgroup gets, where, and what is kept as rlimits.
 func cgroupHolds(host cgroupHost, p isolation.Plan) (holds, missing []string) {
-	c := newCgroupLimits(host, p.RunID, limitsOf(p.Limits), p.Timeout)
+	c := newCgroupLimits(host, isolation.AttemptName(p.RunID, p.Attempt), limitsOf(p.Limits), p.Timeout)
 	name := c.name
 	if p.RunID == "" {
-		name = "<run id>." + strconv.Itoa(os.Getpid())
+		name = "<run id>-<attempt>." + strconv.Itoa(os.Getpid())
 	}
 	for _, parent := range host.parents {
 		var vals []string

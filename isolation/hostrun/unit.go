@@ -20,7 +20,7 @@ import (
 	"github.com/berth-dev/berth/isolation"
 )
 
-// Under systemd a host run is a transient service, berth-run-<run id>.service
+// Under systemd a host run is a transient service, berth-run-<run id>-<attempt>.service
 // in berth-runs.slice, started by PID 1 through its private D-Bus socket
 // (root only). The unit gets the cgroup limits (MemoryMax, TasksMax,
 // CPUQuota, RuntimeMaxSec) and the sandboxing (ProtectSystem=strict,
@@ -124,7 +124,7 @@ func newUnitRun(spec isolation.Spec, input []byte, cred *syscall.Credential) uni
 // startUnit starts the agent as a transient unit with the request waiting
 // on its stdin.
 func startUnit(ctx context.Context, u unitRun, stdout, stderr io.Writer) (isolation.Sandbox, error) {
-	name := UnitName(u.spec.RunID)
+	name := UnitName(isolation.AttemptName(u.spec.RunID, u.spec.Attempt))
 	// Not ctx itself: godbus closes a connection when its context is done,
 	// and a canceled run still needs this one to stop its unit.
 	conn, err := sdbus.NewSystemdConnectionContext(context.WithoutCancel(ctx))
@@ -150,9 +150,12 @@ func startUnit(ctx context.Context, u unitRun, stdout, stderr io.Writer) (isolat
 	}
 	stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW := pipes[0], pipes[1], pipes[2], pipes[3], pipes[4], pipes[5]
 
-	// A unit left by an earlier attempt of this run (a scheduler that died)
-	// must not block the name.
-	stopUnit(ctx, conn, name)
+	// Units left by earlier attempts of this run (a scheduler that died
+	// before their handle was committed) end now, and a unit left under
+	// this very name must not block it.
+	for n := range u.spec.Attempt + 1 {
+		stopUnit(ctx, conn, UnitName(isolation.AttemptName(u.spec.RunID, n)))
+	}
 
 	props := unitProperties(u, name, int(stdinR.Fd()), int(stdoutW.Fd()), int(stderrW.Fd()))
 	startCtx, cancel := context.WithTimeout(ctx, unitCallTimeout)

@@ -106,6 +106,7 @@ func (s *Service) claim() ([]Run, error) {
 				ctx, cancel := context.WithCancelCause(context.Background())
 				a = &activeRun{agent: r.Agent, ctx: ctx, cancel: cancel, done: make(chan struct{})}
 			}
+			a.attempt = r.Attempt
 			delete(earlier, r.ID)
 			s.active[r.ID] = a
 			registered = append(registered, a)

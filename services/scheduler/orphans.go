@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -10,22 +11,46 @@ import (
 )
 
 // Sweeper is a backend that finds its sandboxes by itself (containers carry
-// their run id in a label), so it can remove what a crashed scheduler left
-// behind even when no handle was recorded for it.
+// their run id and attempt in labels), so it can remove what a crashed
+// scheduler left behind even when no handle was recorded for it.
 type Sweeper interface {
-	// Sweep removes the sandboxes whose run keep does not claim and returns
-	// their run ids.
-	Sweep(ctx context.Context, keep func(runID string) bool) ([]string, error)
+	// Sweep removes the sandboxes whose run and attempt live does not claim
+	// and returns their run ids.
+	Sweep(ctx context.Context, live func(runID string, attempt int) bool) ([]string, error)
 }
 
-// sweepTimeout bounds the sweep at start.
-const sweepTimeout = 30 * time.Second
+const (
+	// sweepTimeout bounds one sweep of one backend.
+	sweepTimeout = 30 * time.Second
+	// sweepInterval is how often the sweep runs again after the one at
+	// start: it finds what that one could not remove (an engine that was
+	// down) or could not see yet (a create the engine finished after the
+	// crash).
+	sweepInterval = 2 * time.Minute
+)
 
-// sweepOrphans runs once after reconcile. Each sweeper works in the
-// background, bounded by sweepTimeout, so an engine that does not answer
-// holds up nothing: dispatch starts at once. That is safe because a run is
-// active (isActive) before its sandbox exists, so a sweep never takes a
-// sandbox of this process.
+// sweepLoop sweeps once after reconcile and then every sweepInterval until
+// ctx is done. Dispatch does not wait for it: a sweep never takes what this
+// process runs, because a run is active with its attempt (isLiveAttempt)
+// before its sandbox exists, and anything of a run that is not its live
+// attempt is an orphan: a run queued again after a crash keeps its id, and
+// the dead attempt's sandbox must not be kept for the live one's sake.
+func (s *Service) sweepLoop(ctx context.Context) {
+	ticker := s.clock.NewTicker(sweepInterval)
+	defer ticker.Stop()
+	for {
+		s.sweepOrphans(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.Chan():
+		}
+	}
+}
+
+// sweepOrphans is one pass over the egress directories and every sweeping
+// backend. Each backend is bounded by sweepTimeout, so an engine that does
+// not answer holds up nothing but its own sweep.
 func (s *Service) sweepOrphans(ctx context.Context) {
 	s.sweepEgressDirs()
 	swept := map[isolation.Backend]bool{}
@@ -35,27 +60,27 @@ func (s *Service) sweepOrphans(ctx context.Context) {
 			continue
 		}
 		swept[b] = true
-		go s.sweep(ctx, name, sw)
+		s.sweep(ctx, name, sw)
 	}
 }
 
 func (s *Service) sweep(ctx context.Context, name string, sw Sweeper) {
-	ctx, cancel := context.WithTimeout(ctx, sweepTimeout)
-	defer cancel()
-	removed, err := sw.Sweep(ctx, s.isActive)
+	sweepCtx, cancel := context.WithTimeout(ctx, sweepTimeout)
+	removed, err := sw.Sweep(sweepCtx, s.isLiveAttempt)
+	cancel()
 	for _, run := range removed {
-		s.log.Warn("removed a sandbox left behind by an earlier scheduler", "backend", name, "run_id", run)
+		s.log.Warn("removed a sandbox left behind by an earlier attempt or scheduler", "backend", name, "run_id", run)
 	}
-	if err != nil {
+	if err != nil && ctx.Err() == nil { // not a stop
 		// Some were not removed: they keep running (and using the agent's
-		// workspace) until a later start removes them.
-		s.log.Error("cannot remove every sandbox left behind by an earlier scheduler; they may still be running", "backend", name, "removed", len(removed), "err", err)
+		// workspace) until a later sweep removes them.
+		s.log.Error("cannot remove every sandbox left behind by an earlier attempt or scheduler; the next sweep tries again", "backend", name, "removed", len(removed), "err", err)
 	}
 }
 
-// sweepEgressDirs removes the egress socket directories of runs this
-// process does not run: a crashed scheduler's proxies ended with it (their
-// stdin closed), their directories did not.
+// sweepEgressDirs removes the egress socket directories that are not of a
+// live attempt (named isolation.AttemptName): a crashed scheduler's proxies
+// ended with it (their stdin closed), their directories did not.
 func (s *Service) sweepEgressDirs() {
 	root := filepath.Join(s.stateDir, "egress")
 	entries, err := os.ReadDir(root)
@@ -63,19 +88,56 @@ func (s *Service) sweepEgressDirs() {
 		return
 	}
 	for _, e := range entries {
-		if !e.IsDir() || s.isActive(e.Name()) {
+		if !e.IsDir() || s.isLiveAttempt(isolation.ParseAttemptName(e.Name())) {
 			continue
 		}
 		if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
-			s.log.Warn("cannot remove an egress directory left behind", "run_id", e.Name(), "err", err)
+			s.log.Warn("cannot remove an egress directory left behind", "directory", e.Name(), "err", err)
 		}
 	}
 }
 
-// isActive reports whether this process runs runID.
-func (s *Service) isActive(runID string) bool {
+// isLiveAttempt reports whether this process runs attempt of runID.
+func (s *Service) isLiveAttempt(runID string, attempt int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.active[runID]
-	return ok
+	a, ok := s.active[runID]
+	return ok && a.attempt == attempt
+}
+
+// Points of a start where Options.Hold is called.
+const (
+	// HoldBeforeHandle: the sandbox exists, its handle is not committed.
+	HoldBeforeHandle = "before-handle"
+	// HoldBeforeAnswer: the handle is committed, the answer is not in.
+	HoldBeforeAnswer = "before-answer"
+)
+
+// hold calls Options.Hold, if any, at point of r's start.
+func (s *Service) hold(ctx context.Context, point string, r Run) {
+	if s.opts.Hold != nil {
+		s.opts.Hold(ctx, point, r.ID, r.Attempt)
+	}
+}
+
+// HoldAtFiles is an Options.Hold for crash tests, nil when dir is "": a
+// start reaching a point for which the test made the file dir/<point>
+// removes that file (so the restarted scheduler goes past it), writes
+// dir/<point>.reached ("<run id> <attempt>") and blocks until its run ends,
+// while the test kills the scheduler. berth-scheduler sets it from
+// BERTH_TEST_HOLD_DIR, which nothing but a test sets.
+func HoldAtFiles(dir string) func(ctx context.Context, point, runID string, attempt int) {
+	if dir == "" {
+		return nil
+	}
+	return func(ctx context.Context, point, runID string, attempt int) {
+		if os.Remove(filepath.Join(dir, point)) != nil {
+			return // not asked for, or taken by another run
+		}
+		reached := fmt.Appendf(nil, "%s %d\n", runID, attempt)
+		if err := os.WriteFile(filepath.Join(dir, point+".reached"), reached, 0o644); err != nil {
+			return
+		}
+		<-ctx.Done()
+	}
 }

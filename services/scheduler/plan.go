@@ -44,7 +44,7 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 	if err := s.readyWorkspace(ctx, agent, host.RunUser); err != nil {
 		return res, backend, err
 	}
-	plan, err := runplan.Compile(cfg, agent.ID, r.ID, host)
+	plan, err := runplan.CompileAttempt(cfg, agent.ID, r.ID, r.Attempt, host)
 	if err != nil {
 		if isolation.ReasonOf(err) == "" {
 			err = &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
@@ -82,7 +82,14 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 	spec := isolation.Spec{
 		Plan:    plan,
 		Request: req,
-		OnStart: func(handle string) error { return s.saveHandle(r.ID, backend, handle) },
+		OnStart: func(handle string) error {
+			s.hold(ctx, HoldBeforeHandle, r)
+			if err := s.saveHandle(r.ID, backend, handle); err != nil {
+				return err
+			}
+			s.hold(ctx, HoldBeforeAnswer, r)
+			return nil
+		},
 	}
 	if plan.Network.Allowed {
 		s.log.Warn("run has a direct, unfiltered network (an admin's opt-in); its provider keys travel on stdin",

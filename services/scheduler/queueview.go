@@ -161,6 +161,8 @@ func (v *queueView) claimFromView(tx *bolt.Tx, n int, busy map[string]bool, now 
 		busy[r.Agent] = true
 		r.State = StateRunning
 		r.Attempts++
+		// A record from before Attempt existed counts its earlier starts.
+		r.Attempt = max(r.Attempt, r.Attempts-1) + 1
 		r.StartedAt = now
 		r.Handle = ""
 		if err := putRun(tx, r); err != nil {

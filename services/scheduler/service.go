@@ -81,6 +81,10 @@ type Options struct {
 	// Clock is the time of everything the scheduler times: run records,
 	// retries, retention, the dispatcher's pace. Nil means the real clock.
 	Clock clockwork.Clock
+	// Hold, when set, is called at the points of a start named Hold* and
+	// may block until ctx (the run's) ends: crash tests kill the scheduler
+	// there (HoldAtFiles). Nil in production.
+	Hold func(ctx context.Context, point, runID string, attempt int)
 }
 
 // Service is berth-scheduler: the store, the dispatcher, the deliveries and
@@ -124,10 +128,11 @@ type Service struct {
 }
 
 type activeRun struct {
-	agent  string
-	ctx    context.Context // the run's; canceled with errShutdown or errCanceledByUser
-	cancel context.CancelCauseFunc
-	done   chan struct{}
+	agent   string
+	attempt int             // Run.Attempt of the start this process runs
+	ctx     context.Context // the run's; canceled with errShutdown or errCanceledByUser
+	cancel  context.CancelCauseFunc
+	done    chan struct{}
 }
 
 // New opens <stateDir>/scheduler.db. Call Close when done.
@@ -229,7 +234,6 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.queue.reset() // reconcile and an earlier stop put runs back under old keys
 	s.markProgress()
-	s.sweepOrphans(ctx)
 	s.warming.Store(true)
 	loopCtx, stopLoops := context.WithCancel(ctx)
 	defer stopLoops()
@@ -245,6 +249,7 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 	})
 	loops.Go(func() { s.retentionLoop(loopCtx) })
+	loops.Go(func() { s.sweepLoop(loopCtx) })
 	s.publishCounts()
 	ticker := s.clock.NewTicker(progressInterval)
 	defer ticker.Stop()

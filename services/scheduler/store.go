@@ -89,6 +89,12 @@ type Run struct {
 	FinishedAt    time.Time                  `json:"finished_at,omitzero"`
 	Delivered     bool                       `json:"delivered"`
 	Seq           uint64                     `json:"seq"` // key in queue/
+
+	// Attempt numbers the run's latest start (1, 2, …) and is never handed
+	// back: committed with the claim, before the start makes anything, it
+	// names what that start leaves on the host (isolation.AttemptName), so
+	// the sweep tells a dead attempt's sandbox from the live one's.
+	Attempt int `json:"attempt,omitempty"`
 }
 
 // Summary is what ListRuns returns of a run, stored in summaries/ so that a
