@@ -236,9 +236,17 @@ func TestTheKeyGoesOnlyToTheProvidersEndpoints(t *testing.T) {
 // rawRequest sends one origin-form request to the proxy exactly as given.
 func rawRequest(t *testing.T, socket, method, target, body string, hdr http.Header) (int, string) {
 	t.Helper()
-	conn, err := net.Dial("unix", socket)
+	code, answer, err := sendRaw(socket, method, target, body, hdr)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return code, answer
+}
+
+func sendRaw(socket, method, target, body string, hdr http.Header) (int, string, error) {
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		return 0, "", err
 	}
 	defer conn.Close()
 	var extra strings.Builder
@@ -251,11 +259,11 @@ func rawRequest(t *testing.T, socket, method, target, body string, hdr http.Head
 		method, target, token, len(body), extra.String(), body)
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
-		t.Fatal(err)
+		return 0, "", err
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, string(b), nil
 }
 
 // A provider call carries only what it needs: the sandbox cannot choose
