@@ -25,19 +25,55 @@ type MaskedDir struct {
 	// Mode and Size are the tmpfs's mount options.
 	Mode string
 	Size string
+	// Scratch marks the run's own /tmp and /var/tmp: the agent may write
+	// there (its Landlock rules grant it read-write) and run what it wrote,
+	// as in a container's /tmp; the socket masks are noexec.
+	Scratch bool
 }
+
+// ScratchSize is the size of a host run's /tmp and /var/tmp, as the
+// container's /tmp.
+const ScratchSize = "256m"
 
 // MaskedDirs are the socket directories of the host: /run (the system bus,
 // the journal, systemd's and every service's sockets, users' runtime dirs),
-// /var/run when it is not a link to /run, X11 and ICE sockets, and /dev/shm
-// (POSIX shared memory, which the run's IPC namespace does not cover).
-// Missing ones are skipped.
+// /var/run when it is not a link to /run, /tmp and /var/tmp (a world-writable
+// socket there — PostgreSQL's, tmux's, an X server's, a private bus — is
+// reachable by any user; the run gets fresh ones of its own), X11 and ICE
+// sockets (only where /tmp is not masked as a whole), and /dev/shm (POSIX
+// shared memory, which the run's IPC namespace does not cover). Missing ones
+// are skipped.
 var MaskedDirs = []MaskedDir{
 	{Path: "/run", Mode: "0755", Size: "1m"},
 	{Path: "/var/run", Mode: "0755", Size: "1m"},
+	{Path: "/tmp", Mode: "1777", Size: ScratchSize, Scratch: true},
+	{Path: "/var/tmp", Mode: "1777", Size: ScratchSize, Scratch: true},
 	{Path: "/tmp/.X11-unix", Mode: "1777", Size: "64k"},
 	{Path: "/tmp/.ICE-unix", Mode: "1777", Size: "64k"},
 	{Path: "/dev/shm", Mode: "1777", Size: "64m"},
+}
+
+// mountOptions are the tmpfs options of m, in mount(8)'s and systemd's
+// TemporaryFileSystem= syntax (without the flags).
+func (m MaskedDir) mountOptions() string { return "mode=" + m.Mode + ",size=" + m.Size }
+
+// mountFlags are the tmpfs's flags: no set-uid files or devices anywhere,
+// and nothing run from a socket mask.
+func (m MaskedDir) mountFlags() uintptr {
+	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
+	if !m.Scratch {
+		flags |= unix.MS_NOEXEC
+	}
+	return flags
+}
+
+// UnitOptions are m's options as a TemporaryFileSystem= entry takes them.
+func (m MaskedDir) UnitOptions() string {
+	opts := m.mountOptions() + ",nosuid,nodev"
+	if !m.Scratch {
+		opts += ",noexec"
+	}
+	return opts
 }
 
 // MaskEnv, set to "1" in berth-agent's environment, tells it that it runs in
@@ -47,17 +83,70 @@ var MaskedDirs = []MaskedDir{
 const MaskEnv = "BERTH_MASK_SOCKET_DIRS"
 
 // Masked reports the directories of MaskedDirs that exist here as
-// directories of their own (not links), in order: what MaskSocketDirs masks.
+// directories of their own (not links), in order, but those inside another
+// one (a mask over /tmp hides /tmp/.X11-unix already): what MaskSocketDirs
+// masks.
 func Masked() []MaskedDir {
 	var out []MaskedDir
 	for _, m := range MaskedDirs {
 		fi, err := os.Lstat(m.Path)
-		if err != nil || !fi.IsDir() {
+		if err != nil || !fi.IsDir() || insideAny(out, m.Path) {
 			continue
 		}
 		out = append(out, m)
 	}
 	return out
+}
+
+// RunMasks are Masked plus the directory holding every run's egress
+// directory (the parent of egressSocket's directory; egressSocket "" for a
+// run without one): a run sees its own egress directory there, bound back,
+// and no other run's socket. A root that lies inside a mask is hidden
+// already; one that is / or holds a masked directory is left alone (an
+// egress_dir that odd would hide the system with it).
+func RunMasks(egressSocket string) []MaskedDir {
+	masks := Masked()
+	if egressSocket == "" || !filepath.IsAbs(egressSocket) {
+		return masks
+	}
+	root := filepath.Dir(filepath.Dir(filepath.Clean(egressSocket)))
+	if real, err := filepath.EvalSymlinks(root); err == nil {
+		root = real
+	}
+	if root == "/" || insideAny(masks, root) {
+		return masks
+	}
+	for _, m := range masks {
+		if m.Path == root || strings.HasPrefix(m.Path, root+"/") {
+			return masks
+		}
+	}
+	if fi, err := os.Lstat(root); err != nil || !fi.IsDir() {
+		return masks
+	}
+	return append(masks, MaskedDir{Path: root, Mode: "0755", Size: "1m"})
+}
+
+// ScratchDirs are the paths of the scratch masks among masks: the run's own
+// /tmp and /var/tmp, which its Landlock rules make read-write.
+func ScratchDirs(masks []MaskedDir) []string {
+	var out []string
+	for _, m := range masks {
+		if m.Scratch {
+			out = append(out, m.Path)
+		}
+	}
+	return out
+}
+
+// insideAny says whether path lies strictly inside one of masks.
+func insideAny(masks []MaskedDir, path string) bool {
+	for _, m := range masks {
+		if strings.HasPrefix(path, m.Path+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // KeepVisible are the paths of a run that its masks must not hide: its
@@ -104,18 +193,17 @@ func KeepPaths(masks []MaskedDir, keep []string) []string {
 	return out
 }
 
-// MaskSocketDirs masks MaskedDirs in the calling thread's mount namespace,
+// MaskSocketDirs masks masks (RunMasks) in the calling thread's mount namespace,
 // which must be its own (unshared, or made with the process) and in which
 // it holds CAP_SYS_ADMIN: it makes every mount private (nothing propagates
 // back to the host), mounts an empty tmpfs on each masked directory and binds
 // each of keep that a mask hides back to where it was. It returns what it
 // masked. It stops at the first failure, saying what failed; the caller must
 // then not start the run.
-func MaskSocketDirs(keep []string) ([]string, error) {
+func MaskSocketDirs(masks []MaskedDir, keep []string) ([]string, error) {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return nil, fmt.Errorf("cannot make the run's mounts private: %w", err)
 	}
-	masks := Masked()
 	// The kept paths are opened before the masks hide them, and bound back
 	// from those descriptors afterwards.
 	type kept struct {
@@ -146,8 +234,7 @@ func MaskSocketDirs(keep []string) ([]string, error) {
 	}
 	var done []string
 	for _, m := range masks {
-		opts := "mode=" + m.Mode + ",size=" + m.Size
-		if err := unix.Mount("tmpfs", m.Path, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
+		if err := unix.Mount("tmpfs", m.Path, "tmpfs", m.mountFlags(), m.mountOptions()); err != nil {
 			return done, fmt.Errorf("cannot mask %s: %w", m.Path, err)
 		}
 		done = append(done, m.Path)

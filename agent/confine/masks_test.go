@@ -4,9 +4,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/testenv"
 )
 
 // What a mask would hide of a plan's paths is bound back; a path that is a
@@ -73,6 +75,61 @@ func TestARunsOwnPathsStayVisibleUnderTheMasks(t *testing.T) {
 			got := KeepPaths(masks, KeepVisible(at("ws"), at("bin/berth-agent"), policy, tc.egressSocket))
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("kept %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// A run sees its own /tmp and /var/tmp (the X11 and ICE masks under /tmp
+// are then needless) and, of the directory holding every run's egress
+// directory, only its own; an egress root inside a mask or around one is
+// left as it is.
+func TestRunMasksCoverTmpAndOtherRunsEgressDirectories(t *testing.T) {
+	t.Parallel()
+	paths := func(masks []MaskedDir) []string {
+		var out []string
+		for _, m := range masks {
+			out = append(out, m.Path)
+		}
+		return out
+	}
+	host := paths(Masked())
+	for _, dir := range []string{"/tmp", "/var/tmp"} {
+		if fi, err := os.Lstat(dir); err == nil && fi.IsDir() && !slices.Contains(host, dir) {
+			t.Errorf("Masked() = %q lacks %s", host, dir)
+		}
+	}
+	if slices.Contains(host, "/tmp") && slices.ContainsFunc(host, func(p string) bool { return strings.HasPrefix(p, "/tmp/") }) {
+		t.Errorf("Masked() = %q masks inside /tmp, which is masked as a whole", host)
+	}
+	if got := ScratchDirs(Masked()); !slices.Equal(got, slices.DeleteFunc(slices.Clone(host), func(p string) bool { return p != "/tmp" && p != "/var/tmp" })) {
+		t.Errorf("ScratchDirs = %q, want the masked /tmp and /var/tmp of %q", got, host)
+	}
+
+	egressRoot, err := os.MkdirTemp("/var/lib", "berth-test-egress-")
+	testenv.Need(t, err == nil, "cannot make a directory under /var/lib: %v", err)
+	t.Cleanup(func() { os.RemoveAll(egressRoot) })
+	tests := []struct {
+		name   string
+		socket string
+		want   string // the extra mask, "" for none
+	}{
+		{"The_runs_egress_root_is_masked", egressRoot + "/r1/egress.sock", egressRoot},
+		{"A_root_under_a_masked_directory_is_hidden_already", "/tmp/berth-egress/r1/egress.sock", ""},
+		{"A_root_that_holds_a_masked_directory_is_left_alone", "/var/r1/egress.sock", ""},
+		{"The_file_systems_root_is_left_alone", "/r1/egress.sock", ""},
+		{"A_run_without_egress_gets_the_hosts_masks", "", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got := paths(RunMasks(tc.socket))
+			want := host
+			if tc.want != "" {
+				want = append(slices.Clone(host), tc.want)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("RunMasks(%q) = %q, want %q", tc.socket, got, want)
 			}
 		})
 	}

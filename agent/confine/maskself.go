@@ -14,7 +14,8 @@ import (
 
 // MaskSelf masks the host's socket directories when the runner asked for it
 // (MaskEnv: a non-root scheduler started berth-agent in user, mount and IPC
-// namespaces of its own, with CAP_SYS_ADMIN there), keeping visible what the
+// namespaces of its own, with CAP_SYS_ADMIN there) and the other runs' egress
+// directories (RunMasks), keeping visible what the
 // request names: its workspace, its policy's allow paths, its egress socket's
 // directory and berth-agent itself. It then gives up CAP_SYS_ADMIN (every
 // capability but CAP_NET_ADMIN, which the egress proxy's loopback still needs
@@ -35,7 +36,7 @@ func MaskSelf(req agentproto.Request) ([]string, error) {
 	if req.Egress != nil {
 		egressSocket = req.Egress.Socket
 	}
-	masked, err := MaskSocketDirs(KeepVisible(req.Workspace, self, req.Policy, egressSocket))
+	masked, err := MaskSocketDirs(RunMasks(egressSocket), KeepVisible(req.Workspace, self, req.Policy, egressSocket))
 	if err != nil {
 		return masked, err
 	}

@@ -79,6 +79,7 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 	if err != nil {
 		return isolation.Result{}, err
 	}
+	spec.Policy = withScratch(spec.Policy)
 	if r.units() {
 		return isolation.Supervise(ctx, spec, func(ctx context.Context, spec isolation.Spec, input []byte, stdout, stderr io.Writer) (isolation.Sandbox, error) {
 			return startUnit(ctx, newUnitRun(spec, input, cred), stdout, stderr)
@@ -276,11 +277,13 @@ func (p *process) Inspect(context.Context, bool) bool { return p.lim.oomKilled()
 func (p *process) Release() { p.lim.release() }
 
 // Environment is the complete environment of an agent: nothing of the
-// scheduler's own environment except TestLandlockABIEnv.
+// scheduler's own environment except TestLandlockABIEnv. TMPDIR is /tmp, a
+// confined run's own (as a container's is).
 func Environment(workspace string) []string {
 	env := []string{
 		"PATH=" + Path,
 		"HOME=" + workspace,
+		"TMPDIR=/tmp",
 		"LANG=C.UTF-8",
 	}
 	if v, ok := os.LookupEnv(TestLandlockABIEnv); ok {

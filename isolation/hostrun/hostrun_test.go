@@ -135,6 +135,7 @@ func TestRunPassesOnlyTheMinimalEnvironment(t *testing.T) {
 	want := []string{
 		"PATH=/usr/local/bin:/usr/bin:/bin",
 		"HOME=" + s.Workspace,
+		"TMPDIR=/tmp",
 		"LANG=C.UTF-8",
 		hostrun.TestLandlockABIEnv + "=2",
 	}

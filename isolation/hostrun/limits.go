@@ -120,7 +120,7 @@ func (r Runner) Explain(p isolation.Plan) isolation.Confinement {
 			fmt.Sprintf("MemoryMax=%d (cgroup, whole run; swap off)", lim.MemoryMax),
 			fmt.Sprintf("TasksMax=%d (cgroup, whole run)", lim.TasksMax),
 			fmt.Sprintf("CPUQuota=%d%%", lim.CPUQuotaPercent),
-			"PrivateTmp=yes", "NoNewPrivileges=yes", "ProtectSystem=strict (workspace and allow_read_write bound read-write)",
+			"NoNewPrivileges=yes", "ProtectSystem=strict (workspace and allow_read_write bound read-write)",
 			"all processes of the run are killed when it ends (KillMode=control-group)",
 		}}
 		if p.Timeout > 0 {

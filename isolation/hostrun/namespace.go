@@ -2,21 +2,24 @@ package hostrun
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/agent/confine"
+	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/isolation"
 )
 
 // A confined host run (not an unrestricted one) gets a mount namespace in
 // which the host's socket directories are empty tmpfs (confine.MaskedDirs,
-// only the plan's own paths bound back) and an IPC namespace of its own (no
-// SysV queue, semaphore or shared memory segment of another run or of the
-// host). berth-agent adds a syscall filter itself (confine.InstallFilter).
+// only the plan's own paths bound back), /tmp and /var/tmp are fresh tmpfs
+// of 256 MiB of its own, the directory of every run's egress directory shows
+// only its own, and an IPC namespace of its own (no SysV queue, semaphore or
+// shared memory segment of another run or of the host). berth-agent adds a
+// syscall filter itself (confine.InstallFilter).
 //
 // A root scheduler makes both namespaces on the locked thread that starts
 // the agent (as it does the network namespace with loopback) and masks
@@ -24,35 +27,52 @@ import (
 // user namespace from a threaded process, so the agent is cloned into new
 // user, mount and IPC namespaces with an ambient CAP_SYS_ADMIN, and
 // berth-agent masks itself (confine.MaskEnv) before it drops every
-// capability and reads on.
+// capability and reads on. Under systemd the unit's TemporaryFileSystem=
+// does the same (unit.go).
 
 // isolatesHost says whether a run gets the mount and IPC namespaces:
 // every run but an unrestricted one.
 func isolatesHost(spec isolation.Spec) bool { return !spec.Policy.Unrestricted }
 
+// egressSocket is the plan's egress socket as the sandbox sees it, "" for
+// a run without one.
+func egressSocket(p isolation.Plan) string {
+	if p.Egress == nil {
+		return ""
+	}
+	return p.Egress.SandboxSocket
+}
+
 // keepVisible are the paths of a run's plan the masks must not hide
 // (confine.KeepVisible, as berth-agent masking itself keeps them).
 func keepVisible(p isolation.Plan) []string {
-	socket := ""
-	if p.Egress != nil {
-		socket = p.Egress.SandboxSocket
-	}
-	return confine.KeepVisible(p.Workspace, p.AgentBinary, p.Policy, socket)
+	return confine.KeepVisible(p.Workspace, p.AgentBinary, p.Policy, egressSocket(p))
+}
+
+// masks are the directories a run's masks cover (confine.RunMasks).
+func masks(p isolation.Plan) []confine.MaskedDir {
+	return confine.RunMasks(egressSocket(p))
 }
 
 // boundBack are the paths of a plan that the masks would hide, as they are
 // after links (the resolver's file /etc/resolv.conf points to): bound back
 // after the masks, so they stay where they were.
 func boundBack(p isolation.Plan) []string {
-	return confine.KeepPaths(confine.Masked(), keepVisible(p))
+	return confine.KeepPaths(masks(p), keepVisible(p))
 }
 
-// masks are the directories a run's masks cover: those of this host but,
-// for a unit, those under /tmp, which PrivateTmp makes fresh already.
-func masks(unit bool) []confine.MaskedDir {
-	return slices.DeleteFunc(confine.Masked(), func(m confine.MaskedDir) bool {
-		return unit && strings.HasPrefix(m.Path, "/tmp/")
-	})
+// withScratch is a confined run's policy with its own /tmp and /var/tmp
+// read-write: they are fresh tmpfs of the run (the masks), so nothing of the
+// host's or another run's is there to reach.
+func withScratch(p agentproto.Policy) agentproto.Policy {
+	if p.Unrestricted {
+		return p
+	}
+	scratch := confine.ScratchDirs(confine.Masked())
+	p.AllowReadWrite = append(slices.DeleteFunc(slices.Clone(p.AllowReadWrite), func(path string) bool {
+		return slices.Contains(scratch, filepath.Clean(path))
+	}), scratch...)
+	return p
 }
 
 // enterMaskedNamespaces moves the calling thread (locked, and ended with the
@@ -62,7 +82,7 @@ func enterMaskedNamespaces(p isolation.Plan) error {
 	if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_NEWIPC); err != nil {
 		return fmt.Errorf("cannot make mount and IPC namespaces: %w", err)
 	}
-	if _, err := confine.MaskSocketDirs(keepVisible(p)); err != nil {
+	if _, err := confine.MaskSocketDirs(masks(p), keepVisible(p)); err != nil {
 		return err
 	}
 	return nil
@@ -92,10 +112,18 @@ type tmpfsMount struct {
 }
 
 // unitMasks are the TemporaryFileSystem entries of a confined unit.
-func unitMasks() []tmpfsMount {
+func unitMasks(p isolation.Plan) []tmpfsMount {
 	out := []tmpfsMount{}
-	for _, m := range masks(true) {
-		out = append(out, tmpfsMount{Path: m.Path, Options: "mode=" + m.Mode + ",size=" + m.Size + ",nosuid,nodev,noexec"})
+	for _, m := range masks(p) {
+		out = append(out, tmpfsMount{Path: m.Path, Options: m.UnitOptions()})
 	}
 	return out
+}
+
+// unmasked is paths less the masked directories themselves: a bind of /tmp
+// onto /tmp would put the host's back over the run's own.
+func unmasked(paths []string, masks []confine.MaskedDir) []string {
+	return slices.DeleteFunc(slices.Clone(paths), func(path string) bool {
+		return slices.ContainsFunc(masks, func(m confine.MaskedDir) bool { return m.Path == filepath.Clean(path) })
+	})
 }

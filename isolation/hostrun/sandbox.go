@@ -19,14 +19,20 @@ func sandboxHolds(p isolation.Plan, unit bool) (holds, missing []string) {
 			"syscall filter: an unrestricted run has none",
 		}
 	}
-	var dirs []string
-	for _, m := range masks(unit) {
+	var dirs, scratch []string
+	for _, m := range masks(p) {
 		dirs = append(dirs, m.Path)
+		if m.Scratch {
+			scratch = append(scratch, m.Path)
+		}
 	}
 	keeps := boundBack(p)
 	shown := ""
 	if len(keeps) > 0 {
 		shown = "; bound back: " + strings.Join(keeps, ", ")
+	}
+	if len(scratch) > 0 {
+		holds = append(holds, fmt.Sprintf("%s: fresh tmpfs of the run's own (%s each, read-write, gone with the run); TMPDIR=/tmp", strings.Join(scratch, " and "), confine.ScratchSize))
 	}
 	if unit {
 		holds = append(holds,

@@ -22,9 +22,9 @@ func TestSandboxExplainNamesTheNamespacesAndTheFilter(t *testing.T) {
 		wantMissing []string
 	}{
 		{"A_transient_unit_masks_run_with_a_tmpfs_and_has_private_IPC", agentproto.Policy{}, true,
-			[]string{"TemporaryFileSystem=/run", "bound back: /run/berth-test-egress/r1", "PrivateIPC=yes", "KeyringMode=private", "syscall filter", "keyctl, add_key, request_key"}, nil},
+			[]string{"TemporaryFileSystem=/run", "/tmp /var/tmp", "/tmp and /var/tmp: fresh tmpfs of the run's own (256m each", "bound back: /run/berth-test-egress/r1", "PrivateIPC=yes", "KeyringMode=private", "syscall filter", "keyctl, add_key, request_key"}, nil},
 		{"A_plain_process_gets_mount_and_IPC_namespaces_of_its_own", agentproto.Policy{}, false,
-			[]string{"mount namespace: /run", "/dev/shm", "bound back: /run/berth-test-egress/r1", "IPC namespace of the run's own", "syscall filter"}, nil},
+			[]string{"mount namespace: /run", "/dev/shm", "/tmp and /var/tmp: fresh tmpfs of the run's own (256m each", "bound back: /run/berth-test-egress/r1", "IPC namespace of the run's own", "syscall filter"}, nil},
 		{"An_unrestricted_run_says_it_has_none", agentproto.Policy{Unrestricted: true}, false,
 			nil, []string{"mount namespace", "IPC namespace", "syscall filter"}},
 	}

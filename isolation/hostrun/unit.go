@@ -24,8 +24,9 @@ import (
 // in berth-runs.slice, started by PID 1 through its private D-Bus socket
 // (root only). The unit gets the cgroup limits (MemoryMax, TasksMax,
 // CPUQuota, RuntimeMaxSec) and the sandboxing (ProtectSystem=strict,
-// PrivateTmp, NoNewPrivileges, PrivateNetwork, TemporaryFileSystem over the
-// host's socket directories, PrivateIPC) of a hardened service; the agent
+// NoNewPrivileges, PrivateNetwork, TemporaryFileSystem over the host's socket
+// directories, the egress directories of other runs and /tmp and /var/tmp —
+// size-limited, which PrivateTmp is not — PrivateIPC) of a hardened service; the agent
 // still confines itself with Landlock and its syscall filter inside it.
 //
 // The request carries the provider key, so it must reach the agent's stdin
@@ -116,8 +117,8 @@ func newUnitRun(spec isolation.Spec, input []byte, cred *syscall.Credential) uni
 		setpriv:    cred != nil && nameless(cred.Uid),
 		cutNetwork: !spec.Policy.Network,
 		confine:    !spec.Policy.Unrestricted,
-		readWrite:  append([]string{spec.Workspace}, spec.Policy.AllowReadWrite...),
-		readOnly:   spec.Policy.AllowRead,
+		readWrite:  unmasked(append([]string{spec.Workspace}, spec.Policy.AllowReadWrite...), masks(spec.Plan)),
+		readOnly:   unmasked(spec.Policy.AllowRead, masks(spec.Plan)),
 	}
 }
 
@@ -288,7 +289,6 @@ func unitProperties(u unitRun, name string, stdin, stdout, stderr int) []sdbus.P
 		readWrite := append(egressDirs(u.spec.Plan), u.readWrite...)
 		props = append(props,
 			prop("NoNewPrivileges", true),
-			prop("PrivateTmp", true),
 			prop("ProtectSystem", "strict"),
 			prop("ProtectKernelTunables", true),
 			prop("ProtectKernelModules", true),
@@ -296,13 +296,13 @@ func unitProperties(u unitRun, name string, stdin, stdout, stderr int) []sdbus.P
 			prop("RestrictSUIDSGID", true),
 			prop("LockPersonality", true),
 			// Bind mounts, not ReadWritePaths: they also show paths under
-			// /tmp through PrivateTmp. "-" paths may be missing.
+			// the run's own /tmp. "-" paths may be missing.
 			prop("BindPaths", bindPaths(readWrite)),
 			prop("BindReadOnlyPaths", bindPaths(without(append(append([]string{u.spec.AgentBinary}, u.readOnly...), boundBack(u.spec.Plan)...), readWrite))),
-			// The host's socket directories are empty (only the binds above
-			// show what the plan names inside them), SysV IPC is the run's
-			// own, and so is its session keyring.
-			prop("TemporaryFileSystem", unitMasks()),
+			// The host's socket directories, /tmp and /var/tmp are empty
+			// (only the binds above show what the plan names inside them),
+			// SysV IPC is the run's own, and so is its session keyring.
+			prop("TemporaryFileSystem", unitMasks(u.spec.Plan)),
 			prop("PrivateIPC", true),
 			prop("KeyringMode", "private"),
 		)
@@ -324,7 +324,8 @@ type bindPath struct {
 }
 
 // egressDirs is the run's egress socket directory, which the unit must show
-// even when it lies under /tmp (PrivateTmp) or a protected directory.
+// even when it lies under /tmp, a protected directory or the mask over every
+// run's egress directory.
 func egressDirs(p isolation.Plan) []string {
 	if p.Egress == nil {
 		return nil

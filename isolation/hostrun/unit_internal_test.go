@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/testenv"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -111,6 +113,56 @@ func TestTransientUnitHidesTheHostsSocketsAndSeparatesIPC(t *testing.T) {
 				t.Errorf("BindReadOnlyPaths %+v lack %s", ro, tc.wantReadOnly)
 			}
 		})
+	}
+}
+
+// Under systemd a confined run's /tmp and /var/tmp are tmpfs of its own of
+// 256 MiB (PrivateTmp would not bound them), writable and executable as a
+// container's /tmp; the directory of every run's egress directory is a tmpfs
+// with only the run's own bound back; and /tmp is never bound from the host
+// over the run's own, even when the policy names it.
+func TestATransientUnitHasItsOwnTmpAndNoOtherRunsEgressDirectory(t *testing.T) {
+	t.Parallel()
+	// Outside /tmp, whose mask hides every egress directory under it already.
+	egressRoot, err := os.MkdirTemp("/var/lib", "berth-test-egress-")
+	testenv.Need(t, err == nil, "cannot make a directory under /var/lib: %v", err)
+	t.Cleanup(func() { os.RemoveAll(egressRoot) })
+	socket := egressRoot + "/r1/egress.sock"
+	spec := isolation.Spec{Plan: isolation.Plan{RunID: "r1", Workspace: "/ws", AgentBinary: "/usr/libexec/berth/berth-agent",
+		Policy: withScratch(agentproto.Policy{AllowReadWrite: []string{"/tmp"}}),
+		Egress: &isolation.EgressPlan{Socket: socket, SandboxSocket: socket}}}
+	props := map[string]any{}
+	for _, p := range unitProperties(newUnitRun(spec, nil, nil), UnitName("r1"), 10, 11, 12) {
+		props[p.Name] = p.Value.Value()
+	}
+	if _, ok := props["PrivateTmp"]; ok {
+		t.Errorf("PrivateTmp is set: its /tmp has no size limit")
+	}
+	tmpfs, _ := props["TemporaryFileSystem"].([]tmpfsMount)
+	options := map[string]string{}
+	for _, m := range tmpfs {
+		options[m.Path] = m.Options
+	}
+	for _, dir := range []string{"/tmp", "/var/tmp"} {
+		if got := options[dir]; got != "mode=1777,size=256m,nosuid,nodev" {
+			t.Errorf("TemporaryFileSystem %s: %q, want mode=1777,size=256m,nosuid,nodev", dir, got)
+		}
+	}
+	if got := options[egressRoot]; !strings.Contains(got, "noexec") {
+		t.Errorf("TemporaryFileSystem over the runs' egress directories %s: %q, want a mask (%+v)", egressRoot, got, tmpfs)
+	}
+	rw, _ := props["BindPaths"].([]bindPath)
+	ro, _ := props["BindReadOnlyPaths"].([]bindPath)
+	for _, b := range append(rw, ro...) {
+		if b.Source == "/tmp" || b.Source == "/var/tmp" {
+			t.Errorf("the host's %s is bound over the run's own: %+v", b.Source, b)
+		}
+	}
+	if !slices.ContainsFunc(rw, func(b bindPath) bool { return b.Source == egressRoot+"/r1" }) {
+		t.Errorf("BindPaths %+v lack the run's own egress directory", rw)
+	}
+	if !slices.Equal(spec.Policy.AllowReadWrite, []string{"/tmp", "/var/tmp"}) {
+		t.Errorf("the run's Landlock policy grants %q read-write, want its own /tmp and /var/tmp once each", spec.Policy.AllowReadWrite)
 	}
 }
 
