@@ -166,6 +166,12 @@ func (c *Config) writeAgent(w io.Writer, a Agent) {
 			t.val("max_tokens", p.MaxTokens)
 		}
 		t.str("api_key_env", p.APIKeyEnv)
+		if len(p.Endpoints) > 0 {
+			t.list("endpoints", p.Endpoints)
+		}
+		t.str("api_version", p.APIVersion)
+		t.str("organization", p.Organization)
+		t.str("project", p.Project)
 	}
 
 	for _, k := range c.Connectors {

@@ -265,6 +265,29 @@ func (d *decoder) boolean(at fieldLocs, name string, dst *bool) field {
 	}
 }
 
+func (d *decoder) ints(at fieldLocs, name string, dst *[]int) field {
+	return func(p keyPath, v any) {
+		vs, ok := v.([]any)
+		if !ok {
+			d.wrongType(p, "an array of integers", v)
+			return
+		}
+		out := make([]int, 0, len(vs))
+		l := d.loc(p)
+		for i, e := range vs {
+			n, ok := e.(int64)
+			if !ok {
+				d.wrongType(d.elem(p, i), "an integer", e)
+				return
+			}
+			out = append(out, int(n))
+			l.elems = append(l.elems, d.elem(p, i).line)
+		}
+		*dst = out
+		at[name] = l
+	}
+}
+
 func (d *decoder) strs(at fieldLocs, name string, dst *[]string) field {
 	return func(p keyPath, v any) {
 		vs, ok := v.([]any)
@@ -319,12 +342,15 @@ func (d *decoder) document(raw map[string]any) *tree {
 					d.tables(p, v, func(p keyPath, v any) {
 						e := &secretEntry{at: fieldLocs{}, self: d.loc(p)}
 						d.table(p, v, map[string]field{
-							"name":   d.str(e.at, "name", &e.s.Name),
-							"env":    d.str(e.at, "env", &e.s.Env),
-							"file":   d.str(e.at, "file", &e.s.File),
-							"hosts":  d.strs(e.at, "hosts", &e.s.Hosts),
-							"header": d.str(e.at, "header", &e.s.Header),
-							"format": d.str(e.at, "format", &e.s.Format),
+							"name":    d.str(e.at, "name", &e.s.Name),
+							"env":     d.str(e.at, "env", &e.s.Env),
+							"file":    d.str(e.at, "file", &e.s.File),
+							"hosts":   d.strs(e.at, "hosts", &e.s.Hosts),
+							"header":  d.str(e.at, "header", &e.s.Header),
+							"format":  d.str(e.at, "format", &e.s.Format),
+							"ports":   d.ints(e.at, "ports", &e.s.Ports),
+							"methods": d.strs(e.at, "methods", &e.s.Methods),
+							"paths":   d.strs(e.at, "paths", &e.s.Paths),
 						}, nil)
 						t.secrets = append(t.secrets, e)
 					})
@@ -443,11 +469,15 @@ func (d *decoder) providers(t *tree, p keyPath, v any) {
 		}
 		e := &providerEntry{at: fieldLocs{}, self: d.loc(p)}
 		d.table(p, v, map[string]field{
-			"kind":        d.str(e.at, "kind", &e.p.Kind),
-			"api_key_env": d.str(e.at, "api_key_env", &e.p.APIKeyEnv),
-			"model":       d.str(e.at, "model", &e.p.Model),
-			"base_url":    d.str(e.at, "base_url", &e.p.BaseURL),
-			"max_tokens":  d.integer(e.at, "max_tokens", &e.p.MaxTokens),
+			"kind":         d.str(e.at, "kind", &e.p.Kind),
+			"api_key_env":  d.str(e.at, "api_key_env", &e.p.APIKeyEnv),
+			"model":        d.str(e.at, "model", &e.p.Model),
+			"base_url":     d.str(e.at, "base_url", &e.p.BaseURL),
+			"max_tokens":   d.integer(e.at, "max_tokens", &e.p.MaxTokens),
+			"endpoints":    d.strs(e.at, "endpoints", &e.p.Endpoints),
+			"api_version":  d.str(e.at, "api_version", &e.p.APIVersion),
+			"organization": d.str(e.at, "organization", &e.p.Organization),
+			"project":      d.str(e.at, "project", &e.p.Project),
 		}, nil)
 		e.p.Name = name
 		t.providers[name] = e

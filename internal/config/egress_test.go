@@ -128,6 +128,31 @@ func TestEgressSecretsAreReadAndChecked(t *testing.T) {
 			wantErr: `secret "x" is already defined on line`,
 		},
 		{
+			name: "A_secret_scoped_to_ports_methods_and_paths",
+			toml: agent + "[[egress.secrets]]\nname = \"gh\"\nenv = \"A\"\nhosts = [\"api.github.com\"]\nports = [443]\nmethods = [\"GET\", \"POST\"]\npaths = [\"/repos/acme\"]\n",
+			want: []config.EgressSecret{{Name: "gh", Env: "A", Hosts: []string{"api.github.com"}, Header: "Authorization", Format: "Bearer {}", Ports: []int{443}, Methods: []string{"GET", "POST"}, Paths: []string{"/repos/acme"}}},
+		},
+		{
+			name:    "A_bad_port_is_refused_with_its_line",
+			toml:    agent + "[[egress.secrets]]\nname = \"x\"\nenv = \"A\"\nhosts = [\"h.example\"]\nports = [443, 70000]\n",
+			wantErr: "berth.toml:7: egress.secrets[0].ports[1]: port 70000 is not 1-65535",
+		},
+		{
+			name:    "CONNECT_is_not_a_method_inside_a_tunnel",
+			toml:    agent + "[[egress.secrets]]\nname = \"x\"\nenv = \"A\"\nhosts = [\"h.example\"]\nmethods = [\"CONNECT\"]\n",
+			wantErr: `berth.toml:7: egress.secrets[0].methods[0]: "CONNECT" is not the method of a request inside a tunnel`,
+		},
+		{
+			name:    "A_path_with_dot_segments_is_refused",
+			toml:    agent + "[[egress.secrets]]\nname = \"x\"\nenv = \"A\"\nhosts = [\"h.example\"]\npaths = [\"/repos/../admin\"]\n",
+			wantErr: `berth.toml:7: egress.secrets[0].paths[0]: "/repos/../admin" is not a path prefix`,
+		},
+		{
+			name:    "A_glob_path_is_refused",
+			toml:    agent + "[[egress.secrets]]\nname = \"x\"\nenv = \"A\"\nhosts = [\"h.example\"]\npaths = [\"/repos/*\"]\n",
+			wantErr: `egress.secrets[0].paths[0]: "/repos/*" is not a path prefix`,
+		},
+		{
 			name:    "An_unknown_key_is_refused",
 			toml:    agent + "[[egress.secrets]]\nname = \"x\"\nenv = \"A\"\nhosts = [\"h.example\"]\nvalue = \"inline\"\n",
 			wantErr: "egress.secrets[0].value: unknown key",
@@ -152,6 +177,69 @@ func TestEgressSecretsAreReadAndChecked(t *testing.T) {
 			}
 			if !reflect.DeepEqual(cfg.EgressSecrets, tt.want) {
 				t.Fatalf("secrets = %+v, want %+v", cfg.EgressSecrets, tt.want)
+			}
+		})
+	}
+}
+
+func TestProviderEgressSettingsAreReadAndChecked(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		toml    string
+		want    config.Provider
+		wantErr string
+	}{
+		{
+			name: "OpenAI_scoping_and_endpoints_come_from_config",
+			toml: "[providers.openai]\napi_key_env = \"K\"\nendpoints = [\"chat/completions\"]\norganization = \"org-1\"\nproject = \"proj_2\"\n",
+			want: config.Provider{Name: "openai", Kind: "openai", APIKeyEnv: "K", Endpoints: []string{"chat/completions"}, Organization: "org-1", Project: "proj_2"},
+		},
+		{
+			name: "An_anthropic_version_is_a_date",
+			toml: "[providers.anthropic]\napi_key_env = \"K\"\napi_version = \"2023-06-01\"\n",
+			want: config.Provider{Name: "anthropic", Kind: "anthropic", APIKeyEnv: "K", APIVersion: "2023-06-01"},
+		},
+		{
+			name:    "An_endpoint_that_climbs_is_refused",
+			toml:    "[providers.openai]\napi_key_env = \"K\"\nendpoints = [\"chat/completions\", \"../admin\"]\n",
+			wantErr: `berth.toml:3: providers.openai.endpoints[1]: "../admin" is not an endpoint path`,
+		},
+		{
+			name:    "A_version_that_is_not_a_date_is_refused",
+			toml:    "[providers.anthropic]\napi_key_env = \"K\"\napi_version = \"latest\"\n",
+			wantErr: `berth.toml:3: providers.anthropic.api_version: "latest" is not an anthropic-version date`,
+		},
+		{
+			name:    "An_organization_with_a_newline_is_refused",
+			toml:    "[providers.openai]\napi_key_env = \"K\"\norganization = \"org\\r\\nX-Evil: 1\"\n",
+			wantErr: `berth.toml:3: providers.openai.organization:`,
+		},
+		{
+			name:    "An_organization_for_anthropic_is_refused",
+			toml:    "[providers.anthropic]\napi_key_env = \"K\"\norganization = \"org-1\"\n",
+			wantErr: `berth.toml:3: providers.anthropic.organization: is for an openai provider, not anthropic`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			path := writeConfig(t, map[string]string{"berth.toml": tt.toml + "[[agents]]\nid = \"ops\"\n"})
+			cfg, err := config.Load(path)
+			if tt.wantErr != "" {
+				if err == nil {
+					t.Fatalf("loaded; want an error containing %q", tt.wantErr)
+				}
+				if got := strings.Join(errorLines(t, err, path), "\n"); !strings.Contains(got, tt.wantErr) {
+					t.Fatalf("errors = %s\nwant one containing %q", got, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.Providers.Entries[tt.want.Name]; !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("provider = %+v, want %+v", got, tt.want)
 			}
 		})
 	}

@@ -182,6 +182,10 @@ func (t *tree) merge(src *tree) {
 		take(&d.p.Model, s.p.Model, "model", d.at, s.at)
 		take(&d.p.BaseURL, s.p.BaseURL, "base_url", d.at, s.at)
 		take(&d.p.MaxTokens, s.p.MaxTokens, "max_tokens", d.at, s.at)
+		take(&d.p.Endpoints, s.p.Endpoints, "endpoints", d.at, s.at)
+		take(&d.p.APIVersion, s.p.APIVersion, "api_version", d.at, s.at)
+		take(&d.p.Organization, s.p.Organization, "organization", d.at, s.at)
+		take(&d.p.Project, s.p.Project, "project", d.at, s.at)
 	}
 
 	if t.defaults.self.file == "" {

@@ -38,6 +38,16 @@ type Provider struct {
 	Model     string
 	BaseURL   string
 	MaxTokens int
+	// Endpoints are the API paths under BaseURL that get the key through
+	// the egress proxy; empty is the kind's (egresspolicy.DefaultEndpoints).
+	Endpoints []string
+	// APIVersion is anthropic-version for an anthropic provider.
+	APIVersion string
+	// Organization and Project are OpenAI-Organization and OpenAI-Project
+	// for an openai provider: who pays is the admin's choice, never the
+	// sandbox's.
+	Organization string
+	Project      string
 }
 
 // AgentSettings is [agent_defaults] or one [[agents]] entry, before resolution.
@@ -68,12 +78,19 @@ type EgressSecret struct {
 	Hosts  []string // exact host names
 	Header string   // default "Authorization"
 	Format string   // "{}" is replaced by the value; default "Bearer {}"
+	// Ports, Methods and Paths narrow where the secret is added (any, when
+	// empty): a tunnel to another port is not intercepted; a request with
+	// another method, or a path not under one of Paths (prefixes at a
+	// segment boundary), is sent without the secret.
+	Ports   []int
+	Methods []string
+	Paths   []string
 }
 
 // EgressSettings is [agents.egress] (or [agent_defaults.egress]).
 type EgressSettings struct {
 	// Allow are rules "[METHOD[,METHOD…] ]host[:port]", parsed by
-	// isolation.ParseEgressRule.
+	// egresspolicy.ParseRule.
 	Allow []string
 }
 

@@ -7,10 +7,11 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
-	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/internal/egresspolicy"
 )
 
 // idPattern is what agent and connector ids must match: they become path
@@ -18,6 +19,11 @@ import (
 var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
 var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+var (
+	apiVersionPattern = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}$`)
+	scopeIDPattern    = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+)
 
 var providerKinds = []string{"local", "openai", "anthropic"}
 
@@ -98,9 +104,36 @@ func (c *checks) egressSecret(e *secretEntry, seen map[string]loc) {
 		c.fail(where(e.at, e.self, "hosts"), "name at least one host the secret is for")
 	}
 	c.strs(e.at, "hosts", s.Hosts, func(h string) string {
-		r, err := isolation.ParseEgressRule(h)
-		if err != nil || r.Port != 0 || len(r.Methods) > 0 || strings.Contains(r.Host, "*") {
-			return fmt.Sprintf("%q is not a host name (exact, no glob, no port)", h)
+		if _, err := egresspolicy.ParseHost(h); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
+	if l, ok := e.at["ports"]; ok {
+		if len(s.Ports) == 0 {
+			c.fail(l, "name at least one port, or leave ports out (any port)")
+		}
+		for i, p := range s.Ports {
+			if p < 1 || p > 65535 {
+				c.fail(l.elem(i), "port %d is not 1-65535", p)
+			}
+		}
+	}
+	if l, ok := e.at["methods"]; ok && len(s.Methods) == 0 {
+		c.fail(l, "name at least one method, or leave methods out (any method)")
+	}
+	c.strs(e.at, "methods", s.Methods, func(m string) string {
+		if m = strings.ToUpper(m); m == "CONNECT" || !slices.Contains(egresspolicy.HTTPMethods, m) {
+			return fmt.Sprintf("%q is not the method of a request inside a tunnel (GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS)", m)
+		}
+		return ""
+	})
+	if l, ok := e.at["paths"]; ok && len(s.Paths) == 0 {
+		c.fail(l, "name at least one path prefix, or leave paths out (any path)")
+	}
+	c.strs(e.at, "paths", s.Paths, func(p string) string {
+		if err := egresspolicy.CheckSecretPath(p); err != nil {
+			return err.Error()
 		}
 		return ""
 	})
@@ -175,6 +208,33 @@ func (t *tree) validateValues() Errors {
 		c.str(e.at, "base_url", e.p.BaseURL, httpURL)
 		if l, ok := e.at["max_tokens"]; ok && e.p.MaxTokens < 1 {
 			c.fail(l, "must be at least 1, not %d", e.p.MaxTokens)
+		}
+		if l, ok := e.at["endpoints"]; ok && len(e.p.Endpoints) == 0 {
+			c.fail(l, "name at least one endpoint, or leave endpoints out (the kind's own)")
+		}
+		c.strs(e.at, "endpoints", e.p.Endpoints, func(s string) string {
+			if err := egresspolicy.CheckEndpoint(s); err != nil {
+				return err.Error()
+			}
+			return ""
+		})
+		c.str(e.at, "api_version", e.p.APIVersion, func(s string) string {
+			if !apiVersionPattern.MatchString(s) {
+				return fmt.Sprintf("%q is not an anthropic-version date (YYYY-MM-DD)", s)
+			}
+			return ""
+		})
+		for _, key := range []string{"organization", "project"} {
+			v := e.p.Organization
+			if key == "project" {
+				v = e.p.Project
+			}
+			c.str(e.at, key, v, func(s string) string {
+				if !scopeIDPattern.MatchString(s) {
+					return fmt.Sprintf("%q is not an OpenAI %s id (letters, digits, '-' and '_')", s, key)
+				}
+				return ""
+			})
 		}
 	}
 
@@ -332,7 +392,7 @@ func (c *checks) agentValues(a *agentEntry) {
 	c.str(a.at, "container_mode.network", s.ContainerMode.Network, CheckNetwork)
 	c.containerValues(a)
 	c.strs(a.at, "egress.allow", s.Egress.Allow, func(v string) string {
-		if _, err := isolation.ParseEgressRule(v); err != nil {
+		if _, err := egresspolicy.ParseRule(v); err != nil {
 			return err.Error()
 		}
 		return ""
@@ -372,6 +432,17 @@ func (t *tree) validateMerged() Errors {
 				continue
 			}
 			kind = name
+		}
+		if _, set := e.at["api_version"]; set && kind != "anthropic" {
+			c.fail(e.at["api_version"], "is for an anthropic provider, not %s", kind)
+		}
+		for _, key := range []string{"organization", "project"} {
+			if _, set := e.at[key]; set && kind != "openai" {
+				c.fail(e.at[key], "is for an openai provider, not %s", kind)
+			}
+		}
+		if _, set := e.at["endpoints"]; set && kind == "local" {
+			c.fail(e.at["endpoints"], "is for a provider reached through the egress proxy, not a local one")
 		}
 		if kind != "local" && e.p.APIKeyEnv == "" && e.p.BaseURL == "" {
 			c.fail(where(e.at, e.self, "api_key_env"), "is required for a %s provider without base_url", kind)
