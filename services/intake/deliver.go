@@ -224,10 +224,18 @@ func (s *Service) send(ctx context.Context, r outboxEntry) error {
 		wc.noteError(err)
 		return err
 	}
+	reply := connectorReply(r)
+	if rp, ok := rc.conn.(connector.RepostChecker); ok && rp.ChecksReposts() && !reply.Retry {
+		// Durably before the post: a crash after it makes the next attempt
+		// a Retry, which looks for the post instead of making it twice.
+		if err := s.store.markAttempted(r.RunID, s.clock.Now()); err != nil {
+			return err
+		}
+	}
 	// Like Submit, a send in flight finishes even when the service stops.
 	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callTimeout)
 	defer cancel()
-	return rc.conn.Send(callCtx, connectorReply(r))
+	return rc.conn.Send(callCtx, reply)
 }
 
 // connectorReply is the Reply a connector posts for r. A failed run's reply
@@ -249,6 +257,9 @@ func connectorReply(r outboxEntry) connector.Reply {
 		Text:      text,
 		Failed:    failed,
 		Meta:      maps.Clone(r.Meta),
+		// An earlier attempt that failed, or that began and was never marked
+		// delivered (a crash), may have posted it.
+		Retry: r.Attempts > 0 || !r.AttemptedAt.IsZero(),
 	}
 }
 
@@ -284,6 +295,9 @@ func (s *Service) post(ctx context.Context, r outboxEntry) error {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "berth-intake")
+	// At-least-once: a retry after a lost answer or a crash posts the same
+	// reply again with the same key, and the receiver drops the repeat.
+	req.Header.Set("Idempotency-Key", r.RunID)
 	SetSignature(req.Header, secret, s.clock.Now(), body)
 	resp, err := s.httpClient.Do(req)
 	if err != nil {

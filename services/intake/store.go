@@ -79,9 +79,13 @@ type outboxEntry struct {
 	Attempts    int               `json:"attempts,omitempty"`
 	LastError   string            `json:"last_error,omitempty"`
 	NextAttempt time.Time         `json:"next_attempt,omitzero"`
-	DeliveredAt time.Time         `json:"delivered_at,omitzero"`
-	DoneAt      time.Time         `json:"done_at,omitzero"`
-	Seq         uint64            `json:"seq"`
+	// AttemptedAt is when the first attempt began, written before it for
+	// connectors that check for reposts: set and not delivered means a
+	// crash may have come between the post and markDelivered.
+	AttemptedAt time.Time `json:"attempted_at,omitzero"`
+	DeliveredAt time.Time `json:"delivered_at,omitzero"`
+	DoneAt      time.Time `json:"done_at,omitzero"`
+	Seq         uint64    `json:"seq"`
 }
 
 // migrations are applied in order to databases older than their version.
@@ -667,6 +671,15 @@ func (s *store) markFailed(runID string, reason string, at time.Time) error {
 	})
 	if err != nil {
 		return fmt.Errorf("cannot mark reply failed: %w", err)
+	}
+	return nil
+}
+
+// markAttempted records, before a reply's first attempt, that it began.
+func (s *store) markAttempted(runID string, at time.Time) error {
+	err := s.updateReply(runID, at, func(r *outboxEntry) { r.AttemptedAt = at.UTC() })
+	if err != nil {
+		return fmt.Errorf("cannot record the delivery attempt: %w", err)
 	}
 	return nil
 }

@@ -3,10 +3,12 @@ package intake
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -253,5 +255,46 @@ func TestHealthz(t *testing.T) {
 	s.Handler().ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/healthz", nil))
 	if w.Code != http.StatusOK {
 		t.Fatalf("GET /healthz = %d, want 200", w.Code)
+	}
+}
+
+func TestAReplyPostedAgainAfterALostAnswerCarriesTheSameIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var keys []string
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		mu.Lock()
+		keys = append(keys, r.Header.Get("Idempotency-Key"))
+		first := len(keys) == 1
+		mu.Unlock()
+		if first {
+			// The receiver took the reply but its answer is lost, as when
+			// intake dies before marking it delivered: intake posts again.
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				_ = conn.Close()
+			}
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(receiver.Close)
+	s, _ := newTestService(t, testConfig(receiver.URL))
+	runService(t, s)
+	if status, out := post(t, s, signedRequest("hooks", []byte(`{"id":"m-1","channel":"ops","author":"ada","text":"status?"}`), testSecret, time.Now())); status != http.StatusAccepted {
+		t.Fatalf("post: %d %v", status, out)
+	}
+	if err := s.Deliver(map[string]string{"run_id": "run-42", "message_id": "hooks/m-1", "connector": "hooks", "state": "succeeded", "text": "all green"}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the reply is delivered", func() bool {
+		r := outboxEntries(t, s)
+		return len(r) == 1 && r[0].State == stateDelivered
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(keys) != 2 || keys[0] != "run-42" || keys[1] != "run-42" {
+		t.Fatalf("Idempotency-Key of the posts = %q, want the run id on both", keys)
 	}
 }

@@ -96,7 +96,7 @@ func (c *Connector) send(ctx context.Context, r connector.Reply) error {
 			return err
 		}
 		if len(posted) > 0 {
-			c.log.Info("found chunks of a reply posted by an earlier attempt; posting only the rest",
+			c.log.Info("found chunks an earlier attempt posted; they are not posted again",
 				"run_id", r.RunID, "message_id", r.MessageID, "found", len(posted), "chunks", len(chunks))
 		}
 	}
