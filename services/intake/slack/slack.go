@@ -45,7 +45,9 @@ const MessageLimit = 4000
 type Options struct {
 	// Mode is ModeSocket (default) or ModeEvents.
 	Mode string
-	// BaseURL is the Web API, DefaultBaseURL when empty (tests: a fake).
+	// BaseURL is the Web API root, DefaultBaseURL when empty (tests: a
+	// fake). A host alone ("https://slack.example") means its /api/; any
+	// other path is the API root as given ("…/api", a proxy's prefix).
 	BaseURL string
 	// AppToken (xapp-, connections:write) opens Socket Mode connections;
 	// required in socket mode.
@@ -212,12 +214,14 @@ func (o *Options) validate() error {
 		o.BaseURL = DefaultBaseURL
 	}
 	u, err := url.Parse(o.BaseURL)
-	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-		return fmt.Errorf("base_url %q is not an http(s) URL", o.BaseURL)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return errors.New("base_url is not an http(s) URL of the Web API without credentials or query")
 	}
-	if !strings.HasSuffix(o.BaseURL, "/") {
-		o.BaseURL += "/"
+	if u.Path == "" || u.Path == "/" {
+		u.Path = "/api"
 	}
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/"
+	o.BaseURL = u.String()
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}

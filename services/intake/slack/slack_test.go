@@ -156,3 +156,19 @@ func TestAGivenTLSConfigIsUsedForTheWebAPIAndTheSocket(t *testing.T) {
 	}
 	sink.wait(ctx, t, 1)
 }
+
+func TestBaseURLTakesTheHostAloneOrTheAPIRoot(t *testing.T) {
+	t.Parallel()
+	fake := slacktest.New(t, slacktest.Options{})
+	host := strings.TrimSuffix(fake.APIURL(), "/api/")
+	for _, base := range []string{host, host + "/", host + "/api", host + "/api/"} {
+		t.Run(base, func(t *testing.T) {
+			t.Parallel()
+			c, _ := newSender(t, fake, func(o *Options) { o.BaseURL = base })
+			r := connector.Reply{RunID: "run-" + base, MessageID: "C0CHAN:1.0001", Channel: "C0CHAN", Thread: "1.0001", Text: "via " + base}
+			if err := c.Send(testContext(t), r); err != nil {
+				t.Fatalf("Send with base_url %q: %v", base, err)
+			}
+		})
+	}
+}
