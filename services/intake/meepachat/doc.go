@@ -48,6 +48,11 @@
 // offers the message again first thing after reconnecting (back-off), so a
 // refusal by intake loses nothing the connector has seen.
 //
+// Trigger "mention" (the default) hands on server-channel messages that
+// mention the bot (its id in mentions, "<@id>" or "@username"); DMs always.
+// As on Slack and Discord, the bot's leading mention and the whitespace
+// around it are stripped, so "@berth /sh ls" reaches the agent as "/sh ls".
+//
 // Message.Server is the MeepaChat server id (bindings route on it; empty for
 // DMs), Message.Thread the threadId (a reply to a message outside a thread
 // goes to the channel), and Message.Meta carries "server" (the server id) or

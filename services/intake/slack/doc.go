@@ -10,11 +10,16 @@
 //     warning, link_disabled). Each envelope is acknowledged by writing
 //     {"envelope_id": ...} back on the socket, and only after intake's
 //     Sink.Accept returned nil: an unacknowledged envelope is delivered again
-//     by Slack. The WebSocket itself is driven by slack-go's socketmode
-//     package (github.com/slack-go/slack v0.35.0); this package runs one
-//     socketmode client per connection and owns the reconnect loop (a fresh
-//     URL from apps.connections.open every time, capped exponential back-off
-//     with jitter on the injected clock).
+//     by Slack. The client is this package's own (gorilla/websocket; the
+//     Web API calls through slack-go): slack-go's socketmode closes the old
+//     connection before opening the new one when Slack asks for a refresh.
+//     On disconnect refresh_requested or warning a fresh connection is
+//     opened while the old one keeps delivering, and the old one is closed
+//     once the new one said hello (Slack's order: nothing is missed, logged
+//     at INFO). A dropped socket, a missing WebSocket ping for PingInterval
+//     or link_disabled ends the connection; Run reconnects with a fresh URL
+//     from apps.connections.open every time, capped exponential back-off
+//     with jitter on the injected clock.
 //   - The Events API over HTTP ("events"): intake serves Handler at
 //     /hooks/{connector id}. Every request is verified before it is read as
 //     JSON: X-Slack-Signature must be "v0=" + hex(HMAC-SHA256(signing secret,
@@ -26,7 +31,12 @@
 //   - Replies go out with chat.postMessage (bot token, xoxb-) in the thread
 //     of the message they answer, split with connector.Split at 4,000
 //     characters (Slack's advice for message text), honouring HTTP 429
-//     Retry-After.
+//     Retry-After. Every chunk carries message metadata (event_type
+//     "berth_reply", event_payload {run_id, chunk, chunks}); a Reply with
+//     Retry set (intake attempted it before and never marked it delivered,
+//     e.g. it crashed after the post) first reads the thread
+//     (conversations.replies, or conversations.history outside a thread,
+//     with include_all_metadata) and posts only the chunks not found there.
 //
 // Both transports carry the same Events API payload (an event_callback with
 // a "message" or "app_mention" event), so both produce the same Message:
@@ -44,7 +54,8 @@
 // Slack" (docs.slack.dev/authentication/verifying-requests-from-slack), the
 // Events API guide (url_verification, retries with X-Slack-Retry-Num and
 // X-Slack-Retry-Reason), the method references of apps.connections.open,
-// auth.test and chat.postMessage (arguments, errors, Tier rate limits and
-// 429 Retry-After), and the code and tests of slack-go's socketmode package.
+// auth.test, chat.postMessage, conversations.replies and
+// conversations.history (arguments, message metadata, errors, Tier rate
+// limits and 429 Retry-After), and the code of slack-go's socketmode package.
 // Package slacktest is a fake Slack speaking the same wire protocol.
 package slack
