@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // Access is what a planned rule grants beneath its path.
@@ -38,8 +39,10 @@ type Rule struct {
 // each of the directory's entries except the one leading to the denied path,
 // recursively down to it. An allowed path inside a denied one is dropped;
 // allowed paths that do not exist are skipped, denied ones are carved out
-// all the same (so they stay denied if they appear during the run). Symlinks are resolved first, so a rule
-// lands on the inode Landlock will check.
+// all the same (so they stay denied if they appear during the run), and a
+// denied path in a directory the agent may not search denies that directory
+// (resolveMissing). Symlinks are resolved first, so a rule lands on the
+// inode Landlock will check.
 //
 // Plan fails when a path is not absolute or cannot be examined: a policy it
 // cannot read is a policy it cannot enforce.
@@ -167,16 +170,32 @@ func (p *planner) containsDenied(dir string) bool {
 	return false
 }
 
-// resolveMissing resolves symlinks in path; for a path that does not exist
-// (yet) it resolves the nearest existing ancestor and keeps the rest. A
-// denied path that is created during the run must stay denied: splitting the
-// allowed directory around it grants only the entries that exist now.
+// resolveMissing resolves symlinks in a denied path; for a path that does
+// not exist (yet) it resolves the nearest existing ancestor and keeps the
+// rest. A denied path that is created during the run must stay denied:
+// splitting the allowed directory around it grants only the entries that
+// exist now. A path beneath a file (ENOTDIR) cannot exist and is treated the
+// same way.
+//
+// A path the agent cannot reach because a directory on the way may not be
+// searched (EACCES: a root-only credentials directory) is denied by that
+// directory as a whole: nothing beneath it can be opened by the agent, and
+// the split around it then never needs to list it, which it could not.
+// Only denied paths are resolved this way; an allowed path that cannot be
+// resolved fails the plan.
 func (r *resolver) resolveMissing(path string) (string, error) {
 	resolved, err := r.evalSymlinks(path)
 	if err == nil {
 		return resolved, nil
 	}
-	if !errors.Is(err, fs.ErrNotExist) {
+	if errors.Is(err, syscall.EACCES) {
+		var pathErr *fs.PathError
+		if errors.As(err, &pathErr) && filepath.IsAbs(pathErr.Path) && pathErr.Path != "/" {
+			return filepath.Dir(pathErr.Path), nil
+		}
+		return "", err
+	}
+	if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
 		return "", err
 	}
 	parent := filepath.Dir(path)

@@ -104,6 +104,18 @@ func TestPlan(t *testing.T) {
 			want: []string{"r file allowed/a.txt", "r dir allowed/sub"},
 		},
 		{
+			// Nothing can be there while a.txt is a file: denied anyway.
+			name: "A_denied_path_beneath_a_file_is_no_error",
+			read: []string{"allowed"},
+			deny: []string{"allowed/a.txt/inner"},
+			want: []string{"r file allowed/a.txt", "r dir allowed/sub"},
+		},
+		{
+			name:    "An_allowed_path_beneath_a_file_fails_the_plan",
+			read:    []string{"allowed/a.txt/inner"},
+			wantErr: "cannot resolve allowed path",
+		},
+		{
 			name: "A_symlinked_allowed_path_lands_on_its_target",
 			read: []string{"to-allowed"},
 			want: []string{"r dir allowed"},
