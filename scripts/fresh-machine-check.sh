@@ -29,8 +29,10 @@
 #
 # --worktree copies the working tree's files over the clone (uncommitted
 # edits included); --keep keeps the container (docker exec -it NAME bash).
-# Needs root and Docker; takes 10-20 minutes, mostly apt and a cold Go
-# build cache. Not part of CI (too slow); rerun it when scripts/test.sh's
+# Go's build cache is kept in /var/cache/berth-fresh-machine/go-build
+# between runs (it holds no tools; remove it for a cold run). Needs root and
+# Docker; takes about 10 minutes on a quiet machine with that cache, apt's
+# install about 4 of them, and 20 more with a cold cache under load. Not part of CI (too slow); rerun it when scripts/test.sh's
 # package list or a test's tools change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +44,7 @@ while (($#)); do
     --worktree) worktree=1 ;;
     --privileged) privileged=1 ;;
     --keep) keep=1 ;;
-    -h | --help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -62,6 +64,8 @@ ensure_docker
 scripts/base-image.sh >/dev/null
 
 started=$SECONDS
+go_cache=/var/cache/berth-fresh-machine/go-build
+mkdir -p "$go_cache"
 work=$(mktemp -d /tmp/berth-fresh-machine.XXXXXX)
 container=berth-fresh-machine-$$
 cleanup() {
@@ -147,7 +151,7 @@ status=0
 docker run --name "$container" "${privileged_flags[@]}" \
   -v "$work/berth:/src/berth" -v "$work/apt:/run/host-apt:ro" -v "$work/tests:/run/tests:ro" \
   -v "$work/inside.sh:/run/inside.sh:ro" -v "$goroot:/usr/local/go:ro" -v "$modules:/run/host-modules:ro" \
-  -e GOPROXY=file:///run/host-modules -e GOSUMDB=off \
+  -e GOPROXY=file:///run/host-modules -e GOSUMDB=off -v "$go_cache:/root/.cache/go-build" \
   -e PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   berth-base:bookworm bash /run/inside.sh || status=$?
 if ((status)); then
