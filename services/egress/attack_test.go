@@ -357,6 +357,7 @@ type secretSetup struct {
 	p       proxy
 	port    string
 	ca      egress.CA
+	roots   *x509.CertPool // what the proxy verifies the host with
 	mu      sync.Mutex
 	seen    []string // "METHOD PATH auth=..."
 	fronted atomic.Int32
@@ -376,7 +377,7 @@ func newSecretSetup(t *testing.T, sec egress.Secret) *secretSetup {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st.ca = ca
+	st.ca, st.roots = ca, roots
 	sec.Name, sec.Hosts, sec.Header, sec.Format, sec.Value = "github", []string{"api.github.test"}, "Authorization", "Bearer {}", githubToken
 	st.p = startProxy(t, egress.Policy{RunID: "r1", Allow: rules(t, "api.github.test:"+st.port), CA: &ca, Secrets: []egress.Secret{sec}},
 		egress.Options{Resolver: resolver{"api.github.test": "127.0.0.1", "other.example": "127.0.0.1"}, RootCAs: roots})
