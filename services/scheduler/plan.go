@@ -122,21 +122,25 @@ func (s *Service) startEgress(ctx context.Context, plan isolation.Plan, host run
 	for _, ep := range plan.Egress.Providers {
 		for _, pr := range plan.Providers {
 			if pr.Name == ep.Name {
-				pol.Providers = append(pol.Providers, egress.Provider{Name: ep.Name, Kind: ep.Kind, BaseURL: ep.BaseURL, Model: ep.Model, Key: pr.Key})
+				ep.Key = pr.Key
+				pol.Providers = append(pol.Providers, ep)
 			}
 		}
 	}
 	var bundle []byte
 	if len(plan.Egress.Secrets) > 0 {
-		// A CA for this run only: its key lives in the proxy while the run lasts.
-		ca, err := egress.NewCA(plan.RunID)
+		// A CA for this run only, for its secrets' hosts only, for as long as
+		// the run may last: its key lives in the proxy while the run lasts.
+		var hosts []string
+		for _, sec := range plan.Egress.Secrets {
+			hosts = append(hosts, sec.Hosts...)
+		}
+		ca, err := egress.NewCA(plan.RunID, hosts, egress.CALifetime(plan.Timeout+plan.KillGrace))
 		if err != nil {
 			return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
 		}
 		pol.CA, bundle = &ca, ca.Bundle()
-		for _, sec := range plan.Egress.Secrets {
-			pol.Secrets = append(pol.Secrets, egress.Secret{Name: sec.Name, Hosts: sec.Hosts, Header: sec.Header, Format: sec.Format, Value: sec.Value})
-		}
+		pol.Secrets = slices.Clone(plan.Egress.Secrets)
 	}
 	startCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
