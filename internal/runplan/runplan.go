@@ -384,7 +384,11 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		if base == "" {
 			base = defaultEndpoints[pr.Kind]
 		}
-		endpoints = append(endpoints, isolation.EgressProvider{Name: pr.Name, Kind: pr.Kind, BaseURL: base, Model: pr.Model})
+		// What the proxy may add to the call comes from the admin's
+		// [providers.X], never from the sandbox.
+		conf := cfg.Providers.Entries[pr.Name]
+		endpoints = append(endpoints, isolation.EgressProvider{Name: pr.Name, Kind: pr.Kind, BaseURL: base, Model: pr.Model,
+			Endpoints: conf.Endpoints, APIVersion: conf.APIVersion, Organization: conf.Organization, Project: conf.Project})
 	}
 	var rules []isolation.EgressRule
 	for _, s := range a.EgressAllow {
@@ -462,6 +466,9 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 	for _, s := range secrets {
 		why += fmt.Sprintf("; secret %s is added as %s for %s (TLS intercepted with the run's own CA, which the sandbox trusts through %s; other hosts are never intercepted)",
 			s.Name, s.Header, strings.Join(s.Hosts, ", "), e.SandboxCABundle)
+		if len(s.Ports) > 0 || len(s.Methods) > 0 || len(s.Paths) > 0 {
+			why += fmt.Sprintf(", only on ports %v, for methods %v, under paths %v (empty: any); other requests to its hosts are sent without it", s.Ports, s.Methods, s.Paths)
+		}
 	}
 	c.why["egress"] = why
 	if host.EgressUnavailable != nil {
@@ -496,7 +503,7 @@ func egressSecrets(c *compiled, cfg *config.Config, a config.Agent, rules []isol
 	for _, s := range cfg.EgressSecrets {
 		var hosts []string
 		for _, h := range s.Hosts {
-			if reachable(rules, h) {
+			if reachable(rules, h, s.Ports) {
 				hosts = append(hosts, h)
 			}
 		}
@@ -508,24 +515,33 @@ func egressSecrets(c *compiled, cfg *config.Config, a config.Agent, rules []isol
 			c.problems = append(c.problems, &isolation.RunError{Reason: isolation.ReasonStart, Detail: fmt.Sprintf("egress secret %s", s.Name), Err: err})
 			continue
 		}
-		out = append(out, isolation.EgressSecret{Name: s.Name, Hosts: hosts, Header: s.Header, Format: s.Format, Value: value})
+		out = append(out, isolation.EgressSecret{Name: s.Name, Hosts: hosts, Header: s.Header, Format: s.Format,
+			Ports: s.Ports, Methods: upper(s.Methods), Paths: s.Paths, Value: value})
 	}
 	return out
 }
 
 // reachable says whether a rule lets CONNECT reach host on its port (443
-// for a rule without one).
-func reachable(rules []isolation.EgressRule, host string) bool {
+// for a rule without one), and on one of ports when the secret names them.
+func reachable(rules []isolation.EgressRule, host string, ports []int) bool {
 	for _, r := range rules {
 		port := r.Port
 		if port == 0 {
 			port = 443
 		}
-		if r.Matches("CONNECT", host, port) {
+		if r.Matches("CONNECT", host, port) && (len(ports) == 0 || slices.Contains(ports, port)) {
 			return true
 		}
 	}
 	return false
+}
+
+func upper(ss []string) []string {
+	var out []string
+	for _, s := range ss {
+		out = append(out, strings.ToUpper(s))
+	}
+	return out
 }
 
 // secretValue reads a secret from the scheduler's environment or its file
