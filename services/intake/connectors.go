@@ -62,7 +62,8 @@ func (s *Service) build(c config.Connector) *running {
 	var err error
 	switch f, ok := s.factories[c.Type]; {
 	case c.Type == config.ConnectorWebhook:
-		r.conn = &webhookConnector{svc: s, id: c.ID}
+		r.conn = &webhookConnector{svc: s, id: c.ID,
+			status: connector.NewStatusKeeper(config.ConnectorWebhook, connector.StateHTTP, s.clock.Now)}
 	case !ok:
 		err = fmt.Errorf("connector type %q is not available in this berth-intake", c.Type)
 	default:
@@ -308,10 +309,9 @@ func (s *Service) HasLongLivedConnector() bool {
 // webhookConnector is the built-in webhook type: it receives in serveHook
 // and posts replies to reply_url, signed like incoming webhooks.
 type webhookConnector struct {
-	svc *Service
-	id  string
-	mu  sync.Mutex
-	st  connector.Status
+	svc    *Service
+	id     string
+	status *connector.StatusKeeper
 }
 
 func (w *webhookConnector) Run(context.Context, connector.Sink) error { return nil }
@@ -322,26 +322,16 @@ func (w *webhookConnector) Send(context.Context, connector.Reply) error {
 	return &connector.PermanentError{Reason: "webhook replies are posted by intake"}
 }
 
-func (w *webhookConnector) Status() connector.Status {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	st := w.st
-	st.Type, st.State = config.ConnectorWebhook, connector.StateHTTP
-	return st
-}
+func (w *webhookConnector) Status() connector.Status { return w.status.Snapshot() }
 
-func (w *webhookConnector) noteEvent(at time.Time) {
-	w.mu.Lock()
-	w.st.LastEvent = at
-	w.mu.Unlock()
-}
+func (w *webhookConnector) noteEvent(at time.Time) { w.status.Saw(at) }
 
+// noteError records a reply POST's outcome: a failure is the last error
+// (with its time) until a later POST succeeds.
 func (w *webhookConnector) noteError(err error) {
-	w.mu.Lock()
-	if err == nil {
-		w.st.LastError = ""
+	if err != nil {
+		w.status.Failed(err)
 	} else {
-		w.st.LastError = err.Error()
+		w.status.Healthy()
 	}
-	w.mu.Unlock()
 }

@@ -9,10 +9,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/services/intake/connector"
 )
 
 func TestWebhookRejectionsStoreNothing(t *testing.T) {
@@ -296,5 +298,49 @@ func TestAReplyPostedAgainAfterALostAnswerCarriesTheSameIdempotencyKey(t *testin
 	defer mu.Unlock()
 	if len(keys) != 2 || keys[0] != "run-42" || keys[1] != "run-42" {
 		t.Fatalf("Idempotency-Key of the posts = %q, want the run id on both", keys)
+	}
+}
+
+func TestAFailedReplyPostIsTheWebhooksLastErrorWithItsTimeUntilOneSucceeds(t *testing.T) {
+	t.Parallel()
+	var failing atomic.Bool
+	failing.Store(true)
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		if failing.Load() {
+			http.Error(w, "try later", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(receiver.Close)
+	s, _ := newTestService(t, testConfig(receiver.URL))
+	runService(t, s)
+	if status, out := post(t, s, signedRequest("hooks", []byte(`{"id":"m-1","channel":"ops","author":"ada","text":"status?"}`), testSecret, time.Now())); status != http.StatusAccepted {
+		t.Fatalf("post: %d %v", status, out)
+	}
+	if err := s.Deliver(map[string]string{"run_id": "run-1", "message_id": "hooks/m-1", "connector": "hooks", "state": "succeeded", "text": "ok"}); err != nil {
+		t.Fatal(err)
+	}
+	hooks := func() connector.Status {
+		for _, st := range s.ConnectorStatuses() {
+			if st.ID == "hooks" {
+				return st.Status
+			}
+		}
+		t.Fatal("no status for connector hooks")
+		return connector.Status{}
+	}
+	eventually(t, "the failed POST is the last error", func() bool { return hooks().LastError != "" })
+	if st := hooks(); !strings.Contains(st.LastError, "503") || st.LastErrorAt.IsZero() {
+		t.Fatalf("status = %+v, want the 503 with its time", st)
+	}
+	failing.Store(false)
+	eventually(t, "the reply is delivered", func() bool {
+		r := outboxEntries(t, s)
+		return len(r) == 1 && r[0].State == stateDelivered
+	})
+	if st := hooks(); st.LastError != "" || !st.LastErrorAt.IsZero() {
+		t.Errorf("status after the reply went through = %+v, want no error", st)
 	}
 }
