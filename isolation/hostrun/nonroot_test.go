@@ -48,6 +48,10 @@ func runHelper() int {
 		// The real berth-agent: a Landlock policy as a host run gets it.
 		s.Policy = isolation.HostPolicy(isolation.FileAccess{AllowRead: strings.Split(read, ":")}, ws, nil)
 	}
+	if socket := os.Getenv("HELPER_EGRESS_SOCKET"); socket != "" {
+		s.Egress = &isolation.EgressPlan{Socket: socket, SandboxSocket: socket, ProxyAddr: "127.0.0.1:3128"}
+		s.EgressToken = "tok-helper-0123456789abcdef"
+	}
 	res, err := hostrun.Runner{}.Run(context.Background(), s)
 	out := helperOutcome{Reply: res.Response.Reply, Reason: isolation.ReasonOf(err)}
 	if err != nil {
