@@ -51,7 +51,7 @@ func TestARunWithoutANetworkOfItsOwnLeavesOnlyThroughItsEgressSocket(t *testing.
 			if p.Egress == nil || p.Network.Mode != "none" {
 				t.Fatalf("egress %+v network %+v", p.Egress, p.Network)
 			}
-			want := isolation.Mount{Source: filepath.Join(host.StateDir, "egress", "r1"), Target: "/run/berth-egress"}
+			want := isolation.Mount{Source: filepath.Join(host.StateDir, "egress", "r1"), Target: "/run/berth-egress", ReadOnly: true}
 			if !slices.Contains(p.Mounts, want) || p.Egress.SandboxSocket != "/run/berth-egress/egress.sock" {
 				t.Errorf("mounts %+v sandbox socket %q; want %+v", p.Mounts, p.Egress.SandboxSocket, want)
 			}

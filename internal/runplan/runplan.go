@@ -433,8 +433,13 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		e.SandboxSocket = filepath.Join(isolation.SandboxEgressDir, isolation.EgressSocketName)
 		if e.CABundle != "" {
 			e.SandboxCABundle = filepath.Join(isolation.SandboxEgressDir, isolation.EgressCABundleName)
+			// berth-agent's Landlock inside the container reads only what
+			// its policy names: without this, every TLS client fails.
+			p.Policy.AllowRead = append(p.Policy.AllowRead, e.SandboxCABundle)
 		}
-		p.Mounts = append(p.Mounts, isolation.Mount{Source: runDir, Target: isolation.SandboxEgressDir})
+		// Read-only: connecting to the socket needs no write to the mount,
+		// and a tool must not write into the scheduler's state directory.
+		p.Mounts = append(p.Mounts, isolation.Mount{Source: runDir, Target: isolation.SandboxEgressDir, ReadOnly: true})
 	}
 	if host.EgressUser != nil {
 		e.Proxy.User = host.EgressUser.Name
