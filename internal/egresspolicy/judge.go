@@ -2,7 +2,6 @@ package egresspolicy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -79,7 +78,7 @@ func (j *Judge) Destination(ctx context.Context, method, host string, port int) 
 			if err != nil {
 				why = err.Error()
 			}
-			return Destination{}, refused(http.StatusBadGateway, "cannot resolve %s: %s", host, why)
+			return d, refused(http.StatusBadGateway, "cannot resolve %s: %s", host, why)
 		}
 	}
 	refusal := ""
@@ -185,6 +184,13 @@ func (j *Judge) Explain(ctx context.Context, q Question) (Verdict, error) {
 		}
 	}
 	dest, r := j.Destination(ctx, method, host, port)
+	if r != nil && r.Code == http.StatusBadGateway {
+		// The rule allows it; the name does not resolve here and now, which
+		// the proxy would answer with 502, not a refusal of policy.
+		v.Allowed, v.Rule, v.Reason = true, dest.Rule.Raw, "allowed by rule "+dest.Rule.Raw
+		v.Note = joinNote(v.Note, r.Reason+" (now, from the scheduler: the proxy resolves when the request is sent and refuses an internal address unless the rule names the host)")
+		return v, nil
+	}
 	if r != nil {
 		return refuse(r)
 	}
@@ -225,6 +231,3 @@ func joinNote(a, b string) string {
 	}
 	return a + "; " + b
 }
-
-// ErrNoEgress is explained for a run without egress.
-var ErrNoEgress = errors.New("the agent has no egress")
