@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -164,6 +165,20 @@ func KeepVisible(workspace, agentBinary string, policy agentproto.Policy, egress
 	return keep
 }
 
+// KeepWritable are the paths of KeepVisible that stay writable when they are
+// bound back: the workspace, the policy's read-write paths and the egress
+// socket's directory. The rest is bound back read-only: the run's own /tmp
+// is read-write to Landlock, and a read-only path bound into it (berth-agent
+// itself, where a quickstart put it under /tmp) must not become writable
+// with it.
+func KeepWritable(workspace string, policy agentproto.Policy, egressSocket string) []string {
+	keep := append([]string{workspace}, policy.AllowReadWrite...)
+	if egressSocket != "" {
+		keep = append(keep, filepath.Dir(egressSocket))
+	}
+	return keep
+}
+
 // KeepPaths are the paths of keep that a mask would hide (strictly inside a
 // masked directory, after following links), cleaned and deduplicated:
 // what MaskSocketDirs binds back. A path that is a masked directory or
@@ -193,23 +208,25 @@ func KeepPaths(masks []MaskedDir, keep []string) []string {
 	return out
 }
 
-// MaskSocketDirs masks masks (RunMasks) in the calling thread's mount namespace,
-// which must be its own (unshared, or made with the process) and in which
-// it holds CAP_SYS_ADMIN: it makes every mount private (nothing propagates
-// back to the host), mounts an empty tmpfs on each masked directory and binds
-// each of keep that a mask hides back to where it was. It returns what it
-// masked. It stops at the first failure, saying what failed; the caller must
-// then not start the run.
-func MaskSocketDirs(masks []MaskedDir, keep []string) ([]string, error) {
+// MaskSocketDirs masks masks (RunMasks) in the calling thread's mount
+// namespace, which must be its own (unshared, or made with the process) and
+// in which it holds CAP_SYS_ADMIN: it makes every mount private (nothing
+// propagates back to the host), mounts an empty tmpfs on each masked
+// directory and binds each of keep that a mask hides back to where it was,
+// read-only unless it is or lies beneath one of writable (KeepWritable). It
+// returns what it masked. It stops at the first failure, saying what
+// failed; the caller must then not start the run.
+func MaskSocketDirs(masks []MaskedDir, keep, writable []string) ([]string, error) {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return nil, fmt.Errorf("cannot make the run's mounts private: %w", err)
 	}
 	// The kept paths are opened before the masks hide them, and bound back
 	// from those descriptors afterwards.
 	type kept struct {
-		path string
-		fd   int
-		dir  bool
+		path     string
+		fd       int
+		dir      bool
+		readOnly bool
 	}
 	var keeps []kept
 	defer func() {
@@ -217,7 +234,12 @@ func MaskSocketDirs(masks []MaskedDir, keep []string) ([]string, error) {
 			unix.Close(k.fd)
 		}
 	}()
-	for _, p := range KeepPaths(masks, keep) {
+	rw := KeepPaths(masks, writable)
+	paths := KeepPaths(masks, keep)
+	// Parents first: a path kept inside another kept one is bound on top
+	// of it, not hidden under it.
+	slices.SortStableFunc(paths, func(a, b string) int { return strings.Count(a, "/") - strings.Count(b, "/") })
+	for _, p := range paths {
 		fd, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
 		if err != nil {
 			if os.IsNotExist(err) {
@@ -230,7 +252,8 @@ func MaskSocketDirs(masks []MaskedDir, keep []string) ([]string, error) {
 			unix.Close(fd)
 			return nil, fmt.Errorf("cannot keep %s visible: %w", p, err)
 		}
-		keeps = append(keeps, kept{path: p, fd: fd, dir: st.Mode&unix.S_IFMT == unix.S_IFDIR})
+		readOnly := !slices.ContainsFunc(rw, func(w string) bool { return p == w || strings.HasPrefix(p, w+"/") })
+		keeps = append(keeps, kept{path: p, fd: fd, dir: st.Mode&unix.S_IFMT == unix.S_IFDIR, readOnly: readOnly})
 	}
 	var done []string
 	for _, m := range masks {
@@ -240,7 +263,7 @@ func MaskSocketDirs(masks []MaskedDir, keep []string) ([]string, error) {
 		done = append(done, m.Path)
 	}
 	for _, k := range keeps {
-		if err := bindBack(k.path, k.fd, k.dir); err != nil {
+		if err := bindBack(k.path, k.fd, k.dir, k.readOnly); err != nil {
 			return done, err
 		}
 	}
@@ -248,8 +271,9 @@ func MaskSocketDirs(masks []MaskedDir, keep []string) ([]string, error) {
 }
 
 // bindBack binds the file or directory open as fd onto path, creating the
-// mount point (and its parents) in the tmpfs that hides it.
-func bindBack(path string, fd int, dir bool) error {
+// mount point (and its parents) in the tmpfs that hides it, and makes the
+// bind read-only when readOnly says so.
+func bindBack(path string, fd int, dir, readOnly bool) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("cannot keep %s visible: %w", path, err)
 	}
@@ -266,6 +290,27 @@ func bindBack(path string, fd int, dir bool) error {
 	}
 	if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", fd), path, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("cannot keep %s visible: %w", path, err)
+	}
+	if !readOnly {
+		return nil
+	}
+	// A remount must repeat the flags the source's mount has: in a user
+	// namespace they are locked, and leaving one out is refused (EPERM).
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil {
+		return fmt.Errorf("cannot keep %s read-only: %w", path, err)
+	}
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY)
+	for st, ms := range map[int64]uintptr{
+		unix.ST_NOSUID: unix.MS_NOSUID, unix.ST_NODEV: unix.MS_NODEV, unix.ST_NOEXEC: unix.MS_NOEXEC,
+		unix.ST_NOATIME: unix.MS_NOATIME, unix.ST_NODIRATIME: unix.MS_NODIRATIME, unix.ST_RELATIME: unix.MS_RELATIME,
+	} {
+		if fs.Flags&st != 0 {
+			flags |= ms
+		}
+	}
+	if err := unix.Mount("", path, "", flags, ""); err != nil {
+		return fmt.Errorf("cannot keep %s read-only: %w", path, err)
 	}
 	return nil
 }

@@ -36,7 +36,8 @@ func MaskSelf(req agentproto.Request) ([]string, error) {
 	if req.Egress != nil {
 		egressSocket = req.Egress.Socket
 	}
-	masked, err := MaskSocketDirs(RunMasks(egressSocket), KeepVisible(req.Workspace, self, req.Policy, egressSocket))
+	masked, err := MaskSocketDirs(RunMasks(egressSocket), KeepVisible(req.Workspace, self, req.Policy, egressSocket),
+		KeepWritable(req.Workspace, req.Policy, egressSocket))
 	if err != nil {
 		return masked, err
 	}

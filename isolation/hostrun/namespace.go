@@ -82,7 +82,7 @@ func enterMaskedNamespaces(p isolation.Plan) error {
 	if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_NEWIPC); err != nil {
 		return fmt.Errorf("cannot make mount and IPC namespaces: %w", err)
 	}
-	if _, err := confine.MaskSocketDirs(masks(p), keepVisible(p)); err != nil {
+	if _, err := confine.MaskSocketDirs(masks(p), keepVisible(p), confine.KeepWritable(p.Workspace, p.Policy, egressSocket(p))); err != nil {
 		return err
 	}
 	return nil

@@ -217,3 +217,50 @@ func TestARunOfANonRootSchedulerHasItsOwnTmpToo(t *testing.T) {
 		}
 	}
 }
+
+// The run's /tmp is read-write to Landlock, so what the plan keeps visible
+// under the host's /tmp (a read-only allow path, berth-agent where a
+// quickstart put it) is bound back read-only: it must not become writable
+// with the run's /tmp, on either side that masks.
+func TestAReadOnlyPathKeptUnderTmpStaysReadOnly(t *testing.T) {
+	t.Parallel()
+	requireRoot(t)
+	readOnly, err := os.CreateTemp(base, "read-only-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readOnly.WriteString("as it was\n")
+	readOnly.Close()
+	t.Cleanup(func() { os.Remove(readOnly.Name()) })
+	uid, gid := nobody(t)
+	// DAC would let the run's user write it: only the bind stops it.
+	if err := os.Chown(readOnly.Name(), uid, gid); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(readOnly.Name(), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	command := "(echo changed >> " + readOnly.Name() + ") 2>&1 | grep -o 'Read-only file system' | sed 's/^/append: /'"
+
+	s := landlockSpec(t, "/sh "+command)
+	s.Policy = isolation.HostPolicy(isolation.FileAccess{AllowRead: []string{readOnly.Name()}}, s.Workspace, nil)
+	res, err := hostrun.Runner{}.Run(context.Background(), s)
+	if err != nil {
+		t.Fatalf("run failed: %v\nstderr: %s", err, res.Stderr)
+	}
+	if got := lineOf(res.Response.Reply, "append:"); got != "append: Read-only file system" {
+		t.Errorf("a root scheduler's run: %q, want read-only\nreply:\n%s", got, res.Response.Reply)
+	}
+
+	out := runAsNobody(t, "", "HELPER_AGENT="+berthAgent, "HELPER_ALLOW_READ="+readOnly.Name(), "HELPER_TEXT=/sh "+command)
+	if out.Reason == "" {
+		if got := lineOf(out.Reply, "append:"); got != "append: Read-only file system" {
+			t.Errorf("a non-root scheduler's run: %q, want read-only\nreply:\n%s", got, out.Reply)
+		}
+	} else if out.Reason != isolation.ReasonConfinement {
+		t.Errorf("a non-root scheduler's run: got %q (%s), want a run or a confinement failure", out.Reason, out.Error)
+	}
+	if data, _ := os.ReadFile(readOnly.Name()); string(data) != "as it was\n" {
+		t.Errorf("the read-only file was written: %q", data)
+	}
+}
