@@ -169,6 +169,9 @@ func (in *interceptor) leaf(host string) (*tls.Certificate, error) {
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	if ip := net.ParseIP(host); ip != nil {
+		// No common name: OpenSSL judges a CN that looks like a name
+		// against the CA's name constraints, which permit no names here.
+		tmpl.Subject = pkix.Name{}
 		tmpl.IPAddresses = []net.IP{ip}
 	} else {
 		tmpl.DNSNames = []string{host}

@@ -1,19 +1,36 @@
 package scheduler
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/berth-dev/berth/isolation"
 )
 
+// fakeResolver maps names to addresses, as a DNS server would.
+type fakeResolver map[string]string
+
+func (r fakeResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	a, ok := r[host]
+	if !ok {
+		return nil, fmt.Errorf("no such host %s", host)
+	}
+	return []netip.Addr{netip.MustParseAddr(a)}, nil
+}
+
 func TestEgressExplainSaysWhetherARequestWouldPassAndWhy(t *testing.T) {
 	t.Parallel()
 	cfg := egressConfig("/nonexistent/berth-agent", "/nonexistent/berth-egress", "http://127.0.0.1:9")
 	cfg.Agents[0].Egress.Allow = []string{"pypi.org", "*.debian.org", "GET deb.example.org:8080"}
-	s, err := New(cfg, t.TempDir(), Options{Getenv: func(string) string { return egressTestKey }, Logger: quietLog})
+	// Names resolve as a DNS server answers them: the proxy's judging
+	// decides on the address.
+	names := fakeResolver{"pypi.org": "151.101.0.223", "deb.debian.org": "151.101.2.132", "mirror.debian.org": "10.1.2.3"}
+	s, err := New(cfg, t.TempDir(), Options{Getenv: func(string) string { return egressTestKey }, Logger: quietLog, Resolver: names})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,10 +41,11 @@ func TestEgressExplainSaysWhetherARequestWouldPassAndWhy(t *testing.T) {
 		want              string
 	}{
 		{"HTTPS_to_an_allowed_host_passes_by_its_rule", "GET", "https://pypi.org/simple/", true, "allowed by rule pypi.org"},
-		{"A_glob_rule_warns_about_internal_addresses", "GET", "http://deb.debian.org/debian", true, "refused at dial time if deb.debian.org resolves"},
+		{"A_glob_rule_allows_a_public_address", "GET", "http://deb.debian.org/debian", true, "allowed by rule *.debian.org"},
+		{"A_glob_rule_refuses_an_internal_address", "GET", "http://mirror.debian.org/debian", false, "resolves to 10.1.2.3, a private address; only a rule naming mirror.debian.org exactly allows that"},
 		{"A_method_the_rule_does_not_list_is_refused", "POST", "http://deb.example.org:8080/x", false, "no [agents.egress] allow rule matches POST deb.example.org:8080"},
 		{"An_unlisted_host_is_refused", "GET", "https://evil.example/", false, "no [agents.egress] allow rule matches CONNECT evil.example:443"},
-		{"The_provider_endpoint_is_explained", "POST", "http://127.0.0.1:9/v1/chat/completions", false, `only as POST with model "gpt-test"`},
+		{"The_provider_endpoint_is_explained", "POST", "http://127.0.0.1:9/v1/chat/completions", false, `with model "gpt-test"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

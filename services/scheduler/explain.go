@@ -149,7 +149,7 @@ func (s *Service) ExplainEgressJSON(agent, method, rawURL string) (string, error
 	// internal address is decided as it would be.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	v, err := e.Plan.Egress.Decide(ctx, method, target, net.DefaultResolver, egresspolicy.HostClassifier())
+	v, err := e.Plan.Egress.Decide(ctx, method, target, s.opts.Resolver, egresspolicy.HostClassifier())
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}

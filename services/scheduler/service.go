@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -85,6 +87,11 @@ type Options struct {
 	// may block until ctx (the run's) ends: crash tests kill the scheduler
 	// there (HoldAtFiles). Nil in production.
 	Hold func(ctx context.Context, point, runID string, attempt int)
+	// Resolver resolves names for `berthctl egress explain`, as the egress
+	// proxy does when the request is sent; nil means the system's.
+	Resolver interface {
+		LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+	}
 }
 
 // Service is berth-scheduler: the store, the dispatcher, the deliveries and
@@ -142,6 +149,9 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 	}
 	if opts.Getenv == nil {
 		opts.Getenv = os.Getenv
+	}
+	if opts.Resolver == nil {
+		opts.Resolver = net.DefaultResolver
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
