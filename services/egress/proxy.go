@@ -14,6 +14,7 @@
 package egress
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/subtle"
@@ -353,6 +354,9 @@ func logDecision(log *slog.Logger, d egresspolicy.Decision) {
 func (s *Server) refuse(w http.ResponseWriter, d egresspolicy.Decision, code int, reason string) {
 	d.Allowed, d.Reason = false, reason
 	s.record(d)
+	if dw, ok := w.(*drainingWriter); ok {
+		dw.drain(s.opts.MaxProviderBody)
+	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Berth-Egress", "refused")
 	w.WriteHeader(code)
@@ -374,6 +378,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	defer s.active.Done()
 	d := egresspolicy.Decision{Time: time.Now(), Method: r.Method}
+	w = &drainingWriter{ResponseWriter: w, body: r.Body}
 	if n := headerSize(r); n > s.opts.MaxHeaderBytes {
 		// Go's own bound lets a few KiB more through: the documented bound
 		// is this one.
@@ -759,4 +764,34 @@ func (b *byteBudget) give(n int64) {
 	b.mu.Lock()
 	b.used -= n
 	b.mu.Unlock()
+}
+
+// drainingWriter reads what is left of a refused request's body before the
+// refusal is written: a server that answers and closes while the sandbox
+// still sends would make its relay see a broken pipe, not the reason.
+type drainingWriter struct {
+	http.ResponseWriter
+	body io.Reader
+}
+
+// drain discards up to limit bytes of the body; a longer one is cut off.
+func (w *drainingWriter) drain(limit int64) {
+	if w.body == nil || w.body == http.NoBody {
+		return
+	}
+	io.Copy(io.Discard, io.LimitReader(w.body, limit))
+}
+
+func (w *drainingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	hj, ok := w.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("cannot hijack this connection")
+	}
+	return hj.Hijack()
+}
+
+func (w *drainingWriter) Flush() {
+	if fl, ok := w.ResponseWriter.(http.Flusher); ok {
+		fl.Flush()
+	}
 }

@@ -127,3 +127,28 @@ func TestIdleUnauthenticatedConnectionsCannotHoldAllSlots(t *testing.T) {
 		t.Fatalf("got %d, want the proxy's 403", resp.StatusCode)
 	}
 }
+
+// A refused request's body is read before the refusal is sent, so the
+// sandbox always gets the proxy's answer, not a broken pipe.
+func TestARefusedCallsBodyIsReadSoTheSandboxGetsTheReason(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, egress.Policy{RunID: "r1", Providers: []egress.Provider{{Name: "openai", Kind: "openai", BaseURL: "http://127.0.0.1:9/v1", Model: "m", Key: openKey}}}, egress.Options{})
+	conn, err := net.Dial("unix", p.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := strings.Repeat("x", 4<<20) // far more than a socket buffer holds
+	fmt.Fprintf(conn, "POST /providers/openai/files HTTP/1.1\r\nHost: egress\r\nProxy-Authorization: Bearer %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n", token, len(body))
+	if _, err := io.WriteString(conn, body); err != nil {
+		t.Fatalf("sending the body of a refused call: %v (the proxy stopped reading)", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("got %d, want the proxy's 403", resp.StatusCode)
+	}
+}
