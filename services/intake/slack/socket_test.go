@@ -580,3 +580,40 @@ func TestAConnectorThatNeverConnectedCountsEachRetryAsAReconnect(t *testing.T) {
 		t.Errorf("status = %+v, want the last error with its time", st)
 	}
 }
+
+func TestARefreshWhoseOldConnectionSlackClosesFirstGoesOnWithTheNewOne(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	fake := slacktest.New(t, slacktest.Options{})
+	sink := newSink()
+	c, logs := startSocket(t, fake, sink, nil)
+	release := fake.HoldHandshakes()
+	defer release()
+	if err := fake.Disconnect("refresh_requested"); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.WaitHeldHandshake(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fake.Drop() // Slack closes the old one before the new one is up
+	if err := fake.WaitClosed(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	ev := mention(fake, "after")
+	if _, err := fake.Deliver(ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	if calls := sink.wait(ctx, t, 1); calls[0].ID != "C0CHAN:"+ev.TS {
+		t.Errorf("sink got %+v", calls)
+	}
+	if got := fake.Opens(); got != 2 {
+		t.Errorf("apps.connections.open called %d times, want 2: the refresh's connection is used, no reconnect after it", got)
+	}
+	if st := c.Status(); st.State != connector.StateConnected || st.Reconnects != 0 {
+		t.Errorf("status = %+v, want connected without a reconnect", st)
+	}
+	if strings.Contains(logs.String(), "level=WARN") {
+		t.Errorf("the refresh logged a warning:\n%s", logs.String())
+	}
+}
