@@ -10,13 +10,13 @@ import (
 	"strings"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/internal/egresspolicy"
 )
 
 // egressExplained is dev.berth.Scheduler1.ExplainEgress's JSON
 // (scheduler.EgressExplained; berthctl links no scheduler).
 type egressExplained struct {
-	isolation.EgressVerdict
+	egresspolicy.Verdict
 	Agent   string `json:"agent"`
 	Network string `json:"network"`
 	Direct  bool   `json:"direct,omitempty"`

@@ -199,7 +199,10 @@ func (j *Judge) Explain(ctx context.Context, q Question) (Verdict, error) {
 		v.Note = joinNote(v.Note, "refused when sent if "+host+" resolves to an internal address (loopback, private, link-local, this host's networks or gateways): no rule names it exactly")
 	}
 	if method == http.MethodConnect {
-		if sec := j.SecretFor(host, port); sec != nil {
+		if sec := j.SecretFor(host, port); sec != nil && v.Method == http.MethodConnect {
+			v.Rule = "secret " + sec.Name
+			v.Note = joinNote(v.Note, fmt.Sprintf("TLS intercepted with the run's CA: each request inside must name %s as its Host, and gets secret %s where its scope allows", u.Host, sec.Name))
+		} else if sec != nil {
 			v.Rule = "secret " + sec.Name
 			inner := &http.Request{Method: v.Method, Host: q.Host, URL: &url.URL{Path: u.EscapedPath()}}
 			if inner.Host == "" {
