@@ -47,7 +47,7 @@ while (($#)); do
     --worktree) worktree=1 ;;
     --privileged) privileged=1 ;;
     --keep) keep=1 ;;
-    -h | --help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
