@@ -206,15 +206,16 @@ func TestAnEventStreamReachesTheToolAsItArrives(t *testing.T) {
 	}
 }
 
-// The proxy refuses these before it reads their bodies and closes the
-// connection: the relay, still writing the body, must pass the refusal on
-// rather than its own broken pipe.
+// The proxy refuses these without reading all of their bodies (it drains
+// at most MaxProviderBody) and closes the connection: the relay, still
+// writing the body, must pass the refusal on rather than its own broken
+// pipe.
 func TestARefusalOfARequestWithALargeBodyReachesTheToolAsTheProxySentIt(t *testing.T) {
 	t.Parallel()
 	model := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{"ok":true}`) }))
 	t.Cleanup(model.Close)
 	p := stack(t, egress.Policy{RunID: "r1", Providers: []egress.Provider{{Name: "openai", Kind: "openai", BaseURL: model.URL + "/v1", Model: "m", Key: "sk-secret"}}},
-		egress.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		egress.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxProviderBody: 1 << 20})
 	body := strings.Repeat("x", 4<<20)
 	for _, target := range []struct{ name, requestURI, host string }{
 		{"a_provider_no_rule_names", "/providers/nope/chat/completions", p.Addr()},
