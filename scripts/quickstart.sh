@@ -24,7 +24,7 @@ prev=
 for arg in "$@"; do
   if [ "$arg" = --isolation=container ] || { [ "$prev" = --isolation ] && [ "$arg" = container ]; }; then
     ensure_docker
-    [ -e /usr/share/doc/busybox-static ] || ensure_packages busybox-static-is-missing:busybox-static
+    ensure_packages :busybox-static
   fi
   prev=$arg
 done
