@@ -249,8 +249,17 @@ func TestConfinedAgentCannotReadHostSecretsOtherWorkspacesOrBerthState(t *testin
 			_ = os.Chmod(p, fi.Mode().Perm()|0o005)
 		}
 	}
+	// World-writable, as the host's /tmp and /var/tmp are, but not one of
+	// the run's own: only Landlock keeps the agent from writing there.
+	open, err := os.MkdirTemp("/var/lib", "berth-e2e-open-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(open) })
+	_ = os.Chmod(open, 0o1777)
+	escape := filepath.Join(open, "escape")
 	targets := []string{"/etc/shadow", s.ConfigPath, filepath.Join(otherWS, "secret.txt"), filepath.Join(s.StateDir, "scheduler", "scheduler.db"), filepath.Join(s.StateDir, "intake", "intake.db"), secretFile}
-	probe := "/sh for f in " + strings.Join(targets, " ") + " " + publicFile + `; do if head -c1 "$f" >/dev/null 2>&1; then echo "READ $f"; else echo "DENIED $f"; fi; done; echo mine > mine.txt && cat mine.txt; echo x > /var/tmp/berth-e2e-escape && echo "WROTE outside"`
+	probe := "/sh for f in " + strings.Join(targets, " ") + " " + publicFile + `; do if head -c1 "$f" >/dev/null 2>&1; then echo "READ $f"; else echo "DENIED $f"; fi; done; echo mine > mine.txt && cat mine.txt; echo x > ` + escape + `.$(id -u) && echo "WROTE outside"`
 
 	jail := s.mustPost(t, "jail", probe)
 	free := s.mustPost(t, "free", probe)
@@ -279,7 +288,9 @@ func TestConfinedAgentCannotReadHostSecretsOtherWorkspacesOrBerthState(t *testin
 			t.Errorf("unrestricted control could not read %s, so the test proves nothing:\n%s", f, ctl)
 		}
 	}
-	_ = os.Remove("/var/tmp/berth-e2e-escape")
+	if !strings.Contains(ctl, "\nWROTE outside") {
+		t.Errorf("unrestricted control could not write %s, so the test proves nothing:\n%s", open, ctl)
+	}
 }
 
 func TestKernelWithoutLandlockFailsTheRunClosed(t *testing.T) {
