@@ -179,7 +179,8 @@ func CheckModel(body []byte, model string) error {
 		}
 		if key == "model" {
 			var s string
-			if err := json.Unmarshal(v, &s); err != nil {
+			// null decodes into a string without error: only a JSON string is one.
+			if len(v) == 0 || v[0] != '"' || json.Unmarshal(v, &s) != nil {
 				return errors.New("the request body's model is not a string")
 			}
 			got = &s
