@@ -61,6 +61,14 @@ type Destination struct {
 // make the proxy's resolver look up names no rule allows.
 func (j *Judge) Destination(ctx context.Context, method, host string, port int) (Destination, *Refusal) {
 	host = NormalHost(host)
+	if _, err := netip.ParseAddr(host); err != nil && !ValidHostname(host) {
+		// Userinfo, spaces or other junk in a target: what a "*" rule would
+		// otherwise hand to the resolver.
+		return Destination{}, refused(http.StatusBadRequest, "%q is not a host name or an IP address", host)
+	}
+	if port < 1 || port > 65535 {
+		return Destination{}, refused(http.StatusBadRequest, "port %d is not 1-65535", port)
+	}
 	rule, ok := MatchRule(j.Allow, method, host, port)
 	if !ok {
 		return Destination{}, refused(http.StatusForbidden, "%s", NoRule(method, host, port))

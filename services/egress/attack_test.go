@@ -489,3 +489,51 @@ func TestASecretLimitedToOtherPortsIsNotIntercepted(t *testing.T) {
 		t.Fatalf("a port the secret is not for: %v, want the host's own certificate (not the run's CA)", err)
 	}
 }
+
+// A target that is not a host name never reaches the resolver, even under
+// a "*" rule; a request inside an intercepted tunnel is held to the same
+// header bound as any other.
+func TestJunkTargetsAndOversizedHeadersInsideATunnelAreRefused(t *testing.T) {
+	t.Parallel()
+	res := &recordingResolver{resolver: resolver{}}
+	p := startProxy(t, egress.Policy{RunID: "r1", Allow: rules(t, "*")}, egress.Options{Resolver: res})
+	for _, target := range []string{"evil..example:443", "a!b.example:443", "*.example:443", "-x.example:443"} {
+		conn, err := net.Dial("unix", p.socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Bearer %s\r\n\r\n", target, target, token)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		conn.Close()
+		if err == nil && resp.StatusCode == 200 {
+			t.Errorf("CONNECT %s was tunnelled", target)
+		}
+	}
+	res.mu.Lock()
+	if len(res.asked) != 0 {
+		t.Errorf("the proxy resolved %q", res.asked)
+	}
+	res.mu.Unlock()
+
+	st := newSecretSetup(t, egress.Secret{})
+	target := "api.github.test:" + st.port
+	conn := dialTunnel(t, st.p.socket, target)
+	if resp, err := http.ReadResponse(conn.r, nil); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM([]byte(st.ca.CertPEM))
+	tc := tls.Client(conn.conn, &tls.Config{RootCAs: roots, ServerName: "api.github.test"})
+	fmt.Fprintf(tc, "GET /user HTTP/1.1\r\nHost: %s\r\nX-Pad: %s\r\n\r\n", target, strings.Repeat("a", 18<<10))
+	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("an 18 KiB header inside the tunnel: %d, want 431", resp.StatusCode)
+	}
+	if n := len(st.requests()); n != 0 {
+		t.Fatalf("the secret host saw %d requests with an oversized header", n)
+	}
+}
