@@ -18,7 +18,9 @@ import (
 // empty tmpfs, and only the paths the run's plan names are bound back into
 // them. The scheduler does it for a root host run, on the thread that starts
 // the agent; berth-agent does it itself when a non-root scheduler started it
-// in a user namespace of its own (MaskEnv).
+// in a user namespace of its own (MaskEnv). So a socket in a masked directory
+// is reachable only where the plan names it (its file rules); one elsewhere
+// on the host is as reachable as its file permissions make it.
 
 // MaskedDir is a directory a host run sees as an empty tmpfs.
 type MaskedDir struct {
