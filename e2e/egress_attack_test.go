@@ -119,6 +119,20 @@ func (w *attackWorld) reached(names ...string) []string {
 	return out
 }
 
+// describe says which upstream saw which request marked name.
+func (w *attackWorld) describe(name string) string {
+	var out []string
+	for _, rec := range w.all {
+		for _, r := range rec.requests(name) {
+			out = append(out, fmt.Sprintf("%s got %s %s Host %s", rec.name, r.Method, r.URI, r.Host))
+		}
+	}
+	if len(out) == 0 {
+		return "none saw it"
+	}
+	return strings.Join(out, "; ")
+}
+
 // probeResult is what the probe reports for one case (its result type).
 type probeResult struct {
 	Name    string `json:"name"`
@@ -640,7 +654,10 @@ func attackerCases(w *attackWorld, container bool, ownSocket, otherSocket string
 				if r.TLSErr == "" {
 					return fmt.Sprintf("the run's CA verified a host it does not intercept: %v", r)
 				}
-				return blocked()(w, r)
+				if got := w.reached(r.Name); len(got) > 0 {
+					return "GOT THROUGH: " + strings.Join(got, "; ")
+				}
+				return ""
 			}},
 		attackCase{probeCase: probeCase{Name: "run-ca-constraints", CAInfo: true}, check: func(w *attackWorld, r probeResult) string {
 			if r.CA == nil {
@@ -796,7 +813,7 @@ allow = %s
 	agents := []string{"attack", "control"}
 	if !container {
 		agents = append(agents, "free")
-		cfg.WriteString("[[agents]]\nid = \"free\"\nmax_iterations = 4\n[agents.file_access]\nunrestricted = true\n\n")
+		cfg.WriteString("[[agents]]\nid = \"free\"\nmax_iterations = 4\n[agents.file_access]\nunrestricted = true\nallow_network = true\n\n")
 	}
 	fmt.Fprintf(&cfg, "[intake]\ndefault_agent = \"attack\"\n\n[[connectors]]\nid = \"hooks\"\ntype = \"webhook\"\nsecret = %q\nreply_url = %q\n\n", secret, sink.srv.URL+"/replies")
 	for _, a := range agents {
@@ -837,7 +854,9 @@ allow = %s
 	}
 	for _, a := range agents {
 		runs[a] = s.runIDOf(t, msgs[a])
-		sockets[a] = filepath.Join(s.StateDir, "scheduler", "egress", runs[a], "egress.sock")
+		if a != "free" {
+			sockets[a] = s.egressSocket(t, runs[a])
+		}
 	}
 	own := sockets["attack"]
 	if container {
@@ -904,7 +923,7 @@ allow = %s
 						t.Fatal("the probe did not run it")
 					}
 					if why := c.check(w, r); why != "" {
-						t.Errorf("%s\nprobe: %v", why, r)
+						t.Errorf("%s\nprobe: %v\nupstreams: %s", why, r, w.describe(c.Name))
 					}
 				})
 			}
@@ -927,7 +946,9 @@ allow = %s
 						Reason  string `json:"reason"`
 						Note    string `json:"note"`
 					}
-					if err := json.Unmarshal([]byte(out), &v); err != nil {
+					// The verdict, then (on stderr, here in the same output) why
+					// berthctl exits 1.
+					if err := json.NewDecoder(strings.NewReader(out)).Decode(&v); err != nil {
 						t.Fatalf("berthctl egress explain %s %s: not a verdict: %s", c.explainMethod, c.explainURL, out)
 					}
 					if v.Allowed != proxyAllowed {
@@ -952,4 +973,21 @@ allow = %s
 		}
 	}
 	s.noKeyInRuns(t, attackKey, attackSecret)
+}
+
+// egressSocket waits for the socket of the run's attempt
+// (<state>/scheduler/egress/<run id>-<attempt>/egress.sock) and returns it.
+func (s *suite) egressSocket(t *testing.T, runID string) string {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		found, _ := filepath.Glob(filepath.Join(s.StateDir, "scheduler", "egress", runID+"*", "egress.sock"))
+		if len(found) == 1 {
+			return found[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s has no egress socket after a minute: %v", runID, found)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
