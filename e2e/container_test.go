@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -58,70 +57,6 @@ func TestContainerAgentAnswersFromAFreshContainerThatIsGoneAfterwards(t *testing
 			t.Fatalf("%d containers of the run left behind 30 s after its reply", len(left))
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func TestSchedulerKilledDuringAContainerRunLeavesNoContainerBehind(t *testing.T) {
-	t.Parallel()
-	cli := testdocker.Engine(t)
-	s := start(t, []agentSpec{{id: "boxed-crash", extra: containerAgent}})
-	id := s.mustPost(t, "boxed-crash", "/sh sleep 6; echo survived")
-
-	var original container.Summary
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		if cs := containersLabelled(t, cli, boxes.LabelAgent+"=boxed-crash"); len(cs) == 1 && cs[0].State == "running" {
-			original = cs[0]
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no running container within 2 minutes")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err := s.KillService(bus.SchedulerName, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	if !exists(t, cli, original.ID) {
-		t.Fatal("the container died with the scheduler; the test cannot tell the clean-up from that")
-	}
-	// A container nobody recorded a handle for (a crash between create and
-	// the handle's commit): only the sweep finds it.
-	instance := boxes.InstanceLabel(filepath.Join(s.StateDir, "scheduler"))
-	stray, err := cli.ContainerCreate(context.Background(), client.ContainerCreateOptions{
-		Config: &container.Config{Image: original.Image, Labels: map[string]string{
-			boxes.LabelRun: "stray-run", boxes.LabelAgent: "boxed-crash", boxes.LabelInstance: instance}},
-		HostConfig: &container.HostConfig{NetworkMode: "none"},
-	})
-	if err != nil {
-		t.Fatalf("cannot create a stray container: %v", err)
-	}
-	t.Cleanup(func() {
-		_, _ = cli.ContainerRemove(context.Background(), stray.ID, client.ContainerRemoveOptions{Force: true})
-	})
-
-	// The next bus call D-Bus-activates a new scheduler: it removes both and
-	// runs the interrupted message again.
-	if err := s.conn(t).Object(bus.SchedulerName, bus.SchedulerPath).Call("org.freedesktop.DBus.Peer.Ping", 0).Err; err != nil {
-		t.Fatalf("cannot activate the scheduler again: %v", err)
-	}
-	deadline = time.Now().Add(30 * time.Second)
-	for exists(t, cli, original.ID) || exists(t, cli, stray.ID) {
-		if time.Now().After(deadline) {
-			t.Fatalf("orphans still there 30s after the restart: original %v, stray %v", exists(t, cli, original.ID), exists(t, cli, stray.ID))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	reply := text(s.sink.wait(t, 3*time.Minute, id)[id])
-	if !strings.Contains(reply, "survived") {
-		t.Fatalf("reply %q: want the interrupted message run again", reply)
-	}
-	deadline = time.Now().Add(30 * time.Second)
-	for len(containersLabelled(t, cli, boxes.LabelAgent+"=boxed-crash")) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("containers of the agent left behind after its reply")
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -317,8 +317,13 @@ func ownerOf(name string) int {
 	return pid
 }
 
-// alive reports whether a process with pid exists (in this pid namespace).
+// alive reports whether a process with pid exists (in this pid namespace)
+// and has not ended: a SIGKILLed scheduler stays a zombie until whoever
+// started it (dbus-daemon) reaps it, and its leftovers are leftovers then.
 func alive(pid int) bool {
-	err := unix.Kill(pid, 0)
-	return err == nil || errors.Is(err, unix.EPERM)
+	if err := unix.Kill(pid, 0); err != nil && !errors.Is(err, unix.EPERM) {
+		return false
+	}
+	_, _, state, err := sessionAndStart(pid)
+	return err != nil || state != 'Z'
 }

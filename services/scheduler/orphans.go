@@ -131,13 +131,20 @@ func HoldAtFiles(dir string) func(ctx context.Context, point, runID string, atte
 		return nil
 	}
 	return func(ctx context.Context, point, runID string, attempt int) {
-		if os.Remove(filepath.Join(dir, point)) != nil {
-			return // not asked for, or taken by another run
+		// On another thread: a host run calls OnStart on the thread it
+		// started the agent from, which is in the run's mount namespace
+		// (its own /tmp).
+		held := make(chan bool)
+		go func() {
+			if os.Remove(filepath.Join(dir, point)) != nil {
+				held <- false // not asked for, or taken by another run
+				return
+			}
+			reached := fmt.Appendf(nil, "%s %d\n", runID, attempt)
+			held <- os.WriteFile(filepath.Join(dir, point+".reached"), reached, 0o644) == nil
+		}()
+		if <-held {
+			<-ctx.Done()
 		}
-		reached := fmt.Appendf(nil, "%s %d\n", runID, attempt)
-		if err := os.WriteFile(filepath.Join(dir, point+".reached"), reached, 0o644); err != nil {
-			return
-		}
-		<-ctx.Done()
 	}
 }
