@@ -172,10 +172,12 @@ type probeCase struct {
 	TLSName   string `json:"tls_name,omitempty"`
 	TLSRoots  string `json:"tls_roots,omitempty"`
 	Inner     string `json:"inner,omitempty"`
-	Hold      int    `json:"hold,omitempty"`
-	HoldAt    string `json:"hold_at,omitempty"`
-	CAInfo    bool   `json:"ca_info,omitempty"`
-	Greeting  bool   `json:"greeting,omitempty"`
+	// InnerResponses answers are read inside the tunnel (default 1).
+	InnerResponses int    `json:"inner_responses,omitempty"`
+	Hold           int    `json:"hold,omitempty"`
+	HoldAt         string `json:"hold_at,omitempty"`
+	CAInfo         bool   `json:"ca_info,omitempty"`
+	Greeting       bool   `json:"greeting,omitempty"`
 }
 
 // attackCase is a case, what berthctl egress explain is asked about it (if
@@ -525,6 +527,16 @@ func attackerCases(w *attackWorld, container bool, ownSocket, otherSocket string
 		explained(attackCase{probeCase: probeCase{Name: "connect-host-mismatch", Dial: relay, Tunnel: true, TLSRoots: "plain", Inner: innerGet("connect-host-mismatch", "x"),
 			Send: fmt.Sprintf("CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: %s\r\n\r\n", intPort, upHost)}, check: wall()},
 			"CONNECT", fmt.Sprintf("https://127.0.0.1:%d/", intPort)),
+		// A provider path in absolute form is a request to a host named
+		// "egress", not a provider call.
+		viaRelay("provider-absolute-form", strings.Replace(providerCall("http://egress"+completions, modelBody("provider-absolute-form"), ""), "Host: 127.0.0.1:3128", "Host: egress", 1), blocked()),
+		viaRelay("long-host-name", get("long-host-name", fmt.Sprintf("http://%s.example:%d", strings.Repeat("a", 300), intPort), ""), both(blocked(),
+			func(w *attackWorld, r probeResult) string {
+				if len(r.Answers) == 0 || !berthRefused(r.Answers[0].Status, r.Answers[0].Egress, r.Answers[0].Body) {
+					return fmt.Sprintf("want the proxy's refusal: %v", r)
+				}
+				return ""
+			})),
 		viaRelay("http2-prior-knowledge", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", blocked()),
 	)
 
@@ -585,6 +597,9 @@ func attackerCases(w *attackWorld, container bool, ownSocket, otherSocket string
 			}
 			return ""
 		}},
+		// The provider key is spent only for the token's holder.
+		attackCase{probeCase: probeCase{Name: "socket-provider-no-token", Dial: "unix:" + ownSocket,
+			Send: strings.Replace(providerCall(completions, modelBody("socket-provider-no-token"), ""), "Host: 127.0.0.1:3128", "Host: egress", 1)}, check: blocked()},
 		attackCase{probeCase: probeCase{Name: "socket-guessed-token", Dial: "unix:" + ownSocket, Send: get("socket-guessed-token", up, guessed)}, check: blocked()},
 		attackCase{probeCase: probeCase{Name: "other-run-socket", Dial: "unix:" + otherSocket, Send: get("other-run-socket", up, "")}, check: blocked()},
 		attackCase{probeCase: probeCase{Name: "other-run-socket-guessed-token", Dial: "unix:" + otherSocket, Send: get("other-run-socket-guessed-token", up, guessed)}, check: blocked()},
@@ -624,7 +639,8 @@ func attackerCases(w *attackWorld, container bool, ownSocket, otherSocket string
 		}
 	}
 	cs = append(cs,
-		attackCase{probeCase: tunnelCase("secret-control", secretHost, "vm", "bundle", innerGet("secret-control", secretHost)), check: secretWith("secret-control", true)},
+		explained(attackCase{probeCase: tunnelCase("secret-control", secretHost, "vm", "bundle", innerGet("secret-control", secretHost)), check: secretWith("secret-control", true)},
+			"CONNECT", "https://"+secretHost+"/"),
 		attackCase{probeCase: tunnelCase("secret-fronting", secretHost, "vm", "bundle", innerGet("secret-fronting", "other.example")),
 			check: both(secretWith("secret-fronting", false), func(w *attackWorld, r probeResult) string {
 				if len(r.Answers) < 2 || !berthRefused(r.Answers[1].Status, r.Answers[1].Egress, r.Answers[1].Body) {
@@ -635,6 +651,25 @@ func attackerCases(w *attackWorld, container bool, ownSocket, otherSocket string
 		attackCase{probeCase: tunnelCase("secret-fronting-absolute", secretHost, "vm", "bundle",
 			fmt.Sprintf("GET https://other.example/atk/secret-fronting-absolute/ HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", secretHost)),
 			check: secretWith("secret-fronting-absolute", false)},
+		attackCase{probeCase: tunnelCase("secret-fronting-other-port", secretHost, "vm", "bundle",
+			"GET https://vm:1/atk/secret-fronting-other-port/ HTTP/1.1\r\nHost: vm:1\r\nConnection: close\r\n\r\n"),
+			check: secretWith("secret-fronting-other-port", false)},
+		// The first request in the tunnel names its host; the one behind it
+		// fronts another and is refused on its own.
+		attackCase{probeCase: func() probeCase {
+			c := tunnelCase("secret-fronting-pipelined", secretHost, "vm", "bundle",
+				fmt.Sprintf("GET /atk/secret-fronting-pipelined-first/ HTTP/1.1\r\nHost: %s\r\n\r\n", secretHost)+innerGet("secret-fronting-pipelined", "other.example"))
+			c.InnerResponses = 2
+			return c
+		}(), check: both(secretWith("secret-fronting-pipelined", false), secretWith("secret-fronting-pipelined-first", true))},
+		attackCase{probeCase: tunnelCase("secret-header-18k", secretHost, "vm", "bundle",
+			fmt.Sprintf("GET /atk/secret-header-18k/ HTTP/1.1\r\nHost: %s\r\nX-Pad: %s\r\nConnection: close\r\n\r\n", secretHost, strings.Repeat("a", 18<<10))),
+			check: func(w *attackWorld, r probeResult) string {
+				if got := w.reached(r.Name); len(got) > 0 {
+					return "GOT THROUGH: an 18 KiB header reached the secret's host: " + strings.Join(got, "; ")
+				}
+				return ""
+			}},
 		attackCase{probeCase: tunnelCase("secret-not-for-other-hosts", plainTLSHost, "vm", "none", innerGet("secret-not-for-other-hosts", plainTLSHost)),
 			check: both(reaches(func(w *attackWorld) *recorder { return w.plainTLS }, 200), func(w *attackWorld, r probeResult) string {
 				for _, g := range w.plainTLS.requests(r.Name) {

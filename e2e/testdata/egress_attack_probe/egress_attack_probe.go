@@ -55,6 +55,8 @@ type probeCase struct {
 	TLSName  string `json:"tls_name,omitempty"`
 	TLSRoots string `json:"tls_roots,omitempty"`
 	Inner    string `json:"inner,omitempty"`
+	// InnerResponses answers are read inside the tunnel (default 1).
+	InnerResponses int `json:"inner_responses,omitempty"`
 	// Hold idle connections to HoldAt (a Unix socket) are opened, never
 	// written to, and kept open while the case runs.
 	Hold   int    `json:"hold,omitempty"`
@@ -227,12 +229,15 @@ func attack(c probeCase, r *result) {
 			r.Err = "write in the tunnel: " + err.Error()
 			return
 		}
-		a, err = readAnswer(bufio.NewReader(inner), "")
-		if err != nil {
-			r.Err = "in the tunnel: " + err.Error()
-			return
+		ibr := bufio.NewReader(inner)
+		for range max(c.InnerResponses, 1) {
+			a, err = readAnswer(ibr, "")
+			if err != nil {
+				r.Err = "in the tunnel: " + err.Error()
+				return
+			}
+			r.Answers = append(r.Answers, a)
 		}
-		r.Answers = append(r.Answers, a)
 		return
 	}
 	want := max(c.Responses, 1)
