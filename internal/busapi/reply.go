@@ -1,0 +1,59 @@
+package busapi
+
+import "fmt"
+
+// Reply is a finished run's answer for the connector its message came from
+// (dev.berth.Intake1.Deliver).
+type Reply struct {
+	RunID string // the idempotency key: delivering it again stores nothing
+	// MessageID is the platform's id of the message answered.
+	MessageID string
+	Connector string
+	Agent     string
+	Channel   string
+	Thread    string
+	State     string // the run's state: succeeded, failed, canceled
+	Text      string
+	Error     string
+}
+
+// Wire is the Deliver argument (a{ss}) for r. The message id travels as the
+// scheduler's key for it, as it always has.
+func (r Reply) Wire() map[string]string {
+	return map[string]string{
+		"run_id":     r.RunID,
+		"message_id": MessageKey(r.Connector, r.MessageID),
+		"connector":  r.Connector,
+		"agent":      r.Agent,
+		"channel":    r.Channel,
+		"thread":     r.Thread,
+		"state":      r.State,
+		"text":       r.Text,
+		"error":      r.Error,
+	}
+}
+
+// ReplyFromWire reads a Deliver argument; Check says whether it is complete.
+func ReplyFromWire(m map[string]string) Reply {
+	return Reply{
+		RunID:     m["run_id"],
+		MessageID: MessageIDOf(m["connector"], m["message_id"]),
+		Connector: m["connector"],
+		Agent:     m["agent"],
+		Channel:   m["channel"],
+		Thread:    m["thread"],
+		State:     m["state"],
+		Text:      m["text"],
+		Error:     m["error"],
+	}
+}
+
+// Check refuses a reply without a run id, message id or connector.
+func (r Reply) Check() error {
+	for _, f := range []struct{ key, value string }{{"run_id", r.RunID}, {"message_id", r.MessageID}, {"connector", r.Connector}} {
+		if f.value == "" {
+			return fmt.Errorf("%w: missing %s", ErrInvalid, f.key)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,285 @@
+package busapi
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/godbus/dbus/v5"
+)
+
+// Run states, as the interface XML lists them.
+const (
+	StateQueued    = "queued"
+	StateRunning   = "running"
+	StateSucceeded = "succeeded"
+	StateFailed    = "failed"
+	StateCanceled  = "canceled"
+)
+
+// Output is one of a run's long texts as GetRun returns it: at most 1 MiB
+// of it, its whole size, and whether it was cut (GetRunOutput reads the
+// rest).
+type Output struct {
+	Text  string
+	Bytes uint32
+	Cut   bool
+}
+
+// Run is one run as dev.berth.Scheduler1.GetRun returns it.
+type Run struct {
+	ID         string
+	MessageID  string // the scheduler's key of the message (MessageKey)
+	Agent      string
+	State      string
+	Reason     string
+	Connector  string
+	Channel    string
+	Thread     string
+	Author     string
+	Attempts   uint32
+	CreatedAt  time.Time
+	StartedAt  time.Time
+	FinishedAt time.Time
+	Delivered  bool
+	Backend    string
+
+	Text       Output
+	Reply      Output
+	Error      Output
+	ToolCalls  Output // a JSON array; "[]" when cut
+	StderrTail Output
+	// Egress is the JSON array of the egress decisions the record keeps,
+	// EgressCounts the JSON object counting all of them.
+	Egress        Output
+	EgressCounts  Output
+	EgressDropped uint32
+}
+
+// outputs pairs each long text of r with its key on the wire.
+func (r *Run) outputs() []struct {
+	key string
+	out *Output
+} {
+	return []struct {
+		key string
+		out *Output
+	}{
+		{"text", &r.Text}, {"reply", &r.Reply}, {"error", &r.Error}, {"tool_calls", &r.ToolCalls},
+		{"stderr_tail", &r.StderrTail}, {"egress", &r.Egress}, {"egress_counts", &r.EgressCounts},
+	}
+}
+
+// Wire is r as GetRun returns it (a{sv}; the keys the XML lists).
+func (r Run) Wire() map[string]dbus.Variant {
+	m := map[string]dbus.Variant{
+		"id":             dbus.MakeVariant(r.ID),
+		"message_id":     dbus.MakeVariant(r.MessageID),
+		"agent":          dbus.MakeVariant(r.Agent),
+		"state":          dbus.MakeVariant(r.State),
+		"reason":         dbus.MakeVariant(r.Reason),
+		"connector":      dbus.MakeVariant(r.Connector),
+		"channel":        dbus.MakeVariant(r.Channel),
+		"thread":         dbus.MakeVariant(r.Thread),
+		"author":         dbus.MakeVariant(r.Author),
+		"attempts":       dbus.MakeVariant(r.Attempts),
+		"created_usec":   usecVariant(r.CreatedAt),
+		"started_usec":   usecVariant(r.StartedAt),
+		"finished_usec":  usecVariant(r.FinishedAt),
+		"delivered":      dbus.MakeVariant(r.Delivered),
+		"backend":        dbus.MakeVariant(r.Backend),
+		"egress_dropped": dbus.MakeVariant(r.EgressDropped),
+	}
+	for _, o := range r.outputs() {
+		m[o.key] = dbus.MakeVariant(o.out.Text)
+		m[o.key+"_bytes"] = dbus.MakeVariant(o.out.Bytes)
+		m[o.key+"_cut"] = dbus.MakeVariant(o.out.Cut)
+	}
+	return m
+}
+
+// RunFromWire reads what GetRun returned.
+func RunFromWire(m map[string]dbus.Variant) (Run, error) {
+	var r Run
+	f := fields{m: m}
+	f.str("id", &r.ID)
+	f.str("message_id", &r.MessageID)
+	f.str("agent", &r.Agent)
+	f.str("state", &r.State)
+	f.str("reason", &r.Reason)
+	f.str("connector", &r.Connector)
+	f.str("channel", &r.Channel)
+	f.str("thread", &r.Thread)
+	f.str("author", &r.Author)
+	f.u32("attempts", &r.Attempts)
+	f.usec("created_usec", &r.CreatedAt)
+	f.usec("started_usec", &r.StartedAt)
+	f.usec("finished_usec", &r.FinishedAt)
+	f.boolean("delivered", &r.Delivered)
+	f.str("backend", &r.Backend)
+	f.u32("egress_dropped", &r.EgressDropped)
+	for _, o := range r.outputs() {
+		f.str(o.key, &o.out.Text)
+		f.u32(o.key+"_bytes", &o.out.Bytes)
+		f.boolean(o.key+"_cut", &o.out.Cut)
+	}
+	if f.err != nil {
+		return Run{}, fmt.Errorf("cannot read run: %w", f.err)
+	}
+	return r, nil
+}
+
+// RunSummary is one entry of dev.berth.Scheduler1.ListRuns.
+type RunSummary struct {
+	ID           string
+	MessageID    string
+	Agent        string
+	State        string
+	Reason       string
+	Connector    string
+	Channel      string
+	Thread       string
+	Author       string
+	Attempts     uint32
+	Backend      string
+	CreatedAt    time.Time
+	StartedAt    time.Time
+	FinishedAt   time.Time
+	Delivered    bool
+	TextPreview  string // at most 200 characters
+	ReplyPreview string
+	TextBytes    uint32
+	ReplyBytes   uint32
+}
+
+// Wire is s as ListRuns returns it.
+func (s RunSummary) Wire() map[string]dbus.Variant {
+	return map[string]dbus.Variant{
+		"id":            dbus.MakeVariant(s.ID),
+		"message_id":    dbus.MakeVariant(s.MessageID),
+		"agent":         dbus.MakeVariant(s.Agent),
+		"state":         dbus.MakeVariant(s.State),
+		"reason":        dbus.MakeVariant(s.Reason),
+		"connector":     dbus.MakeVariant(s.Connector),
+		"channel":       dbus.MakeVariant(s.Channel),
+		"thread":        dbus.MakeVariant(s.Thread),
+		"author":        dbus.MakeVariant(s.Author),
+		"attempts":      dbus.MakeVariant(s.Attempts),
+		"backend":       dbus.MakeVariant(s.Backend),
+		"created_usec":  usecVariant(s.CreatedAt),
+		"started_usec":  usecVariant(s.StartedAt),
+		"finished_usec": usecVariant(s.FinishedAt),
+		"delivered":     dbus.MakeVariant(s.Delivered),
+		"text_preview":  dbus.MakeVariant(s.TextPreview),
+		"reply_preview": dbus.MakeVariant(s.ReplyPreview),
+		"text_bytes":    dbus.MakeVariant(s.TextBytes),
+		"reply_bytes":   dbus.MakeVariant(s.ReplyBytes),
+	}
+}
+
+// RunSummaryFromWire reads one entry of what ListRuns returned.
+func RunSummaryFromWire(m map[string]dbus.Variant) (RunSummary, error) {
+	var s RunSummary
+	f := fields{m: m}
+	f.str("id", &s.ID)
+	f.str("message_id", &s.MessageID)
+	f.str("agent", &s.Agent)
+	f.str("state", &s.State)
+	f.str("reason", &s.Reason)
+	f.str("connector", &s.Connector)
+	f.str("channel", &s.Channel)
+	f.str("thread", &s.Thread)
+	f.str("author", &s.Author)
+	f.u32("attempts", &s.Attempts)
+	f.str("backend", &s.Backend)
+	f.usec("created_usec", &s.CreatedAt)
+	f.usec("started_usec", &s.StartedAt)
+	f.usec("finished_usec", &s.FinishedAt)
+	f.boolean("delivered", &s.Delivered)
+	f.str("text_preview", &s.TextPreview)
+	f.str("reply_preview", &s.ReplyPreview)
+	f.u32("text_bytes", &s.TextBytes)
+	f.u32("reply_bytes", &s.ReplyBytes)
+	if f.err != nil {
+		return RunSummary{}, fmt.Errorf("cannot read run summary: %w", f.err)
+	}
+	return s, nil
+}
+
+// ListFilter selects ListRuns' runs; zero fields do not filter.
+type ListFilter struct {
+	State  string
+	Agent  string
+	Limit  uint32 // 0: the scheduler's default (50); at most 500
+	Before string // a run id: the runs after it, for the next page
+}
+
+// Wire is f as ListRuns takes it (a{sv}, only the keys set).
+func (f ListFilter) Wire() map[string]dbus.Variant {
+	m := map[string]dbus.Variant{}
+	if f.State != "" {
+		m["state"] = dbus.MakeVariant(f.State)
+	}
+	if f.Agent != "" {
+		m["agent"] = dbus.MakeVariant(f.Agent)
+	}
+	if f.Limit != 0 {
+		m["limit"] = dbus.MakeVariant(f.Limit)
+	}
+	if f.Before != "" {
+		m["before"] = dbus.MakeVariant(f.Before)
+	}
+	return m
+}
+
+// ListFilterFromWire reads a ListRuns filter; an unknown key or a value of
+// the wrong type is refused.
+func ListFilterFromWire(m map[string]dbus.Variant) (ListFilter, error) {
+	var lf ListFilter
+	for key, v := range m {
+		var err error
+		switch key {
+		case "state":
+			err = dbus.Store([]any{v.Value()}, &lf.State)
+		case "agent":
+			err = dbus.Store([]any{v.Value()}, &lf.Agent)
+		case "before":
+			err = dbus.Store([]any{v.Value()}, &lf.Before)
+		case "limit":
+			err = dbus.Store([]any{v.Value()}, &lf.Limit)
+		default:
+			return ListFilter{}, fmt.Errorf("%w: unknown filter key %q (known: state, agent, limit, before)", ErrInvalid, key)
+		}
+		if err != nil {
+			return ListFilter{}, fmt.Errorf("%w: filter %s has type %s: %v", ErrInvalid, key, v.Signature(), err)
+		}
+	}
+	return lf, nil
+}
+
+// ProviderResult is one provider check of dev.berth.Scheduler1.TestProviders.
+type ProviderResult struct {
+	Name      string
+	Kind      string
+	Model     string
+	BaseURL   string
+	Status    string // ok | unreachable | auth failed | model not found | error
+	Detail    string
+	LatencyMS uint32
+}
+
+// ProviderResultFromWire reads one entry of what TestProviders returned.
+func ProviderResultFromWire(m map[string]dbus.Variant) (ProviderResult, error) {
+	var p ProviderResult
+	f := fields{m: m}
+	f.str("name", &p.Name)
+	f.str("kind", &p.Kind)
+	f.str("model", &p.Model)
+	f.str("base_url", &p.BaseURL)
+	f.str("status", &p.Status)
+	f.str("detail", &p.Detail)
+	f.u32("latency_ms", &p.LatencyMS)
+	if f.err != nil {
+		return ProviderResult{}, fmt.Errorf("cannot read provider result: %w", f.err)
+	}
+	return p, nil
+}

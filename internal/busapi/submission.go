@@ -1,0 +1,86 @@
+package busapi
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrInvalid wraps every reason a value read from the wire is refused.
+var ErrInvalid = errors.New("invalid value")
+
+// Submission is one message for an agent (dev.berth.Scheduler1.Submit).
+type Submission struct {
+	// MessageID is the platform's id of the message, unique per connector.
+	MessageID   string
+	Agent       string
+	Connector   string
+	Channel     string
+	ChannelName string
+	Thread      string
+	Author      string
+	Text        string
+}
+
+// Key is the scheduler's idempotency key of the message: the same key
+// returns the same run.
+func (s Submission) Key() string { return MessageKey(s.Connector, s.MessageID) }
+
+// MessageKey is the idempotency key of connector's message id. Messages of
+// different connectors may share an id, so the key carries the connector;
+// on the wire the message id travels as this key (what intake always sent).
+func MessageKey(connector, messageID string) string {
+	if connector == "" {
+		return messageID
+	}
+	return connector + "/" + messageID
+}
+
+// MessageIDOf undoes MessageKey: the platform's id of the message whose key
+// is key. A key without the connector's prefix is the id itself.
+func MessageIDOf(connector, key string) string {
+	if connector == "" {
+		return key
+	}
+	return strings.TrimPrefix(key, connector+"/")
+}
+
+// Wire is the Submit argument (a{ss}) for s.
+func (s Submission) Wire() map[string]string {
+	return map[string]string{
+		"id":           s.Key(),
+		"agent":        s.Agent,
+		"connector":    s.Connector,
+		"channel":      s.Channel,
+		"channel_name": s.ChannelName,
+		"thread":       s.Thread,
+		"author":       s.Author,
+		"text":         s.Text,
+	}
+}
+
+// SubmissionFromWire reads a Submit argument; unknown keys are ignored, as
+// they always were. Check says whether the scheduler can take it.
+func SubmissionFromWire(m map[string]string) Submission {
+	return Submission{
+		MessageID:   MessageIDOf(m["connector"], m["id"]),
+		Agent:       m["agent"],
+		Connector:   m["connector"],
+		Channel:     m["channel"],
+		ChannelName: m["channel_name"],
+		Thread:      m["thread"],
+		Author:      m["author"],
+		Text:        m["text"],
+	}
+}
+
+// Check refuses a submission without a message id or an agent.
+func (s Submission) Check() error {
+	switch {
+	case s.MessageID == "":
+		return fmt.Errorf("%w: message has no id", ErrInvalid)
+	case s.Agent == "":
+		return fmt.Errorf("%w: message has no agent", ErrInvalid)
+	}
+	return nil
+}
