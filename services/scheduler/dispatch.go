@@ -36,7 +36,7 @@ func (s *Service) dispatch() error {
 		return err
 	}
 	for _, r := range claimed {
-		s.log.Info("run started", "run_id", r.ID, "agent", r.Agent, "attempt", r.Attempts)
+		s.log.Info("run started", "run_id", r.ID, "agent", r.Agent, "attempt", r.Attempt)
 		s.emitStateChanged(r)
 	}
 	if len(claimed) > 0 {
