@@ -517,16 +517,16 @@ for _ in $(seq 1 60); do
   sleep 0.1
 done
 [ -n "$unit" ] || fail "no berth-run-* unit while a run is running"
-props=$(inside "systemctl show -p MemoryMax -p TasksMax -p PrivateNetwork -p ProtectSystem -p NoNewPrivileges -p Slice $unit")
+props=$(inside "systemctl show -p MemoryMax -p TasksMax -p PrivateNetwork -p ProtectSystem -p NoNewPrivileges -p Slice '$unit'")
 for want in MemoryMax=536870912 TasksMax=256 PrivateNetwork=yes ProtectSystem=strict NoNewPrivileges=yes Slice=berth-runs.slice; do
   grep -qx "$want" <<<"$props" || fail "$unit lacks $want: $props"
 done
 # /tmp and /var/tmp are the run's own, bounded (PrivateTmp is not).
-tmpfs=$(inside "systemctl show -p TemporaryFileSystem $unit")
+tmpfs=$(inside "systemctl show -p TemporaryFileSystem '$unit'")
 for want in /tmp:mode=1777,size=256m /var/tmp:mode=1777,size=256m; do
   grep -qF "$want" <<<"$tmpfs" || fail "$unit lacks TemporaryFileSystem=$want: $tmpfs"
 done
-exec_start=$(inside "systemctl show -p ExecStart $unit")
+exec_start=$(inside "systemctl show -p ExecStart '$unit'")
 grep -q 'setpriv.*--reuid=18790' <<<"$exec_start" || fail "$unit does not switch to the agent's own uid: $exec_start"
 grep -q '^slept$' <<<"$(await "$id")" || fail "the long run's reply"
 grep -q . <<<"$(inside "systemctl list-units --no-legend --all 'berth-run-*'")" && fail "a run unit outlived its run"
