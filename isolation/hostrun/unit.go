@@ -95,6 +95,16 @@ func UnitName(runID string) string {
 	return UnitPrefix + unit.UnitNameEscape(runID) + ".service"
 }
 
+// attemptUnitName is the transient unit of one attempt of a run:
+// isolation.AttemptName's spelling, its "-" left unescaped so that
+// systemctl shows berth-run-<run id>-<attempt>.service.
+func attemptUnitName(runID string, attempt int) string {
+	if attempt <= 0 {
+		return UnitName(runID)
+	}
+	return UnitPrefix + unit.UnitNameEscape(runID) + "-" + strconv.Itoa(attempt) + ".service"
+}
+
 // unitRun is what startUnit needs besides the spec.
 type unitRun struct {
 	spec  isolation.Spec
@@ -125,7 +135,7 @@ func newUnitRun(spec isolation.Spec, input []byte, cred *syscall.Credential) uni
 // startUnit starts the agent as a transient unit with the request waiting
 // on its stdin.
 func startUnit(ctx context.Context, u unitRun, stdout, stderr io.Writer) (isolation.Sandbox, error) {
-	name := UnitName(isolation.AttemptName(u.spec.RunID, u.spec.Attempt))
+	name := attemptUnitName(u.spec.RunID, u.spec.Attempt)
 	// Not ctx itself: godbus closes a connection when its context is done,
 	// and a canceled run still needs this one to stop its unit.
 	conn, err := sdbus.NewSystemdConnectionContext(context.WithoutCancel(ctx))
@@ -155,7 +165,7 @@ func startUnit(ctx context.Context, u unitRun, stdout, stderr io.Writer) (isolat
 	// before their handle was committed) end now, and a unit left under
 	// this very name must not block it.
 	for n := range u.spec.Attempt + 1 {
-		stopUnit(ctx, conn, UnitName(isolation.AttemptName(u.spec.RunID, n)))
+		stopUnit(ctx, conn, attemptUnitName(u.spec.RunID, n))
 	}
 
 	props := unitProperties(u, name, int(stdinR.Fd()), int(stdoutW.Fd()), int(stderrW.Fd()))
