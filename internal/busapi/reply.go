@@ -1,7 +1,5 @@
 package busapi
 
-import "fmt"
-
 // Reply is a finished run's answer for the connector its message came from
 // (dev.berth.Intake1.Deliver).
 type Reply struct {
@@ -33,7 +31,7 @@ func (r Reply) Wire() map[string]string {
 	}
 }
 
-// ReplyFromWire reads a Deliver argument; Check says whether it is complete.
+// ReplyFromWire reads a Deliver argument.
 func ReplyFromWire(m map[string]string) Reply {
 	return Reply{
 		RunID:     m["run_id"],
@@ -46,14 +44,4 @@ func ReplyFromWire(m map[string]string) Reply {
 		Text:      m["text"],
 		Error:     m["error"],
 	}
-}
-
-// Check refuses a reply without a run id, message id or connector.
-func (r Reply) Check() error {
-	for _, f := range []struct{ key, value string }{{"run_id", r.RunID}, {"message_id", r.MessageID}, {"connector", r.Connector}} {
-		if f.value == "" {
-			return fmt.Errorf("%w: missing %s", ErrInvalid, f.key)
-		}
-	}
-	return nil
 }

@@ -283,3 +283,10 @@ func ProviderResultFromWire(m map[string]dbus.Variant) (ProviderResult, error) {
 	}
 	return p, nil
 }
+
+// Plain is r's wire form with plain values (its keys as the XML names
+// them): what berthctl prints as JSON.
+func (r Run) Plain() map[string]any { return plain(r.Wire()) }
+
+// Plain is s's wire form with plain values, as Run.Plain.
+func (s RunSummary) Plain() map[string]any { return plain(s.Wire()) }

@@ -2,7 +2,6 @@ package busapi
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 )
 
@@ -20,11 +19,21 @@ type Submission struct {
 	Thread      string
 	Author      string
 	Text        string
+
+	// sentKey is the key a submission read from the wire was sent with:
+	// older clients chose their own (an id without the connector's prefix),
+	// and their retries must keep finding their runs.
+	sentKey string
 }
 
 // Key is the scheduler's idempotency key of the message: the same key
 // returns the same run.
-func (s Submission) Key() string { return MessageKey(s.Connector, s.MessageID) }
+func (s Submission) Key() string {
+	if s.sentKey != "" {
+		return s.sentKey
+	}
+	return MessageKey(s.Connector, s.MessageID)
+}
 
 // MessageKey is the idempotency key of connector's message id. Messages of
 // different connectors may share an id, so the key carries the connector;
@@ -60,7 +69,7 @@ func (s Submission) Wire() map[string]string {
 }
 
 // SubmissionFromWire reads a Submit argument; unknown keys are ignored, as
-// they always were. Check says whether the scheduler can take it.
+// they always were. The scheduler refuses one without id or agent.
 func SubmissionFromWire(m map[string]string) Submission {
 	return Submission{
 		MessageID:   MessageIDOf(m["connector"], m["id"]),
@@ -71,16 +80,6 @@ func SubmissionFromWire(m map[string]string) Submission {
 		Thread:      m["thread"],
 		Author:      m["author"],
 		Text:        m["text"],
+		sentKey:     m["id"],
 	}
-}
-
-// Check refuses a submission without a message id or an agent.
-func (s Submission) Check() error {
-	switch {
-	case s.MessageID == "":
-		return fmt.Errorf("%w: message has no id", ErrInvalid)
-	case s.Agent == "":
-		return fmt.Errorf("%w: message has no agent", ErrInvalid)
-	}
-	return nil
 }

@@ -44,3 +44,13 @@ func usecVariant(t time.Time) dbus.Variant {
 	}
 	return dbus.MakeVariant(uint64(t.UnixMicro()))
 }
+
+// plain is a dictionary's values without their variants, for printing as
+// JSON.
+func plain(m map[string]dbus.Variant) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v.Value()
+	}
+	return out
+}

@@ -36,6 +36,7 @@ import (
 
 	"github.com/berth-dev/berth/imagectl"
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/container"
@@ -250,9 +251,9 @@ agent_binary = %[2]q
 // the run ended (its reply stored).
 func viaScheduler(svc *scheduler.Service, agent string, i int) (read, answered, ended time.Duration, err error) {
 	start := time.Now()
-	id, err := svc.Submit(map[string]string{
-		"id": fmt.Sprintf("bench-%s-%d-%d", agent, i, start.UnixNano()), "agent": agent,
-		"connector": "bench", "channel": "bench", "author": "bench", "text": "/sh true",
+	id, err := svc.Submit(busapi.Submission{
+		MessageID: fmt.Sprintf("bench-%s-%d-%d", agent, i, start.UnixNano()), Agent: agent,
+		Connector: "bench", Channel: "bench", Author: "bench", Text: "/sh true",
 	})
 	if err != nil {
 		return 0, 0, 0, err

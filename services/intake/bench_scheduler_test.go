@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/testbus"
 	"github.com/berth-dev/berth/isolation"
@@ -30,7 +31,7 @@ func (instantBackend) Kill(context.Context, string) error { return nil }
 // before SubmitBatch, one Submit per message.
 type submitOnly struct{ sub Submitter }
 
-func (o submitOnly) Submit(ctx context.Context, msg map[string]string) (string, error) {
+func (o submitOnly) Submit(ctx context.Context, msg busapi.Submission) (string, error) {
 	return o.sub.Submit(ctx, msg)
 }
 

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/berth-dev/berth/internal/busapi"
 	"io"
 	"log/slog"
 	"net/http"
@@ -163,16 +164,16 @@ func BenchmarkAccept(b *testing.B) {
 // instantSubmitter answers every Submit at once with a run id.
 type instantSubmitter struct{ n atomic.Int64 }
 
-func (i *instantSubmitter) Submit(_ context.Context, msg map[string]string) (string, error) {
+func (i *instantSubmitter) Submit(context.Context, busapi.Submission) (string, error) {
 	return "run-" + strconv.FormatInt(i.n.Add(1), 10), nil
 }
 
-func (i *instantSubmitter) SubmitBatch(ctx context.Context, msgs []map[string]string) ([]string, []error, error) {
-	ids := make([]string, len(msgs))
-	for k, msg := range msgs {
+func (i *instantSubmitter) SubmitBatch(ctx context.Context, subs []busapi.Submission) ([]string, []error, error) {
+	ids := make([]string, len(subs))
+	for k, msg := range subs {
 		ids[k], _ = i.Submit(ctx, msg)
 	}
-	return ids, make([]error, len(msgs)), nil
+	return ids, make([]error, len(subs)), nil
 }
 
 // fillBacklog accepts n pending messages for connector hooks, all for
@@ -274,7 +275,7 @@ func BenchmarkHandOff(b *testing.B) {
 // downSubmitter is a scheduler that is not there.
 type downSubmitter struct{ calls atomic.Int64 }
 
-func (d *downSubmitter) Submit(context.Context, map[string]string) (string, error) {
+func (d *downSubmitter) Submit(context.Context, busapi.Submission) (string, error) {
 	d.calls.Add(1)
 	return "", errors.New("org.freedesktop.DBus.Error.ServiceUnknown: the name is not activatable")
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/services/intake/connector"
 	"github.com/berth-dev/berth/services/intake/connector/connectortest"
@@ -93,7 +94,8 @@ func newRecordingSubmitter(hang ...string) *recordingSubmitter {
 	return r
 }
 
-func (r *recordingSubmitter) Submit(ctx context.Context, msg map[string]string) (string, error) {
+func (r *recordingSubmitter) Submit(ctx context.Context, sub busapi.Submission) (string, error) {
+	msg := sub.Wire()
 	r.mu.Lock()
 	r.msgs[msg["id"]] = append(r.msgs[msg["id"]], msg)
 	hang := r.hang[msg["connector"]]
@@ -232,7 +234,7 @@ func TestReplyGoesBackThroughItsConnectorWithTheMessageMeta(t *testing.T) {
 	if err := f.get("alpha").Deliver(context.Background(), msg); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Deliver(map[string]string{"run_id": "run-1", "message_id": "alpha/m1", "connector": "alpha", "state": "succeeded", "text": "hello back"}); err != nil {
+	if err := s.Deliver(busapi.ReplyFromWire(map[string]string{"run_id": "run-1", "message_id": "alpha/m1", "connector": "alpha", "state": "succeeded", "text": "hello back"})); err != nil {
 		t.Fatal(err)
 	}
 	r, ok := f.get("alpha").NextSend(10 * time.Second)
@@ -249,7 +251,7 @@ func TestReplyGoesBackThroughItsConnectorWithTheMessageMeta(t *testing.T) {
 	})
 
 	// A failed run's reply says so.
-	if err := s.Deliver(map[string]string{"run_id": "run-2", "message_id": "alpha/m1", "connector": "alpha", "state": "failed", "error": "timed out after 300s"}); err != nil {
+	if err := s.Deliver(busapi.ReplyFromWire(map[string]string{"run_id": "run-2", "message_id": "alpha/m1", "connector": "alpha", "state": "failed", "error": "timed out after 300s"})); err != nil {
 		t.Fatal(err)
 	}
 	r, ok = f.get("alpha").NextSend(10 * time.Second)
@@ -285,7 +287,7 @@ func TestOneDeadPlatformDoesNotDelayTheOthers(t *testing.T) {
 	t.Run("Replies", func(t *testing.T) {
 		for i := range 3 {
 			id := strconv.Itoa(i)
-			if err := s.Deliver(map[string]string{"run_id": "run-b" + id, "message_id": "b" + id, "connector": "beta", "text": "x"}); err != nil {
+			if err := s.Deliver(busapi.ReplyFromWire(map[string]string{"run_id": "run-b" + id, "message_id": "b" + id, "connector": "beta", "text": "x"})); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -295,7 +297,7 @@ func TestOneDeadPlatformDoesNotDelayTheOthers(t *testing.T) {
 		// beta's Send now hangs; alpha's replies arrive all the same.
 		for i := range 3 {
 			id := strconv.Itoa(i)
-			if err := s.Deliver(map[string]string{"run_id": "run-a" + id, "message_id": "a" + id, "connector": "alpha", "text": "y"}); err != nil {
+			if err := s.Deliver(busapi.ReplyFromWire(map[string]string{"run_id": "run-a" + id, "message_id": "a" + id, "connector": "alpha", "text": "y"})); err != nil {
 				t.Fatal(err)
 			}
 			r, ok := f.get("alpha").NextSend(10 * time.Second)
@@ -355,7 +357,7 @@ func TestReplyOutcomes(t *testing.T) {
 			runService(t, s)
 			passes.drain()
 			start := clock.Now()
-			if err := s.Deliver(map[string]string{"run_id": "run-1", "message_id": "m1", "connector": "alpha", "text": "hi"}); err != nil {
+			if err := s.Deliver(busapi.ReplyFromWire(map[string]string{"run_id": "run-1", "message_id": "m1", "connector": "alpha", "text": "hi"})); err != nil {
 				t.Fatal(err)
 			}
 			if _, ok := f.get("alpha").NextSend(10 * time.Second); !ok {

@@ -16,6 +16,7 @@ import (
 	"github.com/godbus/dbus/v5/prop"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/units"
 )
 
@@ -32,7 +33,7 @@ func (o *intakeObject) Deliver(sender dbus.Sender, reply map[string]string) *dbu
 		o.service.log.Warn("Deliver refused", "sender", string(sender), "err", derr)
 		return derr
 	}
-	err := o.service.Deliver(reply)
+	err := o.service.Deliver(busapi.ReplyFromWire(reply))
 	switch {
 	case err == nil:
 		return nil

@@ -17,6 +17,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testbus"
 )
 
@@ -260,7 +261,7 @@ func TestReplyForConnectorWithoutReplyURLIsDropped(t *testing.T) {
 	t.Parallel()
 	s, _ := newTestService(t, testConfig(""))
 	runService(t, s)
-	if err := s.Deliver(map[string]string{"run_id": "run-1", "message_id": "m", "connector": "strict", "text": "x"}); err != nil {
+	if err := s.Deliver(busapi.ReplyFromWire(map[string]string{"run_id": "run-1", "message_id": "m", "connector": "strict", "text": "x"})); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the reply is marked delivered", func() bool {

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/services/intake/connector"
 )
 
@@ -33,10 +34,9 @@ type replyPost struct {
 }
 
 // Deliver stores a run's reply in the outbox and returns once it is on disk;
-// the deliverer then posts it to the connector. reply has the keys of
-// dev.berth.Intake1.Deliver. Delivering a run id again stores nothing and
-// returns nil. Refusals wrap ErrInvalidReply.
-func (s *Service) Deliver(reply map[string]string) error {
+// the deliverer then posts it to the connector. Delivering a run id again
+// stores nothing and returns nil. Refusals wrap ErrInvalidReply.
+func (s *Service) Deliver(reply busapi.Reply) error {
 	r, err := s.replyFrom(reply)
 	if err != nil {
 		return err
@@ -80,31 +80,29 @@ func replyMeta(m inboxEntry) map[string]string {
 	return meta
 }
 
-func (s *Service) replyFrom(in map[string]string) (outboxEntry, error) {
-	for _, k := range []string{"run_id", "message_id", "connector"} {
-		if in[k] == "" {
-			return outboxEntry{}, fmt.Errorf("%w: missing %s", ErrInvalidReply, k)
+func (s *Service) replyFrom(in busapi.Reply) (outboxEntry, error) {
+	for _, f := range []struct{ key, value string }{{"run_id", in.RunID}, {"message_id", in.MessageID}, {"connector", in.Connector}} {
+		if f.value == "" {
+			return outboxEntry{}, fmt.Errorf("%w: missing %s", ErrInvalidReply, f.key)
 		}
 	}
-	if err := validID(in["run_id"]); err != nil {
+	if err := validID(in.RunID); err != nil {
 		return outboxEntry{}, fmt.Errorf("%w: bad run_id: %v", ErrInvalidReply, err)
 	}
-	if _, ok := s.config().Connector(in["connector"]); !ok {
-		return outboxEntry{}, fmt.Errorf("%w: unknown connector %q", ErrInvalidReply, in["connector"])
+	if _, ok := s.config().Connector(in.Connector); !ok {
+		return outboxEntry{}, fmt.Errorf("%w: unknown connector %q", ErrInvalidReply, in.Connector)
 	}
 	r := outboxEntry{
-		RunID:     in["run_id"],
-		MessageID: in["message_id"],
-		Connector: in["connector"],
-		Agent:     in["agent"],
-		Channel:   in["channel"],
-		Thread:    in["thread"],
-		RunState:  in["state"],
-		Text:      in["text"],
-		Error:     in["error"],
+		RunID:     in.RunID,
+		MessageID: in.MessageID,
+		Connector: in.Connector,
+		Agent:     in.Agent,
+		Channel:   in.Channel,
+		Thread:    in.Thread,
+		RunState:  in.State,
+		Text:      in.Text,
+		Error:     in.Error,
 	}
-	// The scheduler knows messages by "<connector>/<id>"; the platform by id.
-	r.MessageID = strings.TrimPrefix(r.MessageID, r.Connector+"/")
 	m, found, err := s.store.message(r.Connector, r.MessageID)
 	if err != nil {
 		return outboxEntry{}, err

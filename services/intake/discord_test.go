@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/services/intake/discord/discordtest"
 )
@@ -123,7 +124,7 @@ func TestDiscordMessagesSentWhileIntakeWasStoppedAreAnsweredOnceAfterTheRestart(
 		t.Errorf("thread message stored with channel %q thread %q name %q, want the parent channel %s, the thread and the parent's name", m.Channel, m.Thread, m.ChannelName, channel)
 	}
 	for i, id := range ids {
-		err := s.Deliver(map[string]string{"run_id": "run-" + strconv.Itoa(i), "message_id": "dc/" + id, "connector": "dc", "state": "succeeded", "text": "answer to " + id})
+		err := s.Deliver(busapi.ReplyFromWire(map[string]string{"run_id": "run-" + strconv.Itoa(i), "message_id": "dc/" + id, "connector": "dc", "state": "succeeded", "text": "answer to " + id}))
 		if err != nil {
 			t.Fatalf("Deliver: %v", err)
 		}
@@ -157,7 +158,7 @@ func TestADiscordReplyWhoseAnswerWasLostIsPostedOnceWhenTheOutboxRetries(t *test
 	// outbox does not know it was delivered and sends it again.
 	fake.LoseNextResponses(1)
 	runID := "20261202T003450_123456789_0a1b2c3d4e" // the scheduler's form: longer than a nonce may be
-	if err := s.Deliver(map[string]string{"run_id": runID, "message_id": "dc/2001", "connector": "dc", "state": "succeeded", "text": "once"}); err != nil {
+	if err := s.Deliver(busapi.ReplyFromWire(map[string]string{"run_id": runID, "message_id": "dc/2001", "connector": "dc", "state": "succeeded", "text": "once"})); err != nil {
 		t.Fatalf("Deliver: %v", err)
 	}
 	fake.WaitFor(t, "the reply to be posted again", func() bool { return fake.PostRequests() >= 2 })

@@ -4,20 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/godbus/dbus/v5"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 )
 
-// Submitter hands one message to the scheduler and returns its run id. msg
-// has the keys of dev.berth.Scheduler1.Submit; msg["id"] is the idempotency
-// key, so submitting a message twice yields one run.
+// Submitter hands one message to the scheduler and returns its run id. The
+// scheduler keys runs by msg.Key(), so submitting a message twice yields one
+// run.
 type Submitter interface {
-	Submit(ctx context.Context, msg map[string]string) (runID string, err error)
+	Submit(ctx context.Context, msg busapi.Submission) (runID string, err error)
 }
 
 // BatchSubmitter is a Submitter that also hands many messages over in one
@@ -28,7 +28,7 @@ type BatchSubmitter interface {
 	// it was not taken (an error that classifies like a failed Submit's).
 	// err is for the call as a whole: none of the messages was taken.
 	// errBatchUnsupported says the scheduler has no SubmitBatch.
-	SubmitBatch(ctx context.Context, msgs []map[string]string) (runIDs []string, errs []error, err error)
+	SubmitBatch(ctx context.Context, msgs []busapi.Submission) (runIDs []string, errs []error, err error)
 }
 
 // errBatchUnsupported is SubmitBatch's error from a scheduler that predates
@@ -45,58 +45,42 @@ type BusSubmitter struct {
 // SubmitBatch implements BatchSubmitter. The scheduler reports each refused
 // message as "<D-Bus error name>: <text>"; it comes back as that dbus.Error,
 // so that it classifies as the same Submit's error would.
-func (b BusSubmitter) SubmitBatch(ctx context.Context, msgs []map[string]string) ([]string, []error, error) {
-	var runIDs, refusals []string
-	obj := b.Conn.Object(bus.SchedulerName, bus.SchedulerPath)
-	if err := obj.CallWithContext(ctx, bus.SchedulerInterface+".SubmitBatch", 0, msgs).Store(&runIDs, &refusals); err != nil {
+func (b BusSubmitter) SubmitBatch(ctx context.Context, msgs []busapi.Submission) ([]string, []error, error) {
+	runIDs, errs, err := busapi.NewScheduler(b.Conn).SubmitBatch(ctx, msgs)
+	if err != nil {
 		if bus.ErrorName(err) == "org.freedesktop.DBus.Error.UnknownMethod" {
 			return nil, nil, errBatchUnsupported
 		}
 		return nil, nil, fmt.Errorf("cannot submit to %s: %w", bus.SchedulerName, err)
 	}
-	if len(runIDs) != len(msgs) || len(refusals) != len(msgs) {
-		return nil, nil, fmt.Errorf("cannot submit to %s: %d run ids and %d errors for %d messages", bus.SchedulerName, len(runIDs), len(refusals), len(msgs))
-	}
-	errs := make([]error, len(msgs))
-	for i, refusal := range refusals {
-		switch {
-		case refusal != "":
-			name, text, ok := strings.Cut(refusal, ": ")
-			if !ok {
-				name, text = bus.ErrInternal, refusal
-			}
-			errs[i] = fmt.Errorf("cannot submit to %s: %w", bus.SchedulerName, dbus.Error{Name: name, Body: []any{text}})
-		case runIDs[i] == "":
-			errs[i] = fmt.Errorf("cannot submit to %s: empty run id", bus.SchedulerName)
+	for i, e := range errs {
+		if e != nil {
+			errs[i] = fmt.Errorf("cannot submit to %s: %w", bus.SchedulerName, e)
 		}
 	}
 	return runIDs, errs, nil
 }
 
 // Submit implements Submitter.
-func (b BusSubmitter) Submit(ctx context.Context, msg map[string]string) (string, error) {
-	var runID string
-	obj := b.Conn.Object(bus.SchedulerName, bus.SchedulerPath)
-	if err := obj.CallWithContext(ctx, bus.SchedulerInterface+".Submit", 0, msg).Store(&runID); err != nil {
+func (b BusSubmitter) Submit(ctx context.Context, msg busapi.Submission) (string, error) {
+	runID, err := busapi.NewScheduler(b.Conn).Submit(ctx, msg)
+	if err != nil {
 		return "", fmt.Errorf("cannot submit to %s: %w", bus.SchedulerName, err)
-	}
-	if runID == "" {
-		return "", fmt.Errorf("cannot submit to %s: empty run id", bus.SchedulerName)
 	}
 	return runID, nil
 }
 
-// submission is the Submit argument for m.
-func submission(m inboxEntry) map[string]string {
-	return map[string]string{
-		"id":           m.Key(),
-		"agent":        m.Agent,
-		"connector":    m.Connector,
-		"channel":      m.Channel,
-		"channel_name": m.ChannelName,
-		"thread":       m.Thread,
-		"author":       m.Author,
-		"text":         m.Text,
+// submission is what the scheduler is handed for m.
+func submission(m inboxEntry) busapi.Submission {
+	return busapi.Submission{
+		MessageID:   m.ID,
+		Agent:       m.Agent,
+		Connector:   m.Connector,
+		Channel:     m.Channel,
+		ChannelName: m.ChannelName,
+		Thread:      m.Thread,
+		Author:      m.Author,
+		Text:        m.Text,
 	}
 }
 
@@ -416,7 +400,7 @@ func agentBatches(due []inboxEntry, blocked map[string]bool) [][]inboxEntry {
 func (s *Service) forwardBatch(ctx context.Context, sub Submitter, msgs []inboxEntry, lane *forwardLane, handedOn func(failed bool)) (taken int, retry []string) {
 	bs, canBatch := sub.(BatchSubmitter)
 	if canBatch && len(msgs) > 1 && !lane.batchesOff(s.clock.Now()) {
-		subs := make([]map[string]string, len(msgs))
+		subs := make([]busapi.Submission, len(msgs))
 		for i, m := range msgs {
 			subs[i] = submission(m)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 )
 
 // acceptBacklog stores n pending messages of connector hooks, ids m-0000…,
@@ -157,7 +158,8 @@ type orderSubmitter struct {
 	maxInFlight int
 }
 
-func (o *orderSubmitter) Submit(_ context.Context, msg map[string]string) (string, error) {
+func (o *orderSubmitter) Submit(_ context.Context, sub busapi.Submission) (string, error) {
+	msg := sub.Wire()
 	o.mu.Lock()
 	o.inFlight[msg["agent"]]++
 	o.maxInFlight = max(o.maxInFlight, o.inFlight[msg["agent"]])
@@ -227,7 +229,8 @@ func (b *batchSubmitter) take(msg map[string]string) (string, error) {
 	return run, nil
 }
 
-func (b *batchSubmitter) SubmitBatch(_ context.Context, msgs []map[string]string) ([]string, []error, error) {
+func (b *batchSubmitter) SubmitBatch(_ context.Context, subs []busapi.Submission) ([]string, []error, error) {
+	msgs := wireSubmissions(subs)
 	agent := msgs[0]["agent"]
 	b.mu.Lock()
 	b.batches++
@@ -251,7 +254,8 @@ func (b *batchSubmitter) SubmitBatch(_ context.Context, msgs []map[string]string
 	return runIDs, errs, nil
 }
 
-func (b *batchSubmitter) Submit(_ context.Context, msg map[string]string) (string, error) {
+func (b *batchSubmitter) Submit(_ context.Context, sub busapi.Submission) (string, error) {
+	msg := sub.Wire()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.submits++

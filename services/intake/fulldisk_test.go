@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/boltstore/fulldisk"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/services/intake/connector"
 )
 
@@ -22,7 +23,7 @@ type gatedSubmitter struct {
 	open chan struct{}
 }
 
-func (g gatedSubmitter) Submit(ctx context.Context, msg map[string]string) (string, error) {
+func (g gatedSubmitter) Submit(ctx context.Context, msg busapi.Submission) (string, error) {
 	select {
 	case <-g.open:
 	case <-ctx.Done():

@@ -16,6 +16,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 )
 
@@ -162,7 +163,8 @@ func newCountingSubmitter() *countingSubmitter {
 	return &countingSubmitter{calls: map[string]int{}, runs: map[string]string{}}
 }
 
-func (c *countingSubmitter) Submit(_ context.Context, msg map[string]string) (string, error) {
+func (c *countingSubmitter) Submit(_ context.Context, sub busapi.Submission) (string, error) {
+	msg := sub.Wire()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.calls[msg["id"]]++
@@ -242,4 +244,14 @@ func (p *passes) waitFor(t *testing.T, loop string) {
 			t.Fatalf("timed out waiting for a pass of the %s loop", loop)
 		}
 	}
+}
+
+// wireSubmissions are subs as SubmitBatch carries them, for fakes that read
+// them by key.
+func wireSubmissions(subs []busapi.Submission) []map[string]string {
+	out := make([]map[string]string, len(subs))
+	for i, s := range subs {
+		out[i] = s.Wire()
+	}
+	return out
 }

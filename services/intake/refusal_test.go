@@ -13,6 +13,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 )
 
 func TestReplayOfASignedRequestWithoutIDRunsNothingAgain(t *testing.T) {
@@ -51,7 +52,7 @@ type refusingSubmitter struct {
 	calls int
 }
 
-func (r *refusingSubmitter) Submit(context.Context, map[string]string) (string, error) {
+func (r *refusingSubmitter) Submit(context.Context, busapi.Submission) (string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls++

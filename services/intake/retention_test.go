@@ -1,6 +1,7 @@
 package intake
 
 import (
+	"github.com/berth-dev/berth/internal/busapi"
 	"net/http"
 	"path/filepath"
 	"strconv"
@@ -45,7 +46,7 @@ func TestFinishedEntriesArePrunedAfterTheRetentionWindow(t *testing.T) {
 				m, _, _ := s.store.message("hooks", "old-1")
 				return m.State == stateSubmitted
 			})
-			if err := s.Deliver(map[string]string{"run_id": "run-1", "message_id": "hooks/old-1", "connector": "hooks", "state": "succeeded", "text": "done"}); err != nil {
+			if err := s.Deliver(busapi.ReplyFromWire(map[string]string{"run_id": "run-1", "message_id": "hooks/old-1", "connector": "hooks", "state": "succeeded", "text": "done"})); err != nil {
 				t.Fatal(err)
 			}
 			eventually(t, "the reply is delivered", func() bool { _, n := rs.counts(); return n == 1 })

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/services/intake/meepachat/meepachattest"
 	"github.com/berth-dev/berth/services/intake/slack/slacktest"
@@ -62,7 +63,7 @@ func TestASlackReplyPostedJustBeforeACrashIsNotPostedAgainAfterTheRestart(t *tes
 	release := fake.HoldPosts()
 	reply := map[string]string{"run_id": "run-9", "message_id": "sl/C0CHAN:" + question.TS, "connector": "sl",
 		"channel": "C0CHAN", "thread": question.TS, "state": "succeeded", "text": "hello back"}
-	if err := first.Deliver(reply); err != nil {
+	if err := first.Deliver(busapi.ReplyFromWire(reply)); err != nil {
 		t.Fatal(err)
 	}
 	if err := fake.WaitHeldPost(ctx); err != nil {

@@ -1,6 +1,7 @@
 package intake
 
 import (
+	"github.com/berth-dev/berth/internal/busapi"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -112,7 +113,7 @@ func TestPendingWorkSurvivesARestart(t *testing.T) {
 	if status, out := post(t, s, signedRequest("hooks", []byte(`{"id":"keep","channel":"ops","author":"ada","text":"hi"}`), testSecret, time.Now())); status != 202 {
 		t.Fatalf("status %d (%v), want 202", status, out)
 	}
-	if err := s.Deliver(map[string]string{"run_id": "run-9", "message_id": "hooks/keep", "connector": "hooks", "text": "done"}); err != nil {
+	if err := s.Deliver(busapi.ReplyFromWire(map[string]string{"run_id": "run-9", "message_id": "hooks/keep", "connector": "hooks", "text": "done"})); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {

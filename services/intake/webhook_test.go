@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/services/intake/connector"
 )
@@ -287,7 +288,7 @@ func TestAReplyPostedAgainAfterALostAnswerCarriesTheSameIdempotencyKey(t *testin
 	if status, out := post(t, s, signedRequest("hooks", []byte(`{"id":"m-1","channel":"ops","author":"ada","text":"status?"}`), testSecret, time.Now())); status != http.StatusAccepted {
 		t.Fatalf("post: %d %v", status, out)
 	}
-	if err := s.Deliver(map[string]string{"run_id": "run-42", "message_id": "hooks/m-1", "connector": "hooks", "state": "succeeded", "text": "all green"}); err != nil {
+	if err := s.Deliver(busapi.ReplyFromWire(map[string]string{"run_id": "run-42", "message_id": "hooks/m-1", "connector": "hooks", "state": "succeeded", "text": "all green"})); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the reply is delivered", func() bool {
@@ -319,7 +320,7 @@ func TestAFailedReplyPostIsTheWebhooksLastErrorWithItsTimeUntilOneSucceeds(t *te
 	if status, out := post(t, s, signedRequest("hooks", []byte(`{"id":"m-1","channel":"ops","author":"ada","text":"status?"}`), testSecret, time.Now())); status != http.StatusAccepted {
 		t.Fatalf("post: %d %v", status, out)
 	}
-	if err := s.Deliver(map[string]string{"run_id": "run-1", "message_id": "hooks/m-1", "connector": "hooks", "state": "succeeded", "text": "ok"}); err != nil {
+	if err := s.Deliver(busapi.ReplyFromWire(map[string]string{"run_id": "run-1", "message_id": "hooks/m-1", "connector": "hooks", "state": "succeeded", "text": "ok"})); err != nil {
 		t.Fatal(err)
 	}
 	hooks := func() connector.Status {

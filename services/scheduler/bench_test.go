@@ -14,6 +14,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -153,7 +154,7 @@ func BenchmarkScheduler(b *testing.B) {
 				prefix := fmt.Sprintf("submit/%d/", time.Now().UnixNano())
 				b.ResetTimer()
 				for i := range b.N {
-					if _, err := s.Submit(map[string]string{"id": fmt.Sprint(prefix, i), "agent": "agent1", "text": "hello"}); err != nil {
+					if _, err := s.Submit(busapi.SubmissionFromWire(map[string]string{"id": fmt.Sprint(prefix, i), "agent": "agent1", "text": "hello"})); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -296,7 +297,7 @@ func (instantBackend) Kill(context.Context, string) error { return nil }
 // instantIntake takes every reply at once.
 type instantIntake struct{}
 
-func (instantIntake) Deliver(context.Context, map[string]string) error { return nil }
+func (instantIntake) Deliver(context.Context, busapi.Reply) error { return nil }
 
 // lastTxID is the id of scheduler.db's last committed transaction: commits
 // made so far, whoever made them.
@@ -342,7 +343,7 @@ func BenchmarkRunsThroughTheScheduler(b *testing.B) {
 			wg.Go(func() {
 				for i := range ids {
 					msg := map[string]string{"id": fmt.Sprint("hooks/", i), "agent": fmt.Sprint("agent", i%10), "connector": "hooks", "channel": "C1", "text": "deploy the thing"}
-					if _, err := s.Submit(msg); err != nil {
+					if _, err := s.Submit(busapi.SubmissionFromWire(msg)); err != nil {
 						b.Error(err)
 						return
 					}

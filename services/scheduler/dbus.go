@@ -17,6 +17,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/units"
 )
 
@@ -178,7 +179,7 @@ func (o *schedulerObject) Submit(sender dbus.Sender, msg map[string]string) (str
 	if derr := o.submitters.check(o.conn, sender, o.s.clock.Now()); derr != nil {
 		return "", derr
 	}
-	id, err := o.s.Submit(msg)
+	id, err := o.s.Submit(busapi.SubmissionFromWire(msg))
 	if err != nil {
 		return "", dbusError(err)
 	}
@@ -193,42 +194,25 @@ func (o *schedulerObject) GetRun(sender dbus.Sender, id string) (map[string]dbus
 	if err != nil {
 		return nil, dbusError(err)
 	}
-	return r.Variants(), nil
+	return r.Wire(), nil
 }
 
 func (o *schedulerObject) ListRuns(sender dbus.Sender, filter map[string]dbus.Variant) ([]map[string]dbus.Variant, *dbus.Error) {
 	if derr := readAuthorizer.Check(o.conn, sender); derr != nil {
 		return nil, derr
 	}
-	var f RunFilter
-	for key, v := range filter {
-		var err error
-		switch key {
-		case "state":
-			err = dbus.Store([]any{v.Value()}, &f.State)
-		case "agent":
-			err = dbus.Store([]any{v.Value()}, &f.Agent)
-		case "before":
-			err = dbus.Store([]any{v.Value()}, &f.Before)
-		case "limit":
-			var limit uint32
-			if err = dbus.Store([]any{v.Value()}, &limit); err == nil {
-				f.Limit = int(min(limit, maxListLimit+1))
-			}
-		default:
-			return nil, bus.NewError(bus.ErrInvalidArgument, "unknown filter key %q (known: state, agent, limit, before)", key)
-		}
-		if err != nil {
-			return nil, bus.NewError(bus.ErrInvalidArgument, "filter %s has type %s: %v", key, v.Signature(), err)
-		}
+	lf, err := busapi.ListFilterFromWire(filter)
+	if err != nil {
+		return nil, bus.NewError(bus.ErrInvalidArgument, "%v", err)
 	}
+	f := RunFilter{State: lf.State, Agent: lf.Agent, Before: lf.Before, Limit: int(min(lf.Limit, maxListLimit+1))}
 	runs, err := o.s.ListRuns(f)
 	if err != nil {
 		return nil, dbusError(err)
 	}
 	out := make([]map[string]dbus.Variant, 0, len(runs))
 	for _, r := range runs {
-		out = append(out, r.Variants())
+		out = append(out, r.Wire())
 	}
 	return out, nil
 }
@@ -294,81 +278,78 @@ func dbusError(err error) *dbus.Error {
 // GetRunOutput, so that no reply comes near the bus's message size limit.
 const maxFieldBytes = 1 << 20
 
-func usecVariant(t time.Time) dbus.Variant {
-	if t.IsZero() {
-		return dbus.MakeVariant(uint64(0))
-	}
-	return dbus.MakeVariant(uint64(t.UnixMicro()))
-}
+// Wire is the run as dev.berth.Scheduler1.GetRun returns it.
+func (r Run) Wire() map[string]dbus.Variant { return r.BusRun().Wire() }
 
-// Variants is the run as dev.berth.Scheduler1.GetRun returns it (keys in
-// the interface XML). Each long text is at most maxFieldBytes; <key>_bytes
-// gives its whole size and <key>_cut says it was cut (GetRunOutput reads the
-// rest). A cut tool_calls is "[]" rather than broken JSON.
-func (r Run) Variants() map[string]dbus.Variant {
+// BusRun is the run as GetRun gives it. Each long text is at most
+// maxFieldBytes, with its whole size and whether it was cut (GetRunOutput
+// reads the rest). A cut tool_calls is "[]" rather than broken JSON.
+func (r Run) BusRun() busapi.Run {
 	toolCalls := string(r.ToolCalls)
 	if toolCalls == "" {
 		toolCalls = "[]"
 	}
-	m := map[string]dbus.Variant{
-		"id":             dbus.MakeVariant(r.ID),
-		"message_id":     dbus.MakeVariant(r.MessageID),
-		"agent":          dbus.MakeVariant(r.Agent),
-		"state":          dbus.MakeVariant(r.State),
-		"reason":         dbus.MakeVariant(r.Reason),
-		"connector":      dbus.MakeVariant(r.Connector),
-		"channel":        dbus.MakeVariant(r.Channel),
-		"thread":         dbus.MakeVariant(r.Thread),
-		"author":         dbus.MakeVariant(r.Author),
-		"attempts":       dbus.MakeVariant(uint32(r.Attempts)),
-		"created_usec":   usecVariant(r.CreatedAt),
-		"started_usec":   usecVariant(r.StartedAt),
-		"finished_usec":  usecVariant(r.FinishedAt),
-		"delivered":      dbus.MakeVariant(r.Delivered),
-		"backend":        dbus.MakeVariant(r.Backend),
-		"egress_dropped": dbus.MakeVariant(uint32(r.EgressDropped)),
-	}
-	for _, f := range []struct{ key, text string }{
-		{"text", r.Text}, {"reply", r.Reply}, {"error", r.Error}, {"tool_calls", toolCalls}, {"stderr_tail", r.StderrTail}, {"egress", egressJSON(r)}, {"egress_counts", egressCountsJSON(r)},
-	} {
-		text := cleanText(f.text)
+	output := func(full string, isJSON bool) busapi.Output {
+		text := cleanText(full)
 		cut := len(text) > maxFieldBytes
 		switch {
-		case cut && f.key == "tool_calls":
+		case cut && isJSON:
 			text = "[]"
 		case cut:
 			text = cutUTF8(text, maxFieldBytes)
 		}
-		m[f.key] = dbus.MakeVariant(text)
-		m[f.key+"_bytes"] = dbus.MakeVariant(uint32(len(f.text)))
-		m[f.key+"_cut"] = dbus.MakeVariant(cut)
+		return busapi.Output{Text: text, Bytes: uint32(len(full)), Cut: cut}
 	}
-	return m
+	return busapi.Run{
+		ID:            r.ID,
+		MessageID:     r.MessageID,
+		Agent:         r.Agent,
+		State:         r.State,
+		Reason:        r.Reason,
+		Connector:     r.Connector,
+		Channel:       r.Channel,
+		Thread:        r.Thread,
+		Author:        r.Author,
+		Attempts:      uint32(r.Attempts),
+		CreatedAt:     r.CreatedAt,
+		StartedAt:     r.StartedAt,
+		FinishedAt:    r.FinishedAt,
+		Delivered:     r.Delivered,
+		Backend:       r.Backend,
+		EgressDropped: uint32(r.EgressDropped),
+		Text:          output(r.Text, false),
+		Reply:         output(r.Reply, false),
+		Error:         output(r.Error, false),
+		ToolCalls:     output(toolCalls, true),
+		StderrTail:    output(r.StderrTail, false),
+		Egress:        output(egressJSON(r), false),
+		EgressCounts:  output(egressCountsJSON(r), false),
+	}
 }
 
-// Variants is the summary as dev.berth.Scheduler1.ListRuns returns it.
-func (sum Summary) Variants() map[string]dbus.Variant {
-	return map[string]dbus.Variant{
-		"id":            dbus.MakeVariant(sum.ID),
-		"message_id":    dbus.MakeVariant(cleanText(sum.MessageID)),
-		"agent":         dbus.MakeVariant(sum.Agent),
-		"state":         dbus.MakeVariant(sum.State),
-		"reason":        dbus.MakeVariant(cleanText(sum.Reason)),
-		"connector":     dbus.MakeVariant(cleanText(sum.Connector)),
-		"channel":       dbus.MakeVariant(cleanText(sum.Channel)),
-		"thread":        dbus.MakeVariant(cleanText(sum.Thread)),
-		"author":        dbus.MakeVariant(cleanText(sum.Author)),
-		"attempts":      dbus.MakeVariant(uint32(sum.Attempts)),
-		"backend":       dbus.MakeVariant(sum.Backend),
-		"created_usec":  usecVariant(sum.CreatedAt),
-		"started_usec":  usecVariant(sum.StartedAt),
-		"finished_usec": usecVariant(sum.FinishedAt),
-		"delivered":     dbus.MakeVariant(sum.Delivered),
-		"text_preview":  dbus.MakeVariant(cleanText(sum.TextPreview)),
-		"reply_preview": dbus.MakeVariant(cleanText(sum.ReplyPreview)),
-		"text_bytes":    dbus.MakeVariant(uint32(sum.TextBytes)),
-		"reply_bytes":   dbus.MakeVariant(uint32(sum.ReplyBytes)),
-	}
+// Wire is the summary as dev.berth.Scheduler1.ListRuns returns it.
+func (sum Summary) Wire() map[string]dbus.Variant {
+	return busapi.RunSummary{
+		ID:           sum.ID,
+		MessageID:    cleanText(sum.MessageID),
+		Agent:        sum.Agent,
+		State:        sum.State,
+		Reason:       cleanText(sum.Reason),
+		Connector:    cleanText(sum.Connector),
+		Channel:      cleanText(sum.Channel),
+		Thread:       cleanText(sum.Thread),
+		Author:       cleanText(sum.Author),
+		Attempts:     uint32(sum.Attempts),
+		Backend:      sum.Backend,
+		CreatedAt:    sum.CreatedAt,
+		StartedAt:    sum.StartedAt,
+		FinishedAt:   sum.FinishedAt,
+		Delivered:    sum.Delivered,
+		TextPreview:  cleanText(sum.TextPreview),
+		ReplyPreview: cleanText(sum.ReplyPreview),
+		TextBytes:    uint32(sum.TextBytes),
+		ReplyBytes:   uint32(sum.ReplyBytes),
+	}.Wire()
 }
 
 // RunOutput is a page of one of a run's long texts (GetRunOutput): at most

@@ -11,12 +11,13 @@ import (
 
 	"github.com/berth-dev/berth/internal/boltstore"
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 )
 
-// Deliverer hands a finished run's reply (keys of dev.berth.Intake1.Deliver)
-// to intake. It returns nil only once intake has stored the reply.
+// Deliverer hands a finished run's reply to intake. It returns nil only once
+// intake has stored the reply.
 type Deliverer interface {
-	Deliver(ctx context.Context, reply map[string]string) error
+	Deliver(ctx context.Context, reply busapi.Reply) error
 }
 
 // BusDeliverer delivers through dev.berth.Intake1.Deliver, starting intake by
@@ -26,10 +27,9 @@ type BusDeliverer struct {
 }
 
 // Deliver calls dev.berth.Intake1.Deliver.
-func (d BusDeliverer) Deliver(ctx context.Context, reply map[string]string) error {
-	call := d.Conn.Object(bus.IntakeName, bus.IntakePath).CallWithContext(ctx, bus.IntakeInterface+".Deliver", 0, reply)
-	if call.Err != nil {
-		return fmt.Errorf("cannot deliver run %s to intake: %w", reply["run_id"], call.Err)
+func (d BusDeliverer) Deliver(ctx context.Context, reply busapi.Reply) error {
+	if err := busapi.NewIntake(d.Conn).Deliver(ctx, reply); err != nil {
+		return fmt.Errorf("cannot deliver run %s to intake: %w", reply.RunID, err)
 	}
 	return nil
 }
@@ -44,23 +44,21 @@ const (
 	maxMalformedAttempts = 3
 )
 
-// ReplyOf is what intake gets for a finished run.
-func ReplyOf(r Run) map[string]string {
-	reply := map[string]string{
-		"run_id":     r.ID,
-		"message_id": r.MessageID,
-		"connector":  r.Connector,
-		"agent":      r.Agent,
-		"channel":    r.Channel,
-		"thread":     r.Thread,
-		"state":      r.State,
-		"text":       replyText(r),
-		"error":      r.Error,
+// ReplyOf is what intake gets for a finished run. Every text is cleaned:
+// records written by older builds were not.
+func ReplyOf(r Run) busapi.Reply {
+	connector := cleanText(r.Connector)
+	return busapi.Reply{
+		RunID:     cleanText(r.ID),
+		MessageID: busapi.MessageIDOf(connector, cleanText(r.MessageID)),
+		Connector: connector,
+		Agent:     cleanText(r.Agent),
+		Channel:   cleanText(r.Channel),
+		Thread:    cleanText(r.Thread),
+		State:     cleanText(r.State),
+		Text:      cleanText(replyText(r)),
+		Error:     cleanText(r.Error),
 	}
-	for k, v := range reply { // records written by older builds were not cleaned
-		reply[k] = cleanText(v)
-	}
-	return reply
 }
 
 type retry struct {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/boltstore/fulldisk"
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 )
 
@@ -76,7 +77,7 @@ func TestSubmitOnAFullDiskFailsForNowStoresNothingAndIsTakenOnceWhenThereIsRoom(
 			t.Fatal("100 Submits on a full disk were all taken")
 		}
 		id := fmt.Sprintf("hooks/m%02d", i)
-		_, err := s.Submit(map[string]string{"id": id, "agent": "alpha", "text": bigText('a')})
+		_, err := s.Submit(busapi.SubmissionFromWire(map[string]string{"id": id, "agent": "alpha", "text": bigText('a')}))
 		if err != nil {
 			refused, refusal = id, err
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -253,7 +254,7 @@ func submit(t *testing.T, s *Service, msgID, agent string, extra ...string) stri
 	for i := 0; i+1 < len(extra); i += 2 {
 		msg[extra[i]] = extra[i+1]
 	}
-	id, err := s.Submit(msg)
+	id, err := s.Submit(busapi.SubmissionFromWire(msg))
 	if err != nil {
 		t.Fatalf("Submit(%s): %v", msgID, err)
 	}
@@ -290,7 +291,7 @@ func newDeliveries(failFirst int) *deliveries {
 	return &deliveries{failFirst: failFirst, notify: make(chan struct{}, 100)}
 }
 
-func (d *deliveries) Deliver(_ context.Context, reply map[string]string) error {
+func (d *deliveries) Deliver(_ context.Context, reply busapi.Reply) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.calls++
@@ -303,8 +304,16 @@ func (d *deliveries) Deliver(_ context.Context, reply map[string]string) error {
 	if d.calls <= d.failFirst {
 		return errors.New("intake is not there")
 	}
-	d.delivered = append(d.delivered, reply)
+	d.delivered = append(d.delivered, replyFields(reply))
 	return nil
+}
+
+// replyFields is reply as the tests read it: its fields by their keys on the
+// wire, the message id as the platform's.
+func replyFields(r busapi.Reply) map[string]string {
+	m := r.Wire()
+	m["message_id"] = r.MessageID
+	return m
 }
 
 func (d *deliveries) snapshot() (calls int, delivered []map[string]string) {

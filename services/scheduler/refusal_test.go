@@ -10,6 +10,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 )
 
@@ -23,11 +24,11 @@ func TestRetriedSubmitGetsItsRunEvenAfterTheAgentWasRemoved(t *testing.T) {
 	cfg := testConfig(1)
 	cfg.Agents = []config.AgentSettings{{ID: "alpha"}, {ID: "beta"}}
 	s.Reload(cfg)
-	again, err := s.Submit(map[string]string{"id": "hooks/m1", "agent": "gamma", "text": "hello"})
+	again, err := s.Submit(busapi.SubmissionFromWire(map[string]string{"id": "hooks/m1", "agent": "gamma", "text": "hello"}))
 	if err != nil || again != first {
 		t.Fatalf("retried Submit = %q, %v; want the existing run %q", again, err, first)
 	}
-	if _, err := s.Submit(map[string]string{"id": "hooks/m2", "agent": "gamma"}); err == nil {
+	if _, err := s.Submit(busapi.SubmissionFromWire(map[string]string{"id": "hooks/m2", "agent": "gamma"})); err == nil {
 		t.Fatal("a new message for a removed agent was accepted")
 	}
 }
@@ -38,7 +39,7 @@ type refusingIntake struct {
 	calls int
 }
 
-func (r *refusingIntake) Deliver(context.Context, map[string]string) error {
+func (r *refusingIntake) Deliver(context.Context, busapi.Reply) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls++

@@ -21,6 +21,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/internal/boltstore"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -310,14 +311,14 @@ func wake(ch chan struct{}) {
 	}
 }
 
-// Submit queues msg (keys of dev.berth.Scheduler1.Submit) and returns its run
-// id once the run is committed. The same message id returns the same run,
+// Submit queues msg and returns its run id once the run is committed. The
+// same message (its Key: connector and message id) returns the same run,
 // also when both Submits share one commit. Submits that arrive while a
 // commit is under way share the next one (store.write); their runs are
 // numbered, and so queued, in the order the committer takes them. Texts are
 // stored made valid (cleanText), so that whatever the run gives back can
 // cross D-Bus.
-func (s *Service) Submit(msg map[string]string) (string, error) {
+func (s *Service) Submit(msg busapi.Submission) (string, error) {
 	// Refused before it costs the group commit a write.
 	if err := checkMessage(msg); err != nil {
 		return "", err
@@ -342,7 +343,7 @@ func (s *Service) Submit(msg map[string]string) (string, error) {
 		return "", refused
 	}
 	if created {
-		s.log.Info("run queued", "run_id", r.ID, "agent", r.Agent, "message_id", msg["id"], "connector", r.Connector)
+		s.log.Info("run queued", "run_id", r.ID, "agent", r.Agent, "message_id", r.MessageID, "connector", r.Connector)
 		s.emitStateChanged(r)
 		s.publishCounts()
 		wake(s.wakeDispatch)

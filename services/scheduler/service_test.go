@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -33,7 +34,7 @@ func TestSubmitValidatesAndIsIdempotent(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := newTestService(t, testConfig(4), "", newGateBackend("landlock"), nil)
-			_, err := s.Submit(tc.msg)
+			_, err := s.Submit(busapi.SubmissionFromWire(tc.msg))
 			if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("Submit error = %v, want InvalidArgument mentioning %q", err, tc.wantErr)
 			}

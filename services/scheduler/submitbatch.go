@@ -9,6 +9,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 )
 
 // MaxBatch is the most messages one SubmitBatch takes (the interface XML
@@ -20,12 +21,16 @@ const MaxBatch = 512
 // the D-Bus error name Submit would have failed with and its text
 // ("dev.berth.Error.InvalidArgument: unknown agent ..."), so the caller
 // classifies it as it does a failed Submit; accepted ones have "".
-func (o *schedulerObject) SubmitBatch(sender dbus.Sender, msgs []map[string]string) ([]string, []string, *dbus.Error) {
+func (o *schedulerObject) SubmitBatch(sender dbus.Sender, wire []map[string]string) ([]string, []string, *dbus.Error) {
 	if derr := o.submitters.check(o.conn, sender, o.s.clock.Now()); derr != nil {
 		return nil, nil, derr
 	}
-	if len(msgs) > MaxBatch {
-		return nil, nil, bus.NewError(bus.ErrInvalidArgument, "%d messages in one SubmitBatch; at most %d", len(msgs), MaxBatch)
+	if len(wire) > MaxBatch {
+		return nil, nil, bus.NewError(bus.ErrInvalidArgument, "%d messages in one SubmitBatch; at most %d", len(wire), MaxBatch)
+	}
+	msgs := make([]busapi.Submission, len(wire))
+	for i, m := range wire {
+		msgs[i] = busapi.SubmissionFromWire(m)
 	}
 	ids, refusals, err := o.s.SubmitBatch(msgs)
 	if err != nil {
@@ -34,8 +39,7 @@ func (o *schedulerObject) SubmitBatch(sender dbus.Sender, msgs []map[string]stri
 	errs := make([]string, len(msgs))
 	for i, refused := range refusals {
 		if refused != nil {
-			derr := dbusError(refused)
-			errs[i] = derr.Name + ": " + fmt.Sprint(derr.Body...)
+			errs[i] = busapi.BatchRefusalWire(dbusError(refused))
 		}
 	}
 	return ids, errs, nil
@@ -47,7 +51,7 @@ func (o *schedulerObject) SubmitBatch(sender dbus.Sender, msgs []map[string]stri
 // submitted before, also earlier in the same batch) and, at the same index,
 // why a message was refused (ErrInvalidArgument; its run id is ""). The
 // error is for the batch as a whole: nothing of it was stored.
-func (s *Service) SubmitBatch(msgs []map[string]string) ([]string, []error, error) {
+func (s *Service) SubmitBatch(msgs []busapi.Submission) ([]string, []error, error) {
 	if len(msgs) == 0 {
 		return []string{}, []error{}, nil
 	}
@@ -92,11 +96,11 @@ func (s *Service) SubmitBatch(msgs []map[string]string) ([]string, []error, erro
 }
 
 // checkMessage refuses a message without an id or an agent.
-func checkMessage(msg map[string]string) error {
+func checkMessage(msg busapi.Submission) error {
 	switch {
-	case msg["id"] == "":
+	case msg.MessageID == "":
 		return fmt.Errorf("%w: message has no id", ErrInvalidArgument)
-	case msg["agent"] == "":
+	case msg.Agent == "":
 		return fmt.Errorf("%w: message has no agent", ErrInvalidArgument)
 	}
 	return nil
@@ -105,11 +109,13 @@ func checkMessage(msg map[string]string) error {
 // queueMessage is one message of Submit or SubmitBatch inside the write
 // transaction: the run a message id already has, a refusal (nothing
 // written), or a new queued run. err fails the whole transaction.
-func (s *Service) queueMessage(tx *bolt.Tx, msg map[string]string, known []string) (r Run, created bool, refused, err error) {
+func (s *Service) queueMessage(tx *bolt.Tx, msg busapi.Submission, known []string) (r Run, created bool, refused, err error) {
 	if err := checkMessage(msg); err != nil {
 		return Run{}, false, err, nil
 	}
-	id, agent := msg["id"], msg["agent"]
+	// The key, not the platform's id: messages of two connectors may share
+	// an id. Runs record it as their message id, as they always did.
+	id, agent := msg.Key(), msg.Agent
 	// The idempotency lookup comes before the agent check: a retried
 	// message that was taken gets its run id even if its agent has since
 	// been removed from the config.
@@ -130,12 +136,12 @@ func (s *Service) queueMessage(tx *bolt.Tx, msg map[string]string, known []strin
 		ID:          newRunID(now),
 		MessageID:   cleanText(id),
 		Agent:       agent,
-		Connector:   cleanText(msg["connector"]),
-		Channel:     cleanText(msg["channel"]),
-		ChannelName: cleanText(msg["channel_name"]),
-		Thread:      cleanText(msg["thread"]),
-		Author:      cleanText(msg["author"]),
-		Text:        cleanText(msg["text"]),
+		Connector:   cleanText(msg.Connector),
+		Channel:     cleanText(msg.Channel),
+		ChannelName: cleanText(msg.ChannelName),
+		Thread:      cleanText(msg.Thread),
+		Author:      cleanText(msg.Author),
+		Text:        cleanText(msg.Text),
 		State:       StateQueued,
 		CreatedAt:   now,
 		Seq:         seq,

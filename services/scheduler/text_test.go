@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testbus"
 	"github.com/berth-dev/berth/internal/testenv"
 	"github.com/berth-dev/berth/isolation"
@@ -119,7 +120,7 @@ type malformedIntake struct {
 	calls int
 }
 
-func (m *malformedIntake) Deliver(context.Context, map[string]string) error {
+func (m *malformedIntake) Deliver(context.Context, busapi.Reply) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.calls++
