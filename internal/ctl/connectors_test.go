@@ -1,11 +1,24 @@
 package ctl
 
 import (
+	"io"
 	"strings"
 	"testing"
 
 	"github.com/godbus/dbus/v5"
+
+	"github.com/berth-dev/berth/internal/busapi"
 )
+
+// writeConnectorsProperty is what status does with the Connectors property
+// as the bus carries it.
+func writeConnectorsProperty(w io.Writer, v dbus.Variant) error {
+	list, err := busapi.ConnectorsFromWire(v)
+	if err != nil {
+		return err
+	}
+	return writeConnectors(w, list)
+}
 
 func TestStatusPrintsEachConnector(t *testing.T) {
 	t.Parallel()
@@ -41,7 +54,7 @@ func TestStatusPrintsEachConnector(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var out strings.Builder
-			if err := writeConnectors(&out, tc.value); err != nil {
+			if err := writeConnectorsProperty(&out, tc.value); err != nil {
 				t.Fatal(err)
 			}
 			for _, w := range tc.want {
@@ -53,7 +66,7 @@ func TestStatusPrintsEachConnector(t *testing.T) {
 	}
 	t.Run("A_property_of_another_type_is_an_error", func(t *testing.T) {
 		t.Parallel()
-		if err := writeConnectors(&strings.Builder{}, dbus.MakeVariant("x")); err == nil || !strings.Contains(err.Error(), "want aa{sv}") {
+		if err := writeConnectorsProperty(&strings.Builder{}, dbus.MakeVariant("x")); err == nil || !strings.Contains(err.Error(), "want aa{sv}") {
 			t.Fatalf("err = %v, want one naming the expected type", err)
 		}
 	})

@@ -12,13 +12,11 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
-	"time"
 
-	"github.com/godbus/dbus/v5"
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
-	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 )
 
 // containerUsage is the usage of `berthctl container`.
@@ -51,12 +49,12 @@ func (c *cli) container(args []string) error {
 	return usageError("unknown container command %q\n%s", args[0], containerUsage)
 }
 
-func (c *cli) images() (dbus.BusObject, *dbus.Conn, error) {
+func (c *cli) images() (busapi.Images, error) {
 	conn, err := c.connect()
 	if err != nil {
-		return nil, nil, err
+		return busapi.Images{}, err
 	}
-	return conn.Object(bus.ImagesName, bus.ImagesPath), conn, nil
+	return busapi.NewImages(conn), nil
 }
 
 // parseTarget parses fs (which has --agent) and returns the build target:
@@ -82,73 +80,42 @@ func (c *cli) containerBuild(args []string) error {
 	if err != nil {
 		return err
 	}
-	obj, conn, err := c.images()
+	images, err := c.images()
 	if err != nil {
 		return err
 	}
-	// Subscribe before the call, so no signal of the job is missed.
-	if err := conn.AddMatchSignal(dbus.WithMatchInterface(bus.ImagesInterface), dbus.WithMatchObjectPath(bus.ImagesPath)); err != nil {
-		return fmt.Errorf("cannot follow builds: %w", err)
-	}
-	signals := make(chan *dbus.Signal, 4096)
-	conn.Signal(signals)
-	defer conn.RemoveSignal(signals)
-
-	var job dbus.ObjectPath
-	opts := map[string]dbus.Variant{"target": dbus.MakeVariant(target), "no_cache": dbus.MakeVariant(*noCache)}
-	if err := obj.Call(bus.ImagesInterface+".Build", 0, opts).Store(&job); err != nil {
+	job, err := images.Build(context.Background(), busapi.BuildTarget{Target: target, NoCache: *noCache})
+	if err != nil {
 		return fmt.Errorf("cannot start the build: %w", err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	show := c.progressView()
 	defer show.done()
-
 	canceled := false
-	poll := time.NewTicker(2 * time.Second)
-	defer poll.Stop()
+	// Follow ends when the job does (or is lost), also after a Cancel.
+	progress := job.Follow(context.Background())
 	for {
 		select {
 		case <-ctx.Done():
 			if !canceled {
 				canceled = true
 				show.line(0, 0, "canceling the build")
-				if err := conn.Object(bus.ImagesName, job).Call(bus.ImagesJobInterface+".Cancel", 0).Err; err != nil {
-					return fmt.Errorf("cannot cancel job %s: %w", job, err)
+				if err := job.Cancel(context.Background()); err != nil {
+					return fmt.Errorf("cannot cancel job %s: %w", job.Path, err)
 				}
 			}
 			ctx = context.Background()
-		case <-poll.C:
-			// A lost signal must not leave berthctl waiting forever.
-			var state string
-			if err := conn.Object(bus.ImagesName, job).StoreProperty(bus.ImagesJobInterface+".State", &state); err != nil {
-				return fmt.Errorf("lost job %s (did berth-imaged stop?): %w", job, err)
+		case p, ok := <-progress:
+			switch {
+			case !ok:
+				return fmt.Errorf("lost job %s", job.Path)
+			case p.Lost != nil:
+				return p.Lost
+			case p.Finished:
+				return c.buildEnded(show, p.Tag, p.Error, canceled)
 			}
-			if state != "running" {
-				var tag, errText string
-				_ = conn.Object(bus.ImagesName, job).StoreProperty(bus.ImagesJobInterface+".Tag", &tag)
-				_ = conn.Object(bus.ImagesName, job).StoreProperty(bus.ImagesJobInterface+".Error", &errText)
-				return c.buildEnded(show, tag, errText, canceled)
-			}
-		case sig := <-signals:
-			if len(sig.Body) == 0 || sig.Body[0] != job {
-				continue
-			}
-			switch sig.Name {
-			case bus.ImagesInterface + ".Progress":
-				if len(sig.Body) == 4 {
-					step, _ := sig.Body[1].(uint32)
-					total, _ := sig.Body[2].(uint32)
-					line, _ := sig.Body[3].(string)
-					show.line(step, total, line)
-				}
-			case bus.ImagesInterface + ".Finished":
-				if len(sig.Body) == 3 {
-					tag, _ := sig.Body[1].(string)
-					errText, _ := sig.Body[2].(string)
-					return c.buildEnded(show, tag, errText, canceled)
-				}
-			}
+			show.line(p.Step, p.Total, p.Line)
 		}
 	}
 }
@@ -238,21 +205,21 @@ func (c *cli) containerStatus(args []string) error {
 	if len(args) > 0 {
 		return usageError("%s", containerUsage)
 	}
-	obj, _, err := c.images()
+	images, err := c.images()
 	if err != nil {
 		return err
 	}
-	var building, count uint32
-	if err := obj.StoreProperty(bus.ImagesInterface+".Building", &building); err != nil {
-		return fmt.Errorf("berth-imaged is not reachable: %w", err)
-	}
-	if err := obj.StoreProperty(bus.ImagesInterface+".ImageCount", &count); err != nil {
-		return fmt.Errorf("berth-imaged is not reachable: %w", err)
-	}
-	list, err := c.listImages(obj)
+	// ListImages first: it starts berth-imaged when it is not running, and
+	// reading properties does not.
+	list, err := images.ListImages(context.Background())
 	if err != nil {
-		return err
+		return fmt.Errorf("cannot list images: %w", err)
 	}
+	st, err := images.Properties(context.Background())
+	if err != nil {
+		return fmt.Errorf("berth-imaged is not reachable: %w", err)
+	}
+	building, count := st.Building, st.ImageCount
 	var missing, failed []string
 	for _, img := range list {
 		switch {
@@ -272,65 +239,19 @@ func (c *cli) containerStatus(args []string) error {
 	return nil
 }
 
-// imageRow is one entry of ListImages.
-type imageRow struct {
-	Tag      string            `json:"tag"`
-	Kind     string            `json:"kind"`
-	Hash     string            `json:"hash"`
-	Status   string            `json:"status"`
-	Present  bool              `json:"present"`
-	Size     int64             `json:"size"`
-	Created  string            `json:"created"`
-	LastUsed string            `json:"last_used"`
-	Agents   []string          `json:"agents"`
-	Inputs   map[string]string `json:"inputs"`
-	Error    string            `json:"error,omitempty"`
-	LogTail  []string          `json:"log_tail,omitempty"`
-}
-
-func (c *cli) listImages(obj dbus.BusObject) ([]imageRow, error) {
-	var raw []map[string]dbus.Variant
-	if err := obj.Call(bus.ImagesInterface+".ListImages", 0).Store(&raw); err != nil {
-		return nil, fmt.Errorf("cannot list images: %w", err)
-	}
-	rows := make([]imageRow, 0, len(raw))
-	for _, m := range raw {
-		var r imageRow
-		get := func(k string, dst any) {
-			if v, ok := m[k]; ok {
-				_ = dbus.Store([]any{v.Value()}, dst)
-			}
-		}
-		get("tag", &r.Tag)
-		get("kind", &r.Kind)
-		get("hash", &r.Hash)
-		get("status", &r.Status)
-		get("present", &r.Present)
-		get("size", &r.Size)
-		get("created", &r.Created)
-		get("last_used", &r.LastUsed)
-		get("agents", &r.Agents)
-		get("inputs", &r.Inputs)
-		get("error", &r.Error)
-		get("log_tail", &r.LogTail)
-		rows = append(rows, r)
-	}
-	return rows, nil
-}
-
 func (c *cli) containerImages(args []string) error {
 	fs := newFlags("container images")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
 		return usageError("%s", containerUsage)
 	}
-	obj, _, err := c.images()
+	images, err := c.images()
 	if err != nil {
 		return err
 	}
-	rows, err := c.listImages(obj)
+	rows, err := images.ListImages(context.Background())
 	if err != nil {
-		return err
+		return fmt.Errorf("cannot list images: %w", err)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(c.out)
@@ -400,12 +321,12 @@ func (c *cli) containerClean(args []string) error {
 	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
 		return usageError("%s", containerUsage)
 	}
-	obj, _, err := c.images()
+	images, err := c.images()
 	if err != nil {
 		return err
 	}
-	var removed []string
-	if err := obj.Call(bus.ImagesInterface+".Clean", 0, *all).Store(&removed); err != nil {
+	removed, err := images.Clean(context.Background(), *all)
+	if err != nil {
 		return fmt.Errorf("cannot clean images: %w", err)
 	}
 	sort.Strings(removed)
@@ -425,12 +346,12 @@ func (c *cli) containerDockerfile(args []string) error {
 	if err != nil {
 		return err
 	}
-	obj, _, err := c.images()
+	images, err := c.images()
 	if err != nil {
 		return err
 	}
-	var df string
-	if err := obj.Call(bus.ImagesInterface+".Dockerfile", 0, target).Store(&df); err != nil {
+	df, err := images.Dockerfile(context.Background(), target)
+	if err != nil {
 		return fmt.Errorf("cannot make the Dockerfile of %s: %w", target, err)
 	}
 	fmt.Fprint(c.out, df)
@@ -441,11 +362,11 @@ func (c *cli) containerRemove(args []string) error {
 	if len(args) != 1 {
 		return usageError("%s", containerUsage)
 	}
-	obj, _, err := c.images()
+	images, err := c.images()
 	if err != nil {
 		return err
 	}
-	if err := obj.Call(bus.ImagesInterface+".Remove", 0, args[0]).Err; err != nil {
+	if err := images.Remove(context.Background(), args[0]); err != nil {
 		return fmt.Errorf("cannot remove %s: %w", args[0], err)
 	}
 	fmt.Fprintf(c.out, "removed %s\n", args[0])

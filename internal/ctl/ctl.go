@@ -13,7 +13,7 @@ import (
 	"io"
 	"os"
 	"os/user"
-	"sort"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,6 +21,7 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -171,52 +172,56 @@ func (c *cli) status(args []string) error {
 	if err != nil {
 		return err
 	}
+	ctx := context.Background()
 	var activatable []string
-	_ = conn.BusObject().Call("org.freedesktop.DBus.ListActivatableNames", 0).Store(&activatable)
+	_ = conn.BusObject().CallWithContext(ctx, "org.freedesktop.DBus.ListActivatableNames", 0).Store(&activatable)
 	down := 0
 	for _, svc := range []struct {
 		label, name string
-		path        dbus.ObjectPath
-		props       []string
+		// show reads the service's properties (never starting it) and
+		// returns its line; after runs once the line is written.
+		show func() (line string, after func() error, err error)
 	}{
-		{"scheduler", bus.SchedulerName, bus.SchedulerPath, []string{"QueueDepth", "Running", "Quarantined"}},
-		{"intake", bus.IntakeName, bus.IntakePath, []string{"InboxPending", "OutboxPending"}},
-		{"images", bus.ImagesName, bus.ImagesPath, []string{"Building", "ImageCount"}},
-	} {
-		// NoAutoStart: asking for status must not start a service.
-		call := conn.Object(svc.name, svc.path).Call("org.freedesktop.DBus.Properties.GetAll", dbus.FlagNoAutoStart, svc.name)
-		if call.Err != nil {
-			state := "not running"
-			for _, a := range activatable {
-				if a == svc.name {
-					state = "not running (starts on demand)"
+		{"scheduler", bus.SchedulerName, func() (string, func() error, error) {
+			st, err := busapi.NewScheduler(conn).Properties(ctx)
+			after := func() error {
+				if st.Quarantined > 0 {
+					fmt.Fprintf(c.out, "%-10s %d undecodable record(s) quarantined: kept aside in bucket quarantine of the service's database; the journal says which\n", "", st.Quarantined)
 				}
+				return nil
 			}
-			if bus.ErrorName(call.Err) != "org.freedesktop.DBus.Error.ServiceUnknown" && bus.ErrorName(call.Err) != "org.freedesktop.DBus.Error.NameHasNoOwner" {
-				state = "unreachable: " + call.Err.Error()
+			return fmt.Sprintf("QueueDepth=%d Running=%d Quarantined=%d", st.QueueDepth, st.Running, st.Quarantined), after, err
+		}},
+		{"intake", bus.IntakeName, func() (string, func() error, error) {
+			st, err := busapi.NewIntake(conn).Properties(ctx)
+			return fmt.Sprintf("InboxPending=%d OutboxPending=%d", st.InboxPending, st.OutboxPending), func() error { return writeConnectors(c.out, st.Connectors) }, err
+		}},
+		{"images", bus.ImagesName, func() (string, func() error, error) {
+			st, err := busapi.NewImages(conn).Properties(ctx)
+			return fmt.Sprintf("Building=%d ImageCount=%d", st.Building, st.ImageCount), nil, err
+		}},
+	} {
+		line, after, err := svc.show()
+		if err != nil && bus.ErrorName(err) == "" {
+			return fmt.Errorf("cannot read %s properties: %w", svc.label, err)
+		}
+		if err != nil {
+			state := "not running"
+			if slices.Contains(activatable, svc.name) {
+				state = "not running (starts on demand)"
+			}
+			if bus.ErrorName(err) != "org.freedesktop.DBus.Error.ServiceUnknown" && bus.ErrorName(err) != "org.freedesktop.DBus.Error.NameHasNoOwner" {
+				state = "unreachable: " + err.Error()
 				down++
 			}
 			fmt.Fprintf(c.out, "%-10s %s\n", svc.label+":", state)
 			continue
 		}
-		var props map[string]dbus.Variant
-		if err := call.Store(&props); err != nil {
-			return fmt.Errorf("cannot read %s properties: %w", svc.label, err)
-		}
-		var parts []string
-		for _, p := range svc.props {
-			if v, ok := props[p]; ok {
-				parts = append(parts, fmt.Sprintf("%s=%v", p, v.Value()))
-			}
-		}
-		fmt.Fprintf(c.out, "%-10s running  %s\n", svc.label+":", strings.Join(parts, " "))
-		if v, ok := props["Connectors"]; ok && svc.name == bus.IntakeName {
-			if err := writeConnectors(c.out, v); err != nil {
+		fmt.Fprintf(c.out, "%-10s running  %s\n", svc.label+":", line)
+		if after != nil {
+			if err := after(); err != nil {
 				return err
 			}
-		}
-		if n, ok := props["Quarantined"].Value().(uint32); ok && n > 0 {
-			fmt.Fprintf(c.out, "%-10s %d undecodable record(s) quarantined: kept aside in bucket quarantine of the service's database; the journal says which\n", "", n)
 		}
 	}
 	if down > 0 {
@@ -225,12 +230,12 @@ func (c *cli) status(args []string) error {
 	return nil
 }
 
-func (c *cli) scheduler() (dbus.BusObject, error) {
+func (c *cli) scheduler() (busapi.Scheduler, error) {
 	conn, err := c.connect()
 	if err != nil {
-		return nil, err
+		return busapi.Scheduler{}, err
 	}
-	return conn.Object(bus.SchedulerName, bus.SchedulerPath), nil
+	return busapi.NewScheduler(conn), nil
 }
 
 func (c *cli) runs(args []string) error {
@@ -258,25 +263,15 @@ func (c *cli) runs(args []string) error {
 		if *all && *before != "" {
 			return usageError("--all and --before do not go together")
 		}
-		obj, err := c.scheduler()
+		sched, err := c.scheduler()
 		if err != nil {
 			return err
 		}
-		var runs []map[string]dbus.Variant
+		var runs []busapi.RunSummary
 		cursor := *before
 		for {
-			filter := map[string]dbus.Variant{"limit": dbus.MakeVariant(uint32(*limit))}
-			if *state != "" {
-				filter["state"] = dbus.MakeVariant(*state)
-			}
-			if *agent != "" {
-				filter["agent"] = dbus.MakeVariant(*agent)
-			}
-			if cursor != "" {
-				filter["before"] = dbus.MakeVariant(cursor)
-			}
-			var page []map[string]dbus.Variant
-			if err := obj.Call(bus.SchedulerInterface+".ListRuns", 0, filter).Store(&page); err != nil {
+			page, err := sched.ListRuns(context.Background(), busapi.ListFilter{State: *state, Agent: *agent, Limit: uint32(*limit), Before: cursor})
+			if err != nil {
 				return fmt.Errorf("cannot list runs: %w", err)
 			}
 			runs = append(runs, page...)
@@ -284,7 +279,7 @@ func (c *cli) runs(args []string) error {
 				cursor = ""
 				break
 			}
-			cursor = str(page[len(page)-1], "id")
+			cursor = page[len(page)-1].ID
 			if !*all {
 				break
 			}
@@ -293,12 +288,16 @@ func (c *cli) runs(args []string) error {
 			fmt.Fprintf(c.errOut, "more runs: berthctl runs list --before %s (or --all)\n", cursor)
 		}
 		if *asJSON {
-			return writeJSON(c.out, plainRuns(runs))
+			plain := make([]map[string]any, 0, len(runs))
+			for _, r := range runs {
+				plain = append(plain, r.Plain())
+			}
+			return writeJSON(c.out, plain)
 		}
 		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "RUN\tAGENT\tSTATE\tCREATED\tREASON\tTEXT")
 		for _, r := range runs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", str(r, "id"), str(r, "agent"), str(r, "state"), usecTime(r, "created_usec"), str(r, "reason"), previewCell(str(r, "text_preview"), 40))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Agent, r.State, localTime(r.CreatedAt), r.Reason, previewCell(r.TextPreview, 40))
 		}
 		return tw.Flush()
 	case "show":
@@ -310,19 +309,19 @@ func (c *cli) runs(args []string) error {
 		if fs.NArg() != 1 {
 			return usageError("usage: berthctl runs show RUN_ID")
 		}
-		obj, err := c.scheduler()
+		sched, err := c.scheduler()
 		if err != nil {
 			return err
 		}
-		var run map[string]dbus.Variant
-		if err := obj.Call(bus.SchedulerInterface+".GetRun", 0, fs.Arg(0)).Store(&run); err != nil {
+		run, err := sched.GetRun(context.Background(), fs.Arg(0))
+		if err != nil {
 			return fmt.Errorf("cannot get run %s: %w", fs.Arg(0), err)
 		}
-		if err := readCutTexts(obj, fs.Arg(0), run); err != nil {
+		if err := readCutTexts(sched, &run); err != nil {
 			return err
 		}
 		if *asJSON {
-			return writeJSON(c.out, plainRun(run))
+			return writeJSON(c.out, run.Plain())
 		}
 		printRun(c.out, run)
 		return nil
@@ -330,11 +329,11 @@ func (c *cli) runs(args []string) error {
 		if len(args) != 2 {
 			return usageError("usage: berthctl runs cancel RUN_ID")
 		}
-		obj, err := c.scheduler()
+		sched, err := c.scheduler()
 		if err != nil {
 			return err
 		}
-		if err := obj.Call(bus.SchedulerInterface+".CancelRun", 0, args[1]).Err; err != nil {
+		if err := sched.CancelRun(context.Background(), args[1]); err != nil {
 			return fmt.Errorf("cannot cancel run %s: %w", args[1], err)
 		}
 		fmt.Fprintf(c.out, "run %s canceled\n", args[1])
@@ -353,76 +352,76 @@ func (c *cli) send(args []string) error {
 		return usageError("usage: berthctl send [--timeout D] AGENT TEXT")
 	}
 	agentID, text := fs.Arg(0), fs.Arg(1)
-	conn, err := c.connect()
+	sched, err := c.scheduler()
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
 	// Subscribe before submitting so the RunFinished signal cannot be missed.
-	if err := conn.AddMatchSignal(dbus.WithMatchInterface(bus.SchedulerInterface), dbus.WithMatchMember("RunFinished")); err != nil {
-		return fmt.Errorf("cannot subscribe to RunFinished: %w", err)
+	finished, err := sched.RunFinished(ctx)
+	if err != nil {
+		return err
 	}
-	signals := make(chan *dbus.Signal, 64)
-	conn.Signal(signals)
 
 	author := "berthctl"
 	if u, err := user.Current(); err == nil {
 		author = u.Username
 	}
-	msg := map[string]string{"id": "berthctl/" + randomID(), "agent": agentID, "author": author, "text": text, "channel": "berthctl"}
-	var runID string
-	obj := conn.Object(bus.SchedulerName, bus.SchedulerPath)
-	if err := obj.Call(bus.SchedulerInterface+".Submit", 0, msg).Store(&runID); err != nil {
+	msg := busapi.Submission{MessageID: "berthctl/" + randomID(), Agent: agentID, Author: author, Text: text, Channel: "berthctl"}
+	runID, err := sched.Submit(ctx, msg)
+	if err != nil {
 		return fmt.Errorf("cannot submit: %w", err)
 	}
 	fmt.Fprintf(c.errOut, "run %s queued for agent %s\n", runID, agentID)
 
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
 	poll := time.NewTicker(2 * time.Second) // in case a signal was lost
 	defer poll.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return &exitErr{ExitFailed, fmt.Sprintf("run %s did not finish within %s (it goes on; see berthctl runs show %s)", runID, *timeout, runID)}
-		case s := <-signals:
-			if s == nil || len(s.Body) < 4 || s.Body[0] != runID {
+		case ended := <-finished:
+			if ended.RunID != runID {
 				continue
 			}
 		case <-poll.C:
 		}
-		var run map[string]dbus.Variant
-		if err := obj.Call(bus.SchedulerInterface+".GetRun", 0, runID).Store(&run); err != nil {
+		run, err := sched.GetRun(ctx, runID)
+		if err != nil {
 			return fmt.Errorf("cannot get run %s: %w", runID, err)
 		}
-		switch str(run, "state") {
-		case "succeeded":
-			fmt.Fprintln(c.out, str(run, "reply"))
+		switch run.State {
+		case busapi.StateSucceeded:
+			fmt.Fprintln(c.out, run.Reply.Text)
 			return nil
-		case "failed", "canceled":
-			if r := str(run, "reply"); r != "" {
+		case busapi.StateFailed, busapi.StateCanceled:
+			if r := run.Reply.Text; r != "" {
 				fmt.Fprintln(c.out, r)
 			}
-			return &exitErr{ExitFailed, fmt.Sprintf("run %s %s: %s %s", runID, str(run, "state"), str(run, "reason"), str(run, "error"))}
+			return &exitErr{ExitFailed, fmt.Sprintf("run %s %s: %s %s", runID, run.State, run.Reason, run.Error.Text)}
 		}
 	}
 }
 
-// outputNames maps GetRun's long texts to GetRunOutput's names for them.
-var outputNames = map[string]string{"text": "text", "reply": "reply", "error": "error", "tool_calls": "tool_calls", "stderr_tail": "stderr"}
-
-// readCutTexts replaces each text GetRun cut (<key>_cut) with the whole of
-// it, read page by page with GetRunOutput.
-func readCutTexts(obj dbus.BusObject, id string, run map[string]dbus.Variant) error {
-	for key, what := range outputNames {
-		if cut, _ := run[key+"_cut"].Value().(bool); !cut {
+// readCutTexts replaces each text GetRun cut with the whole of it, read
+// page by page with GetRunOutput.
+func readCutTexts(sched busapi.Scheduler, run *busapi.Run) error {
+	for _, o := range []struct {
+		out  *busapi.Output
+		what string
+	}{
+		{&run.Text, busapi.OutputText}, {&run.Reply, busapi.OutputReply}, {&run.Error, busapi.OutputError},
+		{&run.ToolCalls, busapi.OutputToolCalls}, {&run.StderrTail, busapi.OutputStderr},
+	} {
+		if !o.out.Cut {
 			continue
 		}
 		var whole strings.Builder
 		for offset := uint64(0); ; {
-			var chunk string
-			var next uint64
-			if err := obj.Call(bus.SchedulerInterface+".GetRunOutput", 0, id, what, offset).Store(&chunk, &next); err != nil {
-				return fmt.Errorf("cannot read %s of run %s: %w", what, id, err)
+			chunk, next, err := sched.GetRunOutput(context.Background(), run.ID, o.what, offset)
+			if err != nil {
+				return fmt.Errorf("cannot read %s of run %s: %w", o.what, run.ID, err)
 			}
 			whole.WriteString(chunk)
 			if next == 0 || next <= offset {
@@ -430,8 +429,7 @@ func readCutTexts(obj dbus.BusObject, id string, run map[string]dbus.Variant) er
 			}
 			offset = next
 		}
-		run[key] = dbus.MakeVariant(whole.String())
-		run[key+"_cut"] = dbus.MakeVariant(false)
+		o.out.Text, o.out.Cut = whole.String(), false
 	}
 	return nil
 }
@@ -451,42 +449,13 @@ func randomID() string {
 	return hex.EncodeToString(b)
 }
 
-func str(m map[string]dbus.Variant, key string) string {
-	if v, ok := m[key]; ok {
-		if s, ok := v.Value().(string); ok {
-			return s
-		}
-		return fmt.Sprint(v.Value())
-	}
-	return ""
-}
-
-func usecTime(m map[string]dbus.Variant, key string) string {
-	v, ok := m[key]
-	if !ok {
+// localTime is t as berthctl prints times: local, to the second; "" for
+// the zero time.
+func localTime(t time.Time) string {
+	if t.IsZero() {
 		return ""
 	}
-	u, ok := v.Value().(uint64)
-	if !ok || u == 0 {
-		return ""
-	}
-	return time.UnixMicro(int64(u)).Local().Format("2006-01-02 15:04:05")
-}
-
-func plainRun(m map[string]dbus.Variant) map[string]any {
-	out := make(map[string]any, len(m))
-	for k, v := range m {
-		out[k] = v.Value()
-	}
-	return out
-}
-
-func plainRuns(runs []map[string]dbus.Variant) []map[string]any {
-	out := make([]map[string]any, 0, len(runs))
-	for _, r := range runs {
-		out = append(out, plainRun(r))
-	}
-	return out
+	return t.Local().Format("2006-01-02 15:04:05")
 }
 
 func writeJSON(w io.Writer, v any) error {
@@ -495,38 +464,22 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func printRun(w io.Writer, run map[string]dbus.Variant) {
-	order := []string{"id", "agent", "state", "reason", "error", "backend", "message_id", "connector", "channel", "thread", "author", "attempts", "created_usec", "started_usec", "finished_usec", "delivered", "text", "reply"}
-	seen := map[string]bool{}
+func printRun(w io.Writer, run busapi.Run) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, k := range order {
-		seen[k] = true
-		if _, ok := run[k]; !ok {
-			continue
-		}
-		val := str(run, k)
-		if strings.HasSuffix(k, "_usec") {
-			val = usecTime(run, k)
-		}
-		if val == "" || k == "text" || k == "reply" {
-			continue
-		}
-		fmt.Fprintf(tw, "%s:\t%s\n", strings.TrimSuffix(k, "_usec"), val)
-	}
-	var rest []string
-	for k := range run {
-		if !seen[k] && k != "stderr_tail" && k != "tool_calls" && k != "egress" && k != "egress_dropped" && !strings.HasSuffix(k, "_bytes") && !strings.HasSuffix(k, "_cut") {
-			rest = append(rest, k)
-		}
-	}
-	sort.Strings(rest)
-	for _, k := range rest {
-		if v := str(run, k); v != "" && v != "[]" {
-			fmt.Fprintf(tw, "%s:\t%s\n", k, v)
+	for _, f := range []struct{ key, val string }{
+		{"id", run.ID}, {"agent", run.Agent}, {"state", run.State}, {"reason", run.Reason}, {"error", run.Error.Text},
+		{"backend", run.Backend}, {"message_id", run.MessageID}, {"connector", run.Connector}, {"channel", run.Channel},
+		{"thread", run.Thread}, {"author", run.Author}, {"attempts", fmt.Sprint(run.Attempts)},
+		{"created", localTime(run.CreatedAt)}, {"started", localTime(run.StartedAt)}, {"finished", localTime(run.FinishedAt)},
+		{"delivered", fmt.Sprint(run.Delivered)},
+		{"egress_counts", run.EgressCounts.Text},
+	} {
+		if f.val != "" {
+			fmt.Fprintf(tw, "%s:\t%s\n", f.key, f.val)
 		}
 	}
 	tw.Flush()
-	if t := str(run, "text"); t != "" {
+	if t := run.Text.Text; t != "" {
 		fmt.Fprintf(w, "\nmessage:\n%s\n", indent(t))
 	}
 	var calls []struct {
@@ -534,7 +487,7 @@ func printRun(w io.Writer, run map[string]dbus.Variant) {
 		Args  json.RawMessage `json:"args"`
 		Error string          `json:"error"`
 	}
-	if json.Unmarshal([]byte(str(run, "tool_calls")), &calls) == nil && len(calls) > 0 {
+	if json.Unmarshal([]byte(run.ToolCalls.Text), &calls) == nil && len(calls) > 0 {
 		fmt.Fprintln(w, "\ntool calls:")
 		for _, c := range calls {
 			line := "  " + c.Name + " " + string(c.Args)
@@ -545,16 +498,16 @@ func printRun(w io.Writer, run map[string]dbus.Variant) {
 		}
 	}
 	writeEgress(w, run)
-	if r := str(run, "reply"); r != "" {
+	if r := run.Reply.Text; r != "" {
 		fmt.Fprintf(w, "\nreply:\n%s\n", indent(r))
 	}
 }
 
 // writeEgress prints the egress proxy's decisions, one line each:
 // time, method, host:port, path, allowed or REFUSED, rule or reason, bytes.
-func writeEgress(w io.Writer, run map[string]dbus.Variant) {
+func writeEgress(w io.Writer, run busapi.Run) {
 	var decisions []isolation.EgressDecision
-	if json.Unmarshal([]byte(str(run, "egress")), &decisions) != nil || len(decisions) == 0 {
+	if json.Unmarshal([]byte(run.Egress.Text), &decisions) != nil || len(decisions) == 0 {
 		return
 	}
 	fmt.Fprintln(w, "\negress:")
@@ -565,7 +518,7 @@ func writeEgress(w io.Writer, run map[string]dbus.Variant) {
 		}
 		fmt.Fprintf(w, "  %s %s %s:%d %s %s %s ↑%d ↓%d\n", d.Time.Format("15:04:05"), d.Method, d.Host, d.Port, d.Path, verdict, why, d.BytesUp, d.BytesDown)
 	}
-	if n, ok := run["egress_dropped"].Value().(uint32); ok && n > 0 {
+	if n := run.EgressDropped; n > 0 {
 		fmt.Fprintf(w, "  (%d more not kept)\n", n)
 	}
 	writeEgressCounts(w, run)
@@ -573,9 +526,9 @@ func writeEgress(w io.Writer, run map[string]dbus.Variant) {
 
 // writeEgressCounts prints every decision of the run counted by host: the
 // record keeps only some decisions, the counts hold them all.
-func writeEgressCounts(w io.Writer, run map[string]dbus.Variant) {
+func writeEgressCounts(w io.Writer, run busapi.Run) {
 	var counts isolation.EgressCounts
-	if json.Unmarshal([]byte(str(run, "egress_counts")), &counts) != nil || counts.Allowed+counts.Refused == 0 {
+	if json.Unmarshal([]byte(run.EgressCounts.Text), &counts) != nil || counts.Allowed+counts.Refused == 0 {
 		return
 	}
 	fmt.Fprintf(w, "egress counts: %d allowed, %d refused\n", counts.Allowed, counts.Refused)

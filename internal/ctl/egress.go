@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -50,12 +51,12 @@ func (c *cli) egress(args []string) error {
 		// A bare host:port is what a tunnel asks for.
 		m = "CONNECT"
 	}
-	obj, err := c.scheduler()
+	sched, err := c.scheduler()
 	if err != nil {
 		return err
 	}
-	var verdictJSON string
-	if err := obj.Call(bus.SchedulerInterface+".ExplainEgress", 0, agent, m, target).Store(&verdictJSON); err != nil {
+	verdictJSON, err := sched.ExplainEgress(context.Background(), agent, m, target)
+	if err != nil {
 		switch bus.ErrorName(err) {
 		case bus.ErrInvalidArgument, bus.ErrNotFound:
 			return &exitErr{ExitUsage, fmt.Sprintf("cannot explain %s for %s: %v", target, agent, err)}

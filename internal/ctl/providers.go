@@ -1,12 +1,10 @@
 package ctl
 
 import (
+	"context"
 	"fmt"
 	"text/tabwriter"
-
-	"github.com/godbus/dbus/v5"
-
-	"github.com/berth-dev/berth/internal/bus"
+	"time"
 )
 
 const providersUsage = "usage: berthctl providers test [NAME]"
@@ -23,31 +21,29 @@ func (c *cli) providers(args []string) error {
 	if err := fs.Parse(args[1:]); err != nil || fs.NArg() > 1 {
 		return usageError(providersUsage)
 	}
-	obj, err := c.scheduler()
+	sched, err := c.scheduler()
 	if err != nil {
 		return err
 	}
-	var results []map[string]dbus.Variant
-	if err := obj.Call(bus.SchedulerInterface+".TestProviders", 0, fs.Arg(0)).Store(&results); err != nil {
+	// Each check may take its provider's whole timeout; they run side by side.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	results, err := sched.TestProviders(ctx, fs.Arg(0))
+	if err != nil {
 		return fmt.Errorf("cannot ask the scheduler to test providers: %w", err)
-	}
-	str := func(m map[string]dbus.Variant, key string) string {
-		s, _ := m[key].Value().(string)
-		return s
 	}
 	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PROVIDER\tKIND\tMODEL\tRESULT\tLATENCY\tDETAIL")
 	failed := 0
 	for _, r := range results {
-		status := str(r, "status")
-		if status != "ok" {
+		if r.Status != "ok" {
 			failed++
 		}
 		latency := "-"
-		if ms, _ := r["latency_ms"].Value().(uint32); ms > 0 || status == "ok" && str(r, "kind") != "local" {
+		if ms := r.LatencyMS; ms > 0 || r.Status == "ok" && r.Kind != "local" {
 			latency = fmt.Sprintf("%dms", ms)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", str(r, "name"), str(r, "kind"), str(r, "model"), status, latency, str(r, "detail"))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Name, r.Kind, r.Model, r.Status, latency, r.Detail)
 	}
 	tw.Flush()
 	if failed > 0 {

@@ -12,6 +12,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/testbus"
 	"github.com/berth-dev/berth/internal/testenv"
@@ -43,7 +44,7 @@ func TestRunsListPagesThroughEveryRun(t *testing.T) {
 	c, s, out, errOut := runsSchedulerOnBus(t, t.TempDir())
 	var ids []string
 	for i := range 7 {
-		id, err := s.Submit(map[string]string{"id": fmt.Sprintf("m%d", i), "agent": "alpha", "text": fmt.Sprintf("message number %d", i)})
+		id, err := s.Submit(busapi.SubmissionFromWire(map[string]string{"id": fmt.Sprintf("m%d", i), "agent": "alpha", "text": fmt.Sprintf("message number %d", i)}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,7 +91,7 @@ func TestRunsShowPrintsTextsLongerThanGetRunReturns(t *testing.T) {
 	t.Parallel()
 	c, s, out, _ := runsSchedulerOnBus(t, t.TempDir())
 	long := strings.Repeat("0123456789", 150000) + "THE END"
-	id, err := s.Submit(map[string]string{"id": "m1", "agent": "alpha", "text": long})
+	id, err := s.Submit(busapi.SubmissionFromWire(map[string]string{"id": "m1", "agent": "alpha", "text": long}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,13 +2,13 @@ package ctl
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
 	"time"
 
-	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -37,12 +37,12 @@ func (c *cli) sandbox(args []string) error {
 	if fs.NArg() != 1 {
 		return usageError(sandboxUsage)
 	}
-	obj, err := c.scheduler()
+	sched, err := c.scheduler()
 	if err != nil {
 		return err
 	}
-	var planJSON string
-	if err := obj.Call(bus.SchedulerInterface+".ExplainAgent", 0, fs.Arg(0)).Store(&planJSON); err != nil {
+	planJSON, err := sched.ExplainAgent(context.Background(), fs.Arg(0))
+	if err != nil {
 		return fmt.Errorf("cannot ask the scheduler for the plan of %s: %w", fs.Arg(0), err)
 	}
 	if *asJSON {
