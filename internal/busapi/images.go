@@ -42,14 +42,26 @@ func (t BuildTarget) Wire() map[string]dbus.Variant {
 	return map[string]dbus.Variant{"target": dbus.MakeVariant(t.Target), "no_cache": dbus.MakeVariant(t.NoCache)}
 }
 
-// BuildTargetFromWire reads Build's argument; a key of the wrong type is
-// refused, unknown keys are ignored.
+// BuildTargetFromWire reads Build's argument; an unknown key or a value of
+// the wrong type is refused (the errors wrap ErrInvalid).
 func BuildTargetFromWire(m map[string]dbus.Variant) (BuildTarget, error) {
 	var t BuildTarget
-	f := fields{m: m}
-	f.str("target", &t.Target)
-	f.boolean("no_cache", &t.NoCache)
-	return t, f.err
+	for k, v := range m {
+		var ok bool
+		switch k {
+		case "target":
+			if t.Target, ok = v.Value().(string); !ok {
+				return BuildTarget{}, invalid("target must be a string, not %s", v.Signature())
+			}
+		case "no_cache":
+			if t.NoCache, ok = v.Value().(bool); !ok {
+				return BuildTarget{}, invalid("no_cache must be a boolean, not %s", v.Signature())
+			}
+		default:
+			return BuildTarget{}, invalid("unknown build option %q (known: target, no_cache)", k)
+		}
+	}
+	return t, nil
 }
 
 // Build starts a build and returns its job, already subscribed to the
@@ -85,6 +97,24 @@ type Image struct {
 	Inputs   map[string]string `json:"inputs"`
 	Error    string            `json:"error,omitempty"`
 	LogTail  []string          `json:"log_tail,omitempty"`
+}
+
+// Wire is img as ListImages returns it (a{sv}).
+func (img Image) Wire() map[string]dbus.Variant {
+	return map[string]dbus.Variant{
+		"tag":       dbus.MakeVariant(img.Tag),
+		"kind":      dbus.MakeVariant(img.Kind),
+		"hash":      dbus.MakeVariant(img.Hash),
+		"inputs":    dbus.MakeVariant(img.Inputs),
+		"status":    dbus.MakeVariant(img.Status),
+		"present":   dbus.MakeVariant(img.Present),
+		"size":      dbus.MakeVariant(img.Size),
+		"created":   dbus.MakeVariant(img.Created),
+		"last_used": dbus.MakeVariant(img.LastUsed),
+		"agents":    dbus.MakeVariant(img.Agents),
+		"error":     dbus.MakeVariant(img.Error),
+		"log_tail":  dbus.MakeVariant(img.LogTail),
+	}
 }
 
 // ImageFromWire reads one entry of what ListImages returned.

@@ -54,3 +54,13 @@ func plain(m map[string]dbus.Variant) map[string]any {
 	}
 	return out
 }
+
+// invalidError is a refusal whose text is the reason alone; it is ErrInvalid.
+type invalidError struct{ msg string }
+
+func (e invalidError) Error() string        { return e.msg }
+func (e invalidError) Is(target error) bool { return target == ErrInvalid }
+
+func invalid(format string, args ...any) error {
+	return invalidError{fmt.Sprintf(format, args...)}
+}

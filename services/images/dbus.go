@@ -1,6 +1,7 @@
 package images
 
 import (
+	"cmp"
 	"context"
 	"encoding/xml"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"github.com/godbus/dbus/v5/prop"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/units"
 )
 
@@ -68,27 +70,11 @@ func (o *imagesObject) Build(sender dbus.Sender, opts map[string]dbus.Variant) (
 	if derr := o.allowed(sender, "Build"); derr != nil {
 		return "", derr
 	}
-	target, noCache := DefaultTarget, false
-	for k, v := range opts {
-		switch k {
-		case "target":
-			t, ok := v.Value().(string)
-			if !ok {
-				return "", bus.NewError(bus.ErrInvalidArgument, "target must be a string, not %s", v.Signature())
-			}
-			if t != "" {
-				target = t
-			}
-		case "no_cache":
-			b, ok := v.Value().(bool)
-			if !ok {
-				return "", bus.NewError(bus.ErrInvalidArgument, "no_cache must be a boolean, not %s", v.Signature())
-			}
-			noCache = b
-		default:
-			return "", bus.NewError(bus.ErrInvalidArgument, "unknown build option %q (known: target, no_cache)", k)
-		}
+	bt, err := busapi.BuildTargetFromWire(opts)
+	if err != nil {
+		return "", bus.NewError(bus.ErrInvalidArgument, "%v", err)
 	}
+	target, noCache := cmp.Or(bt.Target, DefaultTarget), bt.NoCache
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	j, err := o.s.StartJob(ctx, target, noCache, func(j *Job) {
@@ -114,12 +100,12 @@ func (o *imagesObject) ListImages() ([]map[string]dbus.Variant, *dbus.Error) {
 	}
 	out := make([]map[string]dbus.Variant, 0, len(imgs))
 	for _, img := range imgs {
-		out = append(out, imageValue(img))
+		out = append(out, imageValue(img).Wire())
 	}
 	return out, nil
 }
 
-func imageValue(img Image) map[string]dbus.Variant {
+func imageValue(img Image) busapi.Image {
 	stamp := func(t time.Time) string {
 		if t.IsZero() {
 			return ""
@@ -142,19 +128,19 @@ func imageValue(img Image) map[string]dbus.Variant {
 	if !img.Present {
 		size = 0
 	}
-	return map[string]dbus.Variant{
-		"tag":       dbus.MakeVariant(img.Tag),
-		"kind":      dbus.MakeVariant(img.Kind),
-		"hash":      dbus.MakeVariant(img.Hash),
-		"inputs":    dbus.MakeVariant(inputs),
-		"status":    dbus.MakeVariant(img.Status),
-		"present":   dbus.MakeVariant(img.Present),
-		"size":      dbus.MakeVariant(size),
-		"created":   dbus.MakeVariant(stamp(img.Created)),
-		"last_used": dbus.MakeVariant(stamp(img.LastUsed)),
-		"agents":    dbus.MakeVariant(agents),
-		"error":     dbus.MakeVariant(validText(img.Error)),
-		"log_tail":  dbus.MakeVariant(tail),
+	return busapi.Image{
+		Tag:      img.Tag,
+		Kind:     img.Kind,
+		Hash:     img.Hash,
+		Inputs:   inputs,
+		Status:   img.Status,
+		Present:  img.Present,
+		Size:     size,
+		Created:  stamp(img.Created),
+		LastUsed: stamp(img.LastUsed),
+		Agents:   agents,
+		Error:    validText(img.Error),
+		LogTail:  tail,
 	}
 }
 

@@ -127,17 +127,17 @@ func connectorsValue(st []ConnectorStatus) []map[string]dbus.Variant {
 	}
 	out := make([]map[string]dbus.Variant, 0, len(st))
 	for _, c := range st {
-		out = append(out, map[string]dbus.Variant{
-			"id":              dbus.MakeVariant(validText(c.ID)),
-			"type":            dbus.MakeVariant(validText(c.Type)),
-			"state":           dbus.MakeVariant(validText(c.State)),
-			"connected_since": dbus.MakeVariant(stamp(c.ConnectedSince)),
-			"last_event":      dbus.MakeVariant(stamp(c.LastEvent)),
-			"last_error":      dbus.MakeVariant(validText(c.LastError)),
-			"last_error_at":   dbus.MakeVariant(stamp(c.LastErrorAt)),
-			"reconnects":      dbus.MakeVariant(uint32(max(c.Reconnects, 0))),
-			"warning":         dbus.MakeVariant(validText(c.Warning)),
-		})
+		out = append(out, busapi.ConnectorStatus{
+			ID:             validText(c.ID),
+			Type:           validText(c.Type),
+			State:          validText(c.State),
+			ConnectedSince: stamp(c.ConnectedSince),
+			LastEvent:      stamp(c.LastEvent),
+			LastError:      validText(c.LastError),
+			LastErrorAt:    stamp(c.LastErrorAt),
+			Reconnects:     uint32(max(c.Reconnects, 0)),
+			Warning:        validText(c.Warning),
+		}.Wire())
 	}
 	return out
 }
