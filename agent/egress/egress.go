@@ -14,7 +14,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentproto"
@@ -103,6 +105,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out.URL.Scheme, out.URL.Host, out.Host = "http", "egress", "egress"
 		rt = p.origin
 	}
+	if r.Method == http.MethodGet && r.URL.IsAbs() && r.ContentLength == 0 {
+		p.get(w, out)
+		return
+	}
 	var resp *http.Response
 	var err error
 	if r.ContentLength != 0 {
@@ -115,6 +121,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer resp.Body.Close()
+	relay(w, resp)
+}
+
+// relay writes resp to the tool.
+func relay(w http.ResponseWriter, resp *http.Response) {
 	for k, v := range resp.Header {
 		w.Header()[k] = v
 	}
@@ -126,7 +137,76 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// download, a package) is copied in large writes instead.
 		dst = flushWriter{w}
 	}
-	io.Copy(dst, resp.Body)
+	buf := copyBuffers.Get().(*[]byte)
+	io.CopyBuffer(dst, resp.Body, *buf)
+	copyBuffers.Put(buf)
+}
+
+// copyBuffers hold the bodies relayed through userspace: a large read is
+// fewer system calls per byte, and pooled it costs a small request nothing.
+var copyBuffers = sync.Pool{New: func() any {
+	b := make([]byte, 256<<10)
+	return &b
+}}
+
+// splicedBody is the least a body must be for get to hand it to the
+// kernel: below it, keeping the tool's connection is worth more.
+const splicedBody = 1 << 20
+
+// get sends a tool's GET on a connection of its own; a large answer of
+// known length then goes to the tool by splice (the kernel moves it from
+// the socket to the tool's connection, no copy through this process), and
+// the tool's connection ends with it, as the answer says.
+func (p *Proxy) get(w http.ResponseWriter, out *http.Request) {
+	d := net.Dialer{Timeout: 10 * time.Second}
+	conn, err := d.DialContext(out.Context(), "unix", p.socket)
+	if err != nil {
+		http.Error(w, "berth egress unreachable: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(out.Context(), func() { conn.Close() })
+	defer stop()
+	out.Close = true
+	bw := bufio.NewWriterSize(conn, 4<<10)
+	if err = out.WriteProxy(bw); err == nil {
+		err = bw.Flush()
+	}
+	var resp *http.Response
+	br := bufio.NewReaderSize(conn, 32<<10)
+	if err == nil {
+		resp, err = readFinalResponse(br, out)
+	}
+	if err != nil {
+		http.Error(w, "berth egress unreachable: "+err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	// The proxy closes the connection this request had to itself; the
+	// tool's own connection goes on.
+	resp.Header.Del("Connection")
+	hj, hijackable := w.(http.Hijacker)
+	socket, isSocket := conn.(*net.UnixConn)
+	if resp.ContentLength < splicedBody || resp.StatusCode < 200 || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified || !hijackable || !isSocket {
+		relay(w, resp)
+		return
+	}
+	tool, tbuf, err := hj.Hijack()
+	if err != nil {
+		return
+	}
+	defer tool.Close()
+	resp.Header.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	resp.Header.Set("Connection", "close")
+	fmt.Fprintf(tbuf, "HTTP/1.1 %03d %s\r\n", resp.StatusCode, http.StatusText(resp.StatusCode))
+	resp.Header.Write(tbuf)
+	tbuf.WriteString("\r\n")
+	held := min(int64(br.Buffered()), resp.ContentLength)
+	if _, err := io.CopyN(tbuf, br, held); err != nil || tbuf.Flush() != nil {
+		return
+	}
+	// A *net.TCPConn reading from a bounded *net.UnixConn splices.
+	io.Copy(tool, &io.LimitedReader{R: socket, N: resp.ContentLength - held})
 }
 
 // exchange sends a request with a body on a connection of its own and

@@ -522,7 +522,109 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d egresspolicy.
 	out.Host = r.URL.Host
 	out.URL.Host = netip.AddrPortFrom(dest.Addrs[0], uint16(d.Port)).String()
 	stripHopHeaders(out.Header)
+	if client := connOf(r.Context()); client != nil && r.Method == http.MethodGet && r.ContentLength == 0 {
+		s.getSpliced(w, client, out, d)
+		return
+	}
 	s.roundTrip(w, s.tools, out, d)
+}
+
+// splicedBody is the least a body must be for getSpliced to hand it to
+// the kernel: below it, keeping the sandbox's connection is worth more.
+const splicedBody = 1 << 20
+
+// getSpliced sends a tool's GET on a connection of its own, and a large
+// answer of known length goes to the sandbox by splice (the kernel moves
+// it, no copy through this process); the sandbox's connection then ends
+// with it, as the answer says. Anything else is answered as roundTrip
+// would.
+func (s *Server) getSpliced(w http.ResponseWriter, client *slotConn, out *http.Request, d egresspolicy.Decision) {
+	ctx, cancel := context.WithTimeout(out.Context(), s.opts.DialTimeout)
+	upstream, err := dialJudged(ctx, "tcp", out.URL.Host)
+	cancel()
+	if err != nil {
+		s.dialFailed(w, d, err)
+		return
+	}
+	defer upstream.Close()
+	stop := context.AfterFunc(out.Context(), func() { upstream.Close() })
+	defer stop()
+	// Not reused, so the upstream may close it after its answer.
+	out.Close = true
+	upstream.SetDeadline(time.Now().Add(s.opts.ResponseTimeout))
+	if err := out.Write(upstream); err != nil {
+		s.dialFailed(w, d, err)
+		return
+	}
+	// The answer's header is bounded as the transport bounds it.
+	header := &io.LimitedReader{R: upstream, N: maxResponseHeader}
+	br := bufio.NewReaderSize(header, 32<<10)
+	resp, err := readFinalResponse(br, out)
+	if err != nil {
+		s.dialFailed(w, d, err)
+		return
+	}
+	header.N = 1 << 62
+	upstream.SetDeadline(time.Time{})
+	defer resp.Body.Close()
+	stripHopHeaders(resp.Header)
+	hj, ok := w.(http.Hijacker)
+	if resp.ContentLength < splicedBody || !ok || !bodyAllowed(resp.StatusCode) {
+		s.relay(w, resp, d, nil)
+		return
+	}
+	conn, cbuf, err := hj.Hijack()
+	if err != nil {
+		return
+	}
+	s.track(conn, upstream)
+	defer s.untrack(conn, upstream)
+	resp.Header.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	resp.Header.Set("Connection", "close")
+	fmt.Fprintf(cbuf, "HTTP/1.1 %03d %s\r\n", resp.StatusCode, http.StatusText(resp.StatusCode))
+	resp.Header.Write(cbuf)
+	cbuf.WriteString("\r\n")
+	// What the header's reader holds already, then the rest from the socket.
+	held := min(int64(br.Buffered()), resp.ContentLength)
+	sent, err := io.CopyN(cbuf, br, held)
+	if err == nil {
+		err = cbuf.Flush()
+	}
+	if err == nil {
+		var spliced int64
+		spliced, err = spliceBody(conn, upstream, resp.ContentLength-held, s.opts.TunnelIdleTimeout)
+		sent += spliced
+	}
+	// Allowed even when cut off, as roundTrip records it: the bytes say
+	// how far it got.
+	d.Allowed, d.BytesDown = true, sent
+	s.record(d)
+}
+
+// maxResponseHeader bounds an upstream answer's header (http.Transport's
+// default).
+const maxResponseHeader = 10 << 20
+
+// bodyAllowed says whether an answer with status may carry a body.
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// readFinalResponse reads the response to req, past any interim (1xx) one.
+func readFinalResponse(br *bufio.Reader, req *http.Request) (*http.Response, error) {
+	for {
+		resp, err := http.ReadResponse(br, req)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode >= 200 {
+			return resp, nil
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			return nil, errors.New("the destination switched protocols unasked")
+		}
+	}
 }
 
 func (s *Server) provider(w http.ResponseWriter, r *http.Request, d egresspolicy.Decision) {
@@ -612,6 +714,12 @@ func (s *Server) roundTrip(w http.ResponseWriter, t *http.Transport, out *http.R
 	}
 	defer resp.Body.Close()
 	stripHopHeaders(resp.Header)
+	s.relay(w, resp, d, &up)
+}
+
+// relay writes resp to the sandbox and records d with the bytes moved (up
+// counts the request body sent, if any).
+func (s *Server) relay(w http.ResponseWriter, resp *http.Response, d egresspolicy.Decision, up *countingReader) {
 	for k, v := range resp.Header {
 		w.Header()[k] = v
 	}
@@ -623,8 +731,13 @@ func (s *Server) roundTrip(w http.ResponseWriter, t *http.Transport, out *http.R
 		// large writes instead.
 		dst = flushWriter{w}
 	}
-	down, _ := io.Copy(dst, resp.Body)
-	d.Allowed, d.BytesUp, d.BytesDown = true, up.n, down
+	buf := copyBuffers.Get().(*[]byte)
+	down, _ := io.CopyBuffer(dst, resp.Body, *buf)
+	copyBuffers.Put(buf)
+	d.Allowed, d.BytesDown = true, down
+	if up != nil {
+		d.BytesUp = up.n
+	}
 	s.record(d)
 }
 
@@ -731,6 +844,13 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	c.n += int64(n)
 	return n, err
 }
+
+// copyBuffers hold the bodies relayed through userspace: a large read is
+// fewer system calls per byte, and pooled it costs a small request nothing.
+var copyBuffers = sync.Pool{New: func() any {
+	b := make([]byte, 256<<10)
+	return &b
+}}
 
 // flushWriter flushes after each write so streamed answers (SSE) flow.
 type flushWriter struct{ w http.ResponseWriter }
