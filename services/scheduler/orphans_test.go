@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/isolation"
@@ -120,5 +121,54 @@ func TestAttemptNamesRoundTrip(t *testing.T) {
 	}
 	if got := isolation.AttemptName("r1", 3); got != "r1-3" {
 		t.Errorf("AttemptName(r1, 3) = %q", got)
+	}
+}
+
+// sweepingBackend is a gateBackend that is also a Sweeper: each sweep
+// reports what live said of attempts 0 to 3 of the run the test watches.
+type sweepingBackend struct {
+	*gateBackend
+	run    string
+	sweeps chan [4]bool
+}
+
+func (b *sweepingBackend) Sweep(_ context.Context, live func(runID string, attempt int) bool) ([]string, error) {
+	var said [4]bool
+	for attempt := range said {
+		said[attempt] = live(b.run, attempt)
+	}
+	b.sweeps <- said
+	return nil, nil
+}
+
+func TestTheSweepRunsAtStartAndAgainEverySweepIntervalKeepingOnlyTheLiveAttempt(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	now := time.Now()
+	writeRuns(t, dir, Run{ID: "r1", MessageID: "m-r1", Agent: "alpha", State: StateRunning,
+		Backend: "landlock", Attempts: 1, Attempt: 1, Seq: 1, CreatedAt: now, StartedAt: now})
+	clock := clockwork.NewFakeClock()
+	b := &sweepingBackend{gateBackend: newGateBackend("landlock"), run: "r1", sweeps: make(chan [4]bool, 10)}
+	s := newTestService(t, testConfig(4), dir, b.gateBackend, nil, withClock(clock), func(o *Options) {
+		o.Backends = map[string]isolation.Backend{"landlock": b}
+	})
+	start(t, s)
+	b.next(t) // attempt 2 runs and stays
+	nextSweep := func(what string) [4]bool {
+		t.Helper()
+		select {
+		case said := <-b.sweeps:
+			return said
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no %s within 30 s", what)
+			return [4]bool{}
+		}
+	}
+	nextSweep("sweep at start")
+	clock.Advance(sweepInterval)
+	// The first sweep may have run before attempt 2 was claimed; the one a
+	// sweep interval later sees it.
+	if said := nextSweep("sweep a sweep interval later"); said != [4]bool{false, false, true, false} {
+		t.Fatalf("live said %v of attempts 0 to 3 while attempt 2 runs; want only attempt 2 live", said)
 	}
 }
