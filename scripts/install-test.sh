@@ -543,7 +543,7 @@ grep -qx '/tmp tmpfs 65536 4096' <<<"$reply" && grep -qx '/var/tmp tmpfs 65536 4
 running_run() {
   inside "for _ in \$(seq 150); do
     rid=\$(berthctl runs list --agent $1 --state running | awk 'NR == 2 { print \$1 }')
-    if [ -n \"\$rid\" ] && systemctl is-active -q berth-run-\$rid.service && pgrep -u $agent_uids -f '$2' >/dev/null; then
+    if [ -n \"\$rid\" ] && systemctl list-units --no-legend --plain --state=active \"berth-run-\$rid-*.service\" | grep -q . && pgrep -u $agent_uids -f '$2' >/dev/null; then
       echo \$rid; exit 0
     fi
     sleep 0.1
@@ -554,9 +554,9 @@ run_field() { inside "berthctl runs show $1 | awk -F': *' '\$1 == \"$2\" { print
 # gone RUN_ID PATTERN: fails unless the run's unit and every process of it are gone.
 gone() {
   local left
-  left=$(inside "systemctl list-units --all --no-legend --plain berth-run-$1.service
+  left=$(inside "systemctl list-units --all --no-legend --plain 'berth-run-$1-*.service'
     pgrep -a -u $agent_uids -f '$2'
-    grep -l berth-run-$1.service /proc/[0-9]*/cgroup 2>/dev/null" || true)
+    grep -l 'berth-run-$1-' /proc/[0-9]*/cgroup 2>/dev/null" || true)
   [ -z "$left" ] || fail "run $1 left behind: $left"
 }
 nothing_left() {
@@ -590,17 +590,17 @@ grep -qx second-attempt <<<"$(await "$restart_id" 30s)" || fail "the interrupted
   fail "interrupted run: $(inside "berthctl runs show $restart_run")"
 gone "$restart_run" 'sleep 602'
 # The new scheduler stops the first attempt's unit through the handle it
-# recorded (unit:berth-run-<id>.service) while it reconciles, before it logs
+# recorded (unit:berth-run-<id>-1.service, the first attempt's) while it reconciles, before it logs
 # the interruption and starts the second attempt (which would stop a unit of
 # the same name too, but only after "run was interrupted").
 sched_log=$(inside "journalctl --no-pager -o cat -u berth-scheduler RUN_ID=$restart_run")
 grep -q 'cannot kill sandbox' <<<"$sched_log" && fail "the scheduler could not stop the left-over unit: $sched_log"
-inside "journalctl --no-pager -o cat UNIT=berth-run-$restart_run.service + RUN_ID=$restart_run" |
-  awk -v stop="Stopped berth-run-$restart_run.service" '
+inside "journalctl --no-pager -o cat UNIT=berth-run-$restart_run-1.service + RUN_ID=$restart_run" |
+  awk -v stop="Stopped berth-run-$restart_run-1.service" '
     index($0, stop) == 1 && !stopped { stopped = NR }
     /^run was interrupted by a scheduler restart/ { interrupted = NR }
     END { exit !(stopped && interrupted && stopped < interrupted) }' ||
-  fail "the restarted scheduler did not stop the left-over unit while reconciling: $(inside "journalctl --no-pager -o cat UNIT=berth-run-$restart_run.service + RUN_ID=$restart_run")"
+  fail "the restarted scheduler did not stop the left-over unit while reconciling: $(inside "journalctl --no-pager -o cat UNIT=berth-run-$restart_run-1.service + RUN_ID=$restart_run")"
 
 step "landlock and unrestricted agents without allow_network get a network namespace other than PID 1's"
 host_ns=$(inside 'readlink /proc/1/ns/net')

@@ -17,7 +17,7 @@ var egressProxyLimits = hostrun.Limits{MemoryMax: 128 << 20, TasksMax: 128, CPUQ
 // runs without cgroups.
 func (s *Service) confineEgress(ctx context.Context, plan isolation.Plan) func(pid int) (func(), error) {
 	return func(pid int) (func(), error) {
-		h, err := hostrun.ConfineHelper(ctx, "egress", plan.RunID, pid, egressProxyLimits, hostrun.SystemdAvailable())
+		h, err := hostrun.ConfineHelper(ctx, "egress", isolation.AttemptName(plan.RunID, plan.Attempt), pid, egressProxyLimits, hostrun.SystemdAvailable())
 		if err != nil {
 			if plan.Limits.RlimitFallback {
 				s.log.Warn("the run's egress proxy runs without limits of its own (allow_rlimit_fallback)", "run_id", plan.RunID, "err", err)
