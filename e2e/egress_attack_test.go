@@ -638,6 +638,14 @@ func attackerCases(w *attackWorld, container bool, ownSocket, otherSocket string
 			return ""
 		}
 	}
+	withoutSecret := func(w *attackWorld, r probeResult) string {
+		for _, g := range w.secret.requests(r.Name) {
+			if strings.Contains(fmt.Sprint(g.Header), attackSecret) {
+				return fmt.Sprintf("GOT THROUGH: %s %s, outside the secret's scope, carried it", g.Method, g.URI)
+			}
+		}
+		return ""
+	}
 	cs = append(cs,
 		explained(attackCase{probeCase: tunnelCase("secret-control", secretHost, "vm", "bundle", innerGet("secret-control", secretHost)), check: secretWith("secret-control", true)},
 			"CONNECT", "https://"+secretHost+"/"),
@@ -670,6 +678,20 @@ func attackerCases(w *attackWorld, container bool, ownSocket, otherSocket string
 				}
 				return ""
 			}},
+		// Outside its scope (GET under /atk, on a plain path) a request goes
+		// without the secret.
+		attackCase{probeCase: tunnelCase("secret-scope-method", secretHost, "vm", "bundle",
+			fmt.Sprintf("POST /atk/secret-scope-method/ HTTP/1.1\r\nHost: %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", secretHost)),
+			check: withoutSecret},
+		attackCase{probeCase: tunnelCase("secret-scope-path", secretHost, "vm", "bundle",
+			fmt.Sprintf("GET /atkx/atk/secret-scope-path/ HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", secretHost)),
+			check: withoutSecret},
+		attackCase{probeCase: tunnelCase("secret-scope-dot-segments", secretHost, "vm", "bundle",
+			fmt.Sprintf("GET /atk/../x/atk/secret-scope-dot-segments/ HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", secretHost)),
+			check: withoutSecret},
+		attackCase{probeCase: tunnelCase("secret-scope-encoded-slash", secretHost, "vm", "bundle",
+			fmt.Sprintf("GET /atk%%2f..%%2fx/atk/secret-scope-encoded-slash/ HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", secretHost)),
+			check: withoutSecret},
 		attackCase{probeCase: tunnelCase("secret-not-for-other-hosts", plainTLSHost, "vm", "none", innerGet("secret-not-for-other-hosts", plainTLSHost)),
 			check: both(reaches(func(w *attackWorld) *recorder { return w.plainTLS }, 200), func(w *attackWorld, r probeResult) string {
 				for _, g := range w.plainTLS.requests(r.Name) {
@@ -831,6 +853,9 @@ workspace_quota = "64m"
 name = "vm-token"
 env = "E2E_ATTACK_SECRET"
 hosts = ["vm"]
+ports = [%d]
+methods = ["GET"]
+paths = ["/atk"]
 
 [[agents]]
 id = "attack"
@@ -844,7 +869,7 @@ max_iterations = 4
 [agents.egress]
 allow = %s
 %s
-`, w.provider.port, tomlList(attackerRules(w)), box, tomlList(controlRules(w)), box)
+`, w.provider.port, w.secret.port, tomlList(attackerRules(w)), box, tomlList(controlRules(w)), box)
 	agents := []string{"attack", "control"}
 	if !container {
 		agents = append(agents, "free")
