@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"slices"
@@ -258,11 +259,17 @@ func (c *cli) containerImages(args []string) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(rows)
 	}
+	return writeImages(c.out, rows)
+}
+
+// writeImages prints berth's images as `container images` does: a table,
+// then each failed build's error and last lines.
+func writeImages(w io.Writer, rows []busapi.Image) error {
 	if len(rows) == 0 {
-		fmt.Fprintln(c.out, "no images yet (berthctl container build, or the first container run, builds them)")
+		fmt.Fprintln(w, "no images yet (berthctl container build, or the first container run, builds them)")
 		return nil
 	}
-	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TAG\tKIND\tSTATUS\tSIZE\tLAST USED\tAGENTS")
 	for _, r := range rows {
 		status := r.Status
@@ -288,9 +295,9 @@ func (c *cli) containerImages(args []string) error {
 	}
 	for _, r := range rows {
 		if r.Error != "" {
-			fmt.Fprintf(c.out, "\n%s failed: %s\n", r.Tag, firstLine(r.Error))
+			fmt.Fprintf(w, "\n%s failed: %s\n", r.Tag, firstLine(r.Error))
 			for _, l := range r.LogTail {
-				fmt.Fprintf(c.out, "  %s\n", l)
+				fmt.Fprintf(w, "  %s\n", l)
 			}
 		}
 	}

@@ -294,12 +294,7 @@ func (c *cli) runs(args []string) error {
 			}
 			return writeJSON(c.out, plain)
 		}
-		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "RUN\tAGENT\tSTATE\tCREATED\tREASON\tTEXT")
-		for _, r := range runs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Agent, r.State, localTime(r.CreatedAt), r.Reason, previewCell(r.TextPreview, 40))
-		}
-		return tw.Flush()
+		return writeRunList(c.out, runs)
 	case "show":
 		fs := newFlags("runs show")
 		asJSON := fs.Bool("json", false, "print JSON")
@@ -432,6 +427,16 @@ func readCutTexts(sched busapi.Scheduler, run *busapi.Run) error {
 		o.out.Text, o.out.Cut = whole.String(), false
 	}
 	return nil
+}
+
+// writeRunList prints runs as `runs list` does: one line each.
+func writeRunList(w io.Writer, runs []busapi.RunSummary) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tAGENT\tSTATE\tCREATED\tREASON\tTEXT")
+	for _, r := range runs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Agent, r.State, localTime(r.CreatedAt), r.Reason, previewCell(r.TextPreview, 40))
+	}
+	return tw.Flush()
 }
 
 // previewCell is s on one line, at most n characters.
