@@ -41,6 +41,15 @@ func getAll(ctx context.Context, obj dbus.BusObject, iface string) (map[string]d
 	return props, err
 }
 
+// Activatable lists the names the bus can start a service for (D-Bus
+// activation), so that a caller can tell "not running" from "starts on
+// demand".
+func Activatable(ctx context.Context, conn *dbus.Conn) ([]string, error) {
+	var names []string
+	err := call(ctx, conn.BusObject(), 0, "org.freedesktop.DBus", "ListActivatableNames", nil, &names)
+	return names, err
+}
+
 // getProperty reads one property of iface on obj into dst.
 func getProperty(ctx context.Context, obj dbus.BusObject, iface, name string, dst any) error {
 	var v dbus.Variant

@@ -267,6 +267,19 @@ type ProviderResult struct {
 	LatencyMS uint32
 }
 
+// Wire is p as TestProviders returns it (a{sv}).
+func (p ProviderResult) Wire() map[string]dbus.Variant {
+	return map[string]dbus.Variant{
+		"name":       dbus.MakeVariant(p.Name),
+		"kind":       dbus.MakeVariant(p.Kind),
+		"model":      dbus.MakeVariant(p.Model),
+		"base_url":   dbus.MakeVariant(p.BaseURL),
+		"status":     dbus.MakeVariant(p.Status),
+		"detail":     dbus.MakeVariant(p.Detail),
+		"latency_ms": dbus.MakeVariant(p.LatencyMS),
+	}
+}
+
 // ProviderResultFromWire reads one entry of what TestProviders returned.
 func ProviderResultFromWire(m map[string]dbus.Variant) (ProviderResult, error) {
 	var p ProviderResult

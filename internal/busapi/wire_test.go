@@ -73,6 +73,25 @@ func TestRunAndSummaryRoundTripThroughTheirWireForm(t *testing.T) {
 	}
 }
 
+func TestProviderResultConnectorStatusAndImageRoundTrip(t *testing.T) {
+	t.Parallel()
+	p := ProviderResult{Name: "claude", Kind: "anthropic", Model: "m", Status: "ok", LatencyMS: 120}
+	if got, err := ProviderResultFromWire(p.Wire()); err != nil || got != p {
+		t.Fatalf("provider round trip = %+v (%v), want %+v", got, err, p)
+	}
+	c := ConnectorStatus{ID: "dc", Type: "discord", State: "connected", Reconnects: 3, Warning: "intent"}
+	if got, err := ConnectorsFromWire(dbus.MakeVariant([]map[string]dbus.Variant{c.Wire()})); err != nil || len(got) != 1 || got[0] != c {
+		t.Fatalf("connector round trip = %+v (%v), want %+v", got, err, c)
+	}
+	img := Image{Tag: "t", Kind: "sandbox", Status: "ready", Present: true, Size: 5, Agents: []string{"a"}, Inputs: map[string]string{"k": "v"}, LogTail: []string{}}
+	if got, err := ImageFromWire(img.Wire()); err != nil || !reflect.DeepEqual(got, img) {
+		t.Fatalf("image round trip = %+v (%v), want %+v", got, err, img)
+	}
+	if _, err := BuildTargetFromWire(map[string]dbus.Variant{"colour": dbus.MakeVariant("red")}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("an unknown build option = %v, want ErrInvalid", err)
+	}
+}
+
 func TestListFilterRefusesUnknownKeysAndWrongTypes(t *testing.T) {
 	t.Parallel()
 	f := ListFilter{State: "queued", Agent: "alpha", Limit: 7, Before: "r9"}

@@ -173,8 +173,7 @@ func (c *cli) status(args []string) error {
 		return err
 	}
 	ctx := context.Background()
-	var activatable []string
-	_ = conn.BusObject().CallWithContext(ctx, "org.freedesktop.DBus.ListActivatableNames", 0).Store(&activatable)
+	activatable, _ := busapi.Activatable(ctx, conn) // without it, no service "starts on demand"
 	down := 0
 	for _, svc := range []struct {
 		label, name string
