@@ -247,10 +247,10 @@ func ListFilterFromWire(m map[string]dbus.Variant) (ListFilter, error) {
 		case "limit":
 			err = dbus.Store([]any{v.Value()}, &lf.Limit)
 		default:
-			return ListFilter{}, fmt.Errorf("%w: unknown filter key %q (known: state, agent, limit, before)", ErrInvalid, key)
+			return ListFilter{}, invalid("unknown filter key %q (known: state, agent, limit, before)", key)
 		}
 		if err != nil {
-			return ListFilter{}, fmt.Errorf("%w: filter %s has type %s: %v", ErrInvalid, key, v.Signature(), err)
+			return ListFilter{}, invalid("filter %s has type %s: %v", key, v.Signature(), err)
 		}
 	}
 	return lf, nil
