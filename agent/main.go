@@ -19,6 +19,7 @@ import (
 	agentegress "github.com/berth-dev/berth/agent/egress"
 	"github.com/berth-dev/berth/agent/tools"
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/hostsandbox"
 )
 
 // MaxRequestSize is the largest request read from stdin.
@@ -45,7 +46,7 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	log = log.With("run_id", req.RunID, "agent", req.Agent.ID)
 	// The run's rlimits hold before anything of it happens.
-	if err := agentproto.ApplyRlimits(req.Rlimits); err != nil {
+	if err := hostsandbox.ApplyRlimits(req.Rlimits); err != nil {
 		log.Error("refusing to run: confinement failed", "reason", err.Error())
 		return agentproto.ExitConfinement
 	}

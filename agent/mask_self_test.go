@@ -15,6 +15,7 @@ import (
 
 	"github.com/berth-dev/berth/agent/confine"
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/hostsandbox"
 	"github.com/berth-dev/berth/internal/testenv"
 )
 
@@ -43,7 +44,7 @@ func TestMaskingOutsideANamespaceOfItsOwnFailsClosed(t *testing.T) {
 				t.Fatal(err)
 			}
 			cmd := exec.Command(agentBinary)
-			cmd.Env = []string{"PATH=/usr/bin:/bin", confine.MaskEnv + "=1"}
+			cmd.Env = []string{"PATH=/usr/bin:/bin", hostsandbox.MaskEnv + "=1"}
 			cmd.Stdin = bytes.NewReader(stdin)
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
@@ -99,7 +100,7 @@ func TestANonRootAgentMasksTheHostsSocketsItselfAndKeepsItsOwnPaths(t *testing.T
 		t.Fatal(err)
 	}
 	cmd := exec.Command(agentBinary)
-	cmd.Env = []string{"PATH=/usr/bin:/bin", confine.MaskEnv + "=1"}
+	cmd.Env = []string{"PATH=/usr/bin:/bin", hostsandbox.MaskEnv + "=1"}
 	cmd.Stdin = bytes.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

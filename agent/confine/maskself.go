@@ -10,34 +10,35 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/hostsandbox"
 )
 
 // MaskSelf masks the host's socket directories when the runner asked for it
-// (MaskEnv: a non-root scheduler started berth-agent in user, mount and IPC
+// (hostsandbox.MaskEnv: a non-root scheduler started berth-agent in user, mount and IPC
 // namespaces of its own, with CAP_SYS_ADMIN there) and the other runs' egress
-// directories (RunMasks), keeping visible what the
+// directories (hostsandbox.RunMasks), keeping visible what the
 // request names: its workspace, its policy's allow paths, its egress socket's
 // directory and berth-agent itself. It then gives up CAP_SYS_ADMIN (every
 // capability but CAP_NET_ADMIN, which the egress proxy's loopback still needs
-// and drops right after). Without MaskEnv it does nothing: a root scheduler
+// and drops right after). Without hostsandbox.MaskEnv it does nothing: a root scheduler
 // or systemd masked already. It returns what it masked.
 func MaskSelf(req agentproto.Request) ([]string, error) {
-	if os.Getenv(MaskEnv) == "" {
+	if os.Getenv(hostsandbox.MaskEnv) == "" {
 		return nil, nil
 	}
-	os.Unsetenv(MaskEnv)
+	os.Unsetenv(hostsandbox.MaskEnv)
 	// Masking in the host's own mount namespace (a root berth-agent started
-	// by hand with MaskEnv) would hide /run from the whole machine.
+	// by hand with hostsandbox.MaskEnv) would hide /run from the whole machine.
 	if initial, err := inInitialUserNamespace(); err != nil || initial {
-		return nil, fmt.Errorf("refusing to mask the socket directories: %s is set but berth-agent is not in a user namespace of its own (%v)", MaskEnv, err)
+		return nil, fmt.Errorf("refusing to mask the socket directories: %s is set but berth-agent is not in a user namespace of its own (%v)", hostsandbox.MaskEnv, err)
 	}
 	self, _ := os.Executable() // "" when unknown: KeepPaths skips it
 	var egressSocket string
 	if req.Egress != nil {
 		egressSocket = req.Egress.Socket
 	}
-	masked, err := MaskSocketDirs(RunMasks(egressSocket), KeepVisible(req.Workspace, self, req.Policy, egressSocket),
-		KeepWritable(req.Workspace, req.Policy, egressSocket))
+	masked, err := hostsandbox.MaskSocketDirs(hostsandbox.RunMasks(egressSocket), hostsandbox.KeepVisible(req.Workspace, self, req.Policy, egressSocket),
+		hostsandbox.KeepWritable(req.Workspace, req.Policy, egressSocket))
 	if err != nil {
 		return masked, err
 	}

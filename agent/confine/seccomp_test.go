@@ -2,6 +2,7 @@ package confine
 
 import (
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/agent/confine/syscallfilter"
+	"github.com/berth-dev/berth/internal/hostsandbox"
 )
 
 // The filter assembles on this architecture and refuses what the issue
@@ -17,7 +19,7 @@ import (
 // tests), since a filter cannot be removed from the test process.
 func TestTheFilterAssemblesAndRefusesKeyringsAndNamespaces(t *testing.T) {
 	t.Parallel()
-	p, err := syscallfilter.Policy(Refused, "")
+	p, err := syscallfilter.Policy(hostsandbox.Refused, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +31,7 @@ func TestTheFilterAssemblesAndRefusesKeyringsAndNamespaces(t *testing.T) {
 		if !slices.Contains(refused.Names, name) {
 			t.Errorf("%s is not refused", name)
 		}
-		if !slices.Contains(RefusedHere(), name) {
+		if !slices.Contains(hostsandbox.RefusedHere(), name) {
 			t.Errorf("%s is not refused by the filter berth-agent loads", name)
 		}
 	}
@@ -41,7 +43,7 @@ func TestTheFilterAssemblesAndRefusesKeyringsAndNamespaces(t *testing.T) {
 		t.Errorf("conditionally refused: %q, want clone and unshare", conditional)
 	}
 	for _, needed := range []string{"landlock_restrict_self", "landlock_create_ruleset", "execve", "clone", "setpgid", "kill", "bind", "listen", "connect", "ptrace"} {
-		if slices.Contains(refused.Names, needed) || slices.Contains(RefusedHere(), needed) {
+		if slices.Contains(refused.Names, needed) || slices.Contains(hostsandbox.RefusedHere(), needed) {
 			t.Errorf("%s, which berth-agent or its tools need, is refused", needed)
 		}
 	}
@@ -53,16 +55,20 @@ func TestTheFilterAssemblesAndRefusesKeyringsAndNamespaces(t *testing.T) {
 // ./agent/confine` after changing Refused or the policy).
 func TestTheGeneratedFilterIsWhatThePolicyAssemblesNow(t *testing.T) {
 	t.Parallel()
-	native, err := syscallfilter.Assemble(Refused, "")
+	native, err := syscallfilter.Assemble(hostsandbox.Refused, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if generatedAuditArch != native.AuditArch || !slices.Equal(generatedRefused, native.Refused) || !slices.Equal(generatedProgram, native.Program) {
 		t.Fatalf("zfilter_%s.go is not what go-seccomp-bpf assembles now; run go generate ./agent/confine", runtime.GOARCH)
 	}
+	// What the host says the filter refuses is what berth-agent loads.
+	if !slices.Equal(hostsandbox.RefusedHere(), generatedRefused) {
+		t.Errorf("hostsandbox.RefusedHere() = %q, the loaded filter refuses %q", hostsandbox.RefusedHere(), generatedRefused)
+	}
 	// What is loaded: the foreign architecture guard, then exactly the
 	// program the library's own LoadFilter would load.
-	p, err := syscallfilter.Policy(Refused, "")
+	p, err := syscallfilter.Policy(hostsandbox.Refused, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +97,7 @@ func TestTheGeneratedFilterIsWhatThePolicyAssemblesNow(t *testing.T) {
 	}
 	// The generator assembles every architecture on one machine; here it
 	// must agree with the library's own choice of architecture.
-	named, err := syscallfilter.Assemble(Refused, runtime.GOARCH)
+	named, err := syscallfilter.Assemble(hostsandbox.Refused, runtime.GOARCH)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +105,7 @@ func TestTheGeneratedFilterIsWhatThePolicyAssemblesNow(t *testing.T) {
 		t.Errorf("assembling for %s by name differs from the library's native assembly", runtime.GOARCH)
 	}
 	for _, goarch := range syscallfilter.GOARCHes {
-		want, err := syscallfilter.GoFile("confine", Refused, goarch)
+		want, err := syscallfilter.GoFile("confine", hostsandbox.Refused, goarch)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,6 +115,17 @@ func TestTheGeneratedFilterIsWhatThePolicyAssemblesNow(t *testing.T) {
 		}
 		if string(have) != string(want) {
 			t.Errorf("zfilter_%s.go is stale; run go generate ./agent/confine", goarch)
+		}
+		want, err = syscallfilter.RefusedGoFile("hostsandbox", hostsandbox.Refused, goarch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		have, err = os.ReadFile(filepath.Join("..", "..", "internal", "hostsandbox", "zrefused_"+goarch+".go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(have) != string(want) {
+			t.Errorf("internal/hostsandbox/zrefused_%s.go is stale; run go generate ./agent/confine", goarch)
 		}
 	}
 }

@@ -25,7 +25,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-dev/berth/agent/confine"
+	"github.com/berth-dev/berth/internal/hostsandbox"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -176,7 +176,7 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, l
 		// berth-agent masks the socket directories itself, in its own
 		// user namespace, and then drops CAP_SYS_ADMIN with the rest.
 		userNamespace(cmd.SysProcAttr, syscall.CLONE_NEWNS|syscall.CLONE_NEWIPC, []uintptr{unix.CAP_SYS_ADMIN})
-		cmd.Env = append(cmd.Env, confine.MaskEnv+"=1")
+		cmd.Env = append(cmd.Env, hostsandbox.MaskEnv+"=1")
 	}
 	if err := lim.prepare(); err != nil {
 		stdinW.Close()

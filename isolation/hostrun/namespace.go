@@ -8,25 +8,25 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-dev/berth/agent/confine"
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/hostsandbox"
 	"github.com/berth-dev/berth/isolation"
 )
 
 // A confined host run (not an unrestricted one) gets a mount namespace in
-// which the host's socket directories are empty tmpfs (confine.MaskedDirs,
+// which the host's socket directories are empty tmpfs (hostsandbox.MaskedDirs,
 // only the plan's own paths bound back), /tmp and /var/tmp are fresh tmpfs
 // of 256 MiB of its own, the directory of every run's egress directory shows
 // only its own, and an IPC namespace of its own (no SysV queue, semaphore or
 // shared memory segment of another run or of the host). berth-agent adds a
-// syscall filter itself (confine.InstallFilter).
+// syscall filter itself (hostsandbox.Refused, loaded by agent/confine).
 //
 // A root scheduler makes both namespaces on the locked thread that starts
 // the agent (as it does the network namespace with loopback) and masks
 // there: the agent is born masked. A non-root scheduler cannot unshare a
 // user namespace from a threaded process, so the agent is cloned into new
 // user, mount and IPC namespaces with an ambient CAP_SYS_ADMIN, and
-// berth-agent masks itself (confine.MaskEnv) before it drops every
+// berth-agent masks itself (hostsandbox.MaskEnv) before it drops every
 // capability and reads on. Under systemd the unit's TemporaryFileSystem=
 // does the same (unit.go).
 
@@ -44,21 +44,21 @@ func egressSocket(p isolation.Plan) string {
 }
 
 // keepVisible are the paths of a run's plan the masks must not hide
-// (confine.KeepVisible, as berth-agent masking itself keeps them).
+// (hostsandbox.KeepVisible, as berth-agent masking itself keeps them).
 func keepVisible(p isolation.Plan) []string {
-	return confine.KeepVisible(p.Workspace, p.AgentBinary, p.Policy, egressSocket(p))
+	return hostsandbox.KeepVisible(p.Workspace, p.AgentBinary, p.Policy, egressSocket(p))
 }
 
-// masks are the directories a run's masks cover (confine.RunMasks).
-func masks(p isolation.Plan) []confine.MaskedDir {
-	return confine.RunMasks(egressSocket(p))
+// masks are the directories a run's masks cover (hostsandbox.RunMasks).
+func masks(p isolation.Plan) []hostsandbox.MaskedDir {
+	return hostsandbox.RunMasks(egressSocket(p))
 }
 
 // boundBack are the paths of a plan that the masks would hide, as they are
 // after links (the resolver's file /etc/resolv.conf points to): bound back
 // after the masks, so they stay where they were.
 func boundBack(p isolation.Plan) []string {
-	return confine.KeepPaths(masks(p), keepVisible(p))
+	return hostsandbox.KeepPaths(masks(p), keepVisible(p))
 }
 
 // withScratch is a confined run's policy with its own /tmp and /var/tmp
@@ -68,7 +68,7 @@ func withScratch(p agentproto.Policy) agentproto.Policy {
 	if p.Unrestricted {
 		return p
 	}
-	scratch := confine.ScratchDirs(confine.Masked())
+	scratch := hostsandbox.ScratchDirs(hostsandbox.Masked())
 	p.AllowReadWrite = append(slices.DeleteFunc(slices.Clone(p.AllowReadWrite), func(path string) bool {
 		return slices.Contains(scratch, filepath.Clean(path))
 	}), scratch...)
@@ -82,7 +82,7 @@ func enterMaskedNamespaces(p isolation.Plan) error {
 	if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_NEWIPC); err != nil {
 		return fmt.Errorf("cannot make mount and IPC namespaces: %w", err)
 	}
-	if _, err := confine.MaskSocketDirs(masks(p), keepVisible(p), confine.KeepWritable(p.Workspace, p.Policy, egressSocket(p))); err != nil {
+	if _, err := hostsandbox.MaskSocketDirs(masks(p), keepVisible(p), hostsandbox.KeepWritable(p.Workspace, p.Policy, egressSocket(p))); err != nil {
 		return err
 	}
 	return nil
@@ -122,8 +122,8 @@ func unitMasks(p isolation.Plan) []tmpfsMount {
 
 // unmasked is paths less the masked directories themselves: a bind of /tmp
 // onto /tmp would put the host's back over the run's own.
-func unmasked(paths []string, masks []confine.MaskedDir) []string {
+func unmasked(paths []string, masks []hostsandbox.MaskedDir) []string {
 	return slices.DeleteFunc(slices.Clone(paths), func(path string) bool {
-		return slices.ContainsFunc(masks, func(m confine.MaskedDir) bool { return m.Path == filepath.Clean(path) })
+		return slices.ContainsFunc(masks, func(m hostsandbox.MaskedDir) bool { return m.Path == filepath.Clean(path) })
 	})
 }

@@ -5,7 +5,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/berth-dev/berth/agent/confine"
+	"github.com/berth-dev/berth/internal/hostsandbox"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -32,7 +32,7 @@ func sandboxHolds(p isolation.Plan, unit bool) (holds, missing []string) {
 		shown = "; bound back: " + strings.Join(keeps, ", ")
 	}
 	if len(scratch) > 0 {
-		holds = append(holds, fmt.Sprintf("%s: fresh tmpfs of the run's own (%s each, read-write, gone with the run); TMPDIR=/tmp", strings.Join(scratch, " and "), confine.ScratchSize))
+		holds = append(holds, fmt.Sprintf("%s: fresh tmpfs of the run's own (%s each, read-write, gone with the run); TMPDIR=/tmp", strings.Join(scratch, " and "), hostsandbox.ScratchSize))
 	}
 	if unit {
 		holds = append(holds,
@@ -56,7 +56,7 @@ func sandboxHolds(p isolation.Plan, unit bool) (holds, missing []string) {
 
 // filterHolds describes berth-agent's syscall filter.
 func filterHolds() string {
-	n := len(confine.RefusedHere())
+	n := len(hostsandbox.RefusedHere())
 	return fmt.Sprintf("syscall filter (seccomp, set by berth-agent just before Landlock, inherited by every tool): %d syscalls refused with EPERM — "+
 		"keyrings (keyctl, add_key, request_key), mounts, setns and namespace flags of clone/unshare, modules, kexec, reboot, swap, "+
 		"bpf, perf_event_open, userfaultfd, io_uring, clock setting, open_by_handle_at; clone3 answers ENOSYS; "+

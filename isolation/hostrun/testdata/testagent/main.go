@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/hostsandbox"
 )
 
 // Report is what "whoami" puts in the reply.
@@ -35,7 +36,7 @@ func main() {
 		os.Exit(agentproto.ExitBadRequest)
 	}
 	// As berth-agent does, first thing with the request.
-	if err := agentproto.ApplyRlimits(req.Rlimits); err != nil {
+	if err := hostsandbox.ApplyRlimits(req.Rlimits); err != nil {
 		fmt.Fprintln(os.Stderr, "confinement failed:", err)
 		os.Exit(agentproto.ExitConfinement)
 	}

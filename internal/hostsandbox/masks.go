@@ -1,4 +1,4 @@
-package confine
+package hostsandbox
 
 import (
 	"fmt"
