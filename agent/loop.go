@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/berth-dev/berth/agent/confine"
@@ -37,7 +38,7 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 	if err := os.Chdir(req.Workspace); err != nil {
 		return fail(agentproto.ExitInternal, "The agent could not enter its workspace.", fmt.Errorf("cannot enter workspace: %w", err))
 	}
-	tmp := filepath.Join(req.Workspace, ".tmp")
+	tmp := toolsTmpDir(req)
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		log.Warn("cannot create TMPDIR for tools", "dir", tmp, "err", err.Error())
 	}
@@ -217,4 +218,16 @@ func newChain(primary agentproto.Provider, fallback []agentproto.Provider, log *
 		return nil, errors.Join(errs...)
 	}
 	return c, nil
+}
+
+// toolsTmpDir is the tools' TMPDIR. A confined host run and a container
+// have a private /tmp of their own (256 MiB, gone with the run), which the
+// runner grants read-write: temporary files belong there, not in the
+// workspace the next run sees. An unrestricted run, or one whose runner
+// gave it no /tmp, shares the host's: it keeps <workspace>/.tmp.
+func toolsTmpDir(req agentproto.Request) string {
+	if !req.Policy.Unrestricted && slices.ContainsFunc(req.Policy.AllowReadWrite, func(p string) bool { return filepath.Clean(p) == "/tmp" }) {
+		return "/tmp"
+	}
+	return filepath.Join(req.Workspace, ".tmp")
 }

@@ -264,3 +264,23 @@ func TestAReadOnlyPathKeptUnderTmpStaysReadOnly(t *testing.T) {
 		t.Errorf("the read-only file was written: %q", data)
 	}
 }
+
+// The tools of a confined run keep their temporary files in the run's own
+// /tmp (gone with the run), not in the workspace the next run sees; an
+// unrestricted run shares the host's /tmp and keeps them in <workspace>/.tmp.
+func TestToolsOfAConfinedRunPutTheirTemporaryFilesInItsOwnTmp(t *testing.T) {
+	t.Parallel()
+	requireRoot(t)
+	const command = "echo TMPDIR=$TMPDIR; echo made $(mktemp)"
+	confined := toolRun(t, false, command)
+	if got := lineOf(confined, "TMPDIR="); got != "TMPDIR=/tmp" {
+		t.Errorf("confined run: %q, want TMPDIR=/tmp\nreply:\n%s", got, confined)
+	}
+	if got := lineOf(confined, "made "); !strings.HasPrefix(got, "made /tmp/tmp.") {
+		t.Errorf("confined run: %q, want a file made in /tmp\nreply:\n%s", got, confined)
+	}
+	unrestricted := toolRun(t, true, command)
+	if got := lineOf(unrestricted, "TMPDIR="); !strings.HasSuffix(got, "/.tmp") || got == "TMPDIR=/tmp" {
+		t.Errorf("unrestricted run: %q, want TMPDIR=<workspace>/.tmp\nreply:\n%s", got, unrestricted)
+	}
+}
