@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,8 +52,9 @@ type Proxy struct {
 	srv    *http.Server
 	socket string
 	token  string
-	plain  *http.Transport // absolute-form requests, proxied on
-	origin *http.Transport // /providers/ requests
+	plain  *http.Transport  // absolute-form requests, proxied on
+	origin *http.Transport  // /providers/ requests
+	idle   chan *socketConn // get's connections between requests
 }
 
 // Listen binds e.ProxyAddr. Call it before confining the process: Landlock
@@ -65,7 +67,7 @@ func Listen(e agentproto.Egress) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot start the egress proxy on %s: %w", e.ProxyAddr, err)
 	}
-	p := &Proxy{ln: ln, socket: e.Socket, token: e.Token}
+	p := &Proxy{ln: ln, socket: e.Socket, token: e.Token, idle: make(chan *socketConn, 4)}
 	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", p.socket)
@@ -86,7 +88,13 @@ func (p *Proxy) Serve() error {
 }
 
 // Close stops the proxy.
-func (p *Proxy) Close() error { return p.srv.Close() }
+func (p *Proxy) Close() error {
+	err := p.srv.Close()
+	for sc := p.takeIdle(); sc != nil; sc = p.takeIdle() {
+		sc.conn.Close()
+	}
+	return err
+}
 
 // Addr is where the proxy listens.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
@@ -124,8 +132,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	relay(w, resp)
 }
 
-// relay writes resp to the tool.
-func relay(w http.ResponseWriter, resp *http.Response) {
+// relay writes resp to the tool; the error is the copy's.
+func relay(w http.ResponseWriter, resp *http.Response) error {
 	for k, v := range resp.Header {
 		w.Header()[k] = v
 	}
@@ -138,8 +146,9 @@ func relay(w http.ResponseWriter, resp *http.Response) {
 		dst = flushWriter{w}
 	}
 	buf := copyBuffers.Get().(*[]byte)
-	io.CopyBuffer(dst, resp.Body, *buf)
+	_, err := io.CopyBuffer(dst, resp.Body, *buf)
 	copyBuffers.Put(buf)
+	return err
 }
 
 // copyBuffers hold the bodies relayed through userspace: a large read is
@@ -153,44 +162,62 @@ var copyBuffers = sync.Pool{New: func() any {
 // kernel: below it, keeping the tool's connection is worth more.
 const splicedBody = 1 << 20
 
-// get sends a tool's GET on a connection of its own; a large answer of
-// known length then goes to the tool by splice (the kernel moves it from
-// the socket to the tool's connection, no copy through this process), and
-// the tool's connection ends with it, as the answer says.
+// get sends a tool's GET itself, on a connection to the socket kept from
+// an earlier request or a new one; a large answer of known length then
+// goes to the tool by splice (the kernel moves it from the socket to the
+// tool's connection, no copy through this process), and the tool's
+// connection ends with it, as the answer says.
 func (p *Proxy) get(w http.ResponseWriter, out *http.Request) {
-	d := net.Dialer{Timeout: 10 * time.Second}
-	conn, err := d.DialContext(out.Context(), "unix", p.socket)
-	if err != nil {
-		http.Error(w, "berth egress unreachable: "+err.Error(), http.StatusBadGateway)
-		return
-	}
-	defer conn.Close()
-	stop := context.AfterFunc(out.Context(), func() { conn.Close() })
-	defer stop()
-	out.Close = true
-	bw := bufio.NewWriterSize(conn, 4<<10)
-	if err = out.WriteProxy(bw); err == nil {
-		err = bw.Flush()
-	}
+	var sc *socketConn
 	var resp *http.Response
-	br := bufio.NewReaderSize(conn, 32<<10)
-	if err == nil {
-		resp, err = readFinalResponse(br, out)
+	var stop func() bool
+	for {
+		sc = p.takeIdle()
+		kept := sc != nil
+		if !kept {
+			d := net.Dialer{Timeout: 10 * time.Second}
+			conn, err := d.DialContext(out.Context(), "unix", p.socket)
+			if err != nil {
+				http.Error(w, "berth egress unreachable: "+err.Error(), http.StatusBadGateway)
+				return
+			}
+			sc = &socketConn{conn: conn, br: bufio.NewReaderSize(conn, 32<<10)}
+		}
+		conn := sc.conn
+		stop = context.AfterFunc(out.Context(), func() { conn.Close() })
+		var err error
+		if resp, err = sc.send(out); err == nil {
+			break
+		}
+		stop()
+		conn.Close()
+		if !kept {
+			http.Error(w, "berth egress unreachable: "+err.Error(), http.StatusBadGateway)
+			return
+		}
+		// The proxy closed a kept connection meanwhile: a GET is sent
+		// again on a new one, as http.Transport does.
 	}
-	if err != nil {
-		http.Error(w, "berth egress unreachable: "+err.Error(), http.StatusBadGateway)
-		return
-	}
-	defer resp.Body.Close()
-	// The proxy closes the connection this request had to itself; the
-	// tool's own connection goes on.
+	reusable := false
+	defer func() {
+		if stop() && reusable && !resp.Close {
+			p.putIdle(sc)
+		} else {
+			sc.conn.Close()
+		}
+	}()
+	// Whether the proxy keeps the connection to it concerns this relay
+	// only; the tool's connection goes on unless the answer is spliced.
 	resp.Header.Del("Connection")
 	hj, hijackable := w.(http.Hijacker)
-	socket, isSocket := conn.(*net.UnixConn)
+	socket, isSocket := sc.conn.(*net.UnixConn)
 	if resp.ContentLength < splicedBody || resp.StatusCode < 200 || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified || !hijackable || !isSocket {
-		relay(w, resp)
+		reusable = relay(w, resp) == nil
+		resp.Body.Close()
 		return
 	}
+	// From here the body is read past resp.Body, whose Close would wait
+	// for it again; the proxy ends the connection after a spliced answer.
 	tool, tbuf, err := hj.Hijack()
 	if err != nil {
 		return
@@ -201,12 +228,68 @@ func (p *Proxy) get(w http.ResponseWriter, out *http.Request) {
 	fmt.Fprintf(tbuf, "HTTP/1.1 %03d %s\r\n", resp.StatusCode, http.StatusText(resp.StatusCode))
 	resp.Header.Write(tbuf)
 	tbuf.WriteString("\r\n")
-	held := min(int64(br.Buffered()), resp.ContentLength)
-	if _, err := io.CopyN(tbuf, br, held); err != nil || tbuf.Flush() != nil {
+	held := min(int64(sc.br.Buffered()), resp.ContentLength)
+	if _, err := io.CopyN(tbuf, sc.br, held); err != nil || tbuf.Flush() != nil {
 		return
 	}
 	// A *net.TCPConn reading from a bounded *net.UnixConn splices.
 	io.Copy(tool, &io.LimitedReader{R: socket, N: resp.ContentLength - held})
+}
+
+// socketConn is a connection to the run's socket that get sends requests
+// on, with the reader that holds what came past the last answer's header.
+type socketConn struct {
+	conn net.Conn
+	br   *bufio.Reader
+}
+
+func (sc *socketConn) send(out *http.Request) (*http.Response, error) {
+	bw := bufio.NewWriterSize(sc.conn, 4<<10)
+	err := out.WriteProxy(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return readFinalResponse(sc.br, out)
+}
+
+// open says whether the proxy has neither closed the idle connection nor
+// sent anything unasked on it.
+func (sc *socketConn) open() bool {
+	if sc.br.Buffered() > 0 {
+		return false
+	}
+	sc.conn.SetReadDeadline(time.Now())
+	_, err := sc.br.Peek(1)
+	sc.conn.SetReadDeadline(time.Time{})
+	return errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// takeIdle is a kept connection that is still open, or nil.
+func (p *Proxy) takeIdle() *socketConn {
+	for {
+		select {
+		case sc := <-p.idle:
+			if sc.open() {
+				return sc
+			}
+			sc.conn.Close()
+		default:
+			return nil
+		}
+	}
+}
+
+// putIdle keeps sc for the next request (as many as the transports keep:
+// each holds one of the run's connection slots at the proxy).
+func (p *Proxy) putIdle(sc *socketConn) {
+	select {
+	case p.idle <- sc:
+	default:
+		sc.conn.Close()
+	}
 }
 
 // exchange sends a request with a body on a connection of its own and

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	agentegress "github.com/berth-dev/berth/agent/egress"
@@ -168,5 +169,85 @@ func TestLargeTransfersAreSplicedThroughTheRelay(t *testing.T) {
 				t.Fatalf("the relay read %d bytes of a %d-byte transfer itself; want it spliced", read, size)
 			}
 		})
+	}
+}
+
+// acceptCounter counts the connections a listener accepted.
+type acceptCounter struct {
+	net.Listener
+	accepted atomic.Int32
+}
+
+func (l *acceptCounter) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.accepted.Add(1)
+	}
+	return c, err
+}
+
+// A tool's small GETs one after another reach the run's socket on one
+// connection: each new one would be one more the proxy holds
+// unauthenticated for a moment, of the few it allows.
+func TestAToolsGETsShareOneConnectionToTheSocket(t *testing.T) {
+	t.Parallel()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/large" {
+			w.Header().Set("Content-Length", strconv.Itoa(4<<20))
+			w.Write(bytes.Repeat([]byte("x"), 4<<20))
+			return
+		}
+		io.WriteString(w, "small")
+	}))
+	t.Cleanup(up.Close)
+	rule, err := isolation.ParseEgressRule(up.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := egress.NewServer(egress.Policy{RunID: "r1", Token: token, Allow: []isolation.EgressRule{rule}}, egress.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(t.TempDir(), "egress.sock")
+	ln, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := &acceptCounter{Listener: ln}
+	go srv.Serve(conns)
+	t.Cleanup(func() { srv.Close() })
+	relay, err := agentegress.Listen(agentproto.Egress{ProxyAddr: "127.0.0.1:0", Socket: socket, Token: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go relay.Serve()
+	t.Cleanup(func() { relay.Close() })
+	tool := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: relay.Addr()})}}
+	for _, path := range []string{"/a", "/b", "/c"} {
+		resp, err := tool.Get(up.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != "small" {
+			t.Fatalf("GET %s: %d %q", path, resp.StatusCode, b)
+		}
+	}
+	if n := conns.accepted.Load(); n != 1 {
+		t.Fatalf("three GETs one after another opened %d connections to the socket, want 1", n)
+	}
+	// After a spliced answer, which ends its connection, the next GET
+	// dials again and works.
+	for _, path := range []string{"/large", "/d"} {
+		resp, err := tool.Get(up.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || path == "/d" && string(b) != "small" || path == "/large" && len(b) != 4<<20 {
+			t.Fatalf("GET %s: %d, %d bytes", path, resp.StatusCode, len(b))
+		}
 	}
 }

@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -293,4 +295,116 @@ func rawConns(src, dst net.Conn) (syscall.RawConn, syscall.RawConn, error) {
 	}
 	rd, err := dc.SyscallConn()
 	return rs, rd, err
+}
+
+// upstreamConn is a connection getSpliced sends tool requests on, with the
+// reader that holds what came past the last answer's header.
+type upstreamConn struct {
+	conn  net.Conn
+	limit *io.LimitedReader // bounds an answer's header
+	br    *bufio.Reader
+	timer *time.Timer // closes it while idle too long
+}
+
+func newUpstreamConn(c net.Conn) *upstreamConn {
+	limit := &io.LimitedReader{R: c, N: 1 << 62}
+	return &upstreamConn{conn: c, limit: limit, br: bufio.NewReaderSize(limit, 32<<10)}
+}
+
+// send writes out and reads its answer's header within timeout.
+func (u *upstreamConn) send(out *http.Request, timeout time.Duration) (*http.Response, error) {
+	u.conn.SetDeadline(time.Now().Add(timeout))
+	defer u.conn.SetDeadline(time.Time{})
+	if err := out.Write(u.conn); err != nil {
+		return nil, err
+	}
+	u.limit.N = maxResponseHeader
+	defer func() { u.limit.N = 1 << 62 }()
+	return readFinalResponse(u.br, out)
+}
+
+// open says whether the destination has neither closed the idle
+// connection nor sent anything unasked on it.
+func (u *upstreamConn) open() bool {
+	if u.br.Buffered() > 0 {
+		return false
+	}
+	u.conn.SetReadDeadline(time.Now())
+	_, err := u.br.Peek(1)
+	u.conn.SetReadDeadline(time.Time{})
+	return errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// idleConns keeps getSpliced's connections between requests by the judged
+// address they reach (as http.Transport keeps its own): a tool's next
+// request to the same mirror costs no new handshake.
+type idleConns struct {
+	mu     sync.Mutex
+	byAddr map[string][]*upstreamConn
+	closed bool
+}
+
+const (
+	maxIdlePerAddr  = 4
+	idleConnTimeout = 30 * time.Second
+)
+
+// get takes a kept connection to addr that is still open, or nil.
+func (p *idleConns) get(addr string) *upstreamConn {
+	for {
+		p.mu.Lock()
+		list := p.byAddr[addr]
+		if len(list) == 0 {
+			p.mu.Unlock()
+			return nil
+		}
+		u := list[len(list)-1]
+		p.byAddr[addr] = list[:len(list)-1]
+		p.mu.Unlock()
+		if !u.timer.Stop() {
+			continue // its timer is closing it
+		}
+		if u.open() {
+			return u
+		}
+		u.conn.Close()
+	}
+}
+
+// put keeps u for the next request to addr, or closes it.
+func (p *idleConns) put(addr string, u *upstreamConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || len(p.byAddr[addr]) >= maxIdlePerAddr {
+		u.conn.Close()
+		return
+	}
+	if p.byAddr == nil {
+		p.byAddr = map[string][]*upstreamConn{}
+	}
+	p.byAddr[addr] = append(p.byAddr[addr], u)
+	u.timer = time.AfterFunc(idleConnTimeout, func() {
+		p.mu.Lock()
+		list := p.byAddr[addr]
+		if i := slices.Index(list, u); i >= 0 {
+			p.byAddr[addr] = slices.Delete(list, i, i+1)
+		}
+		p.mu.Unlock()
+		u.conn.Close()
+	})
+}
+
+// close closes every kept connection; later ones are not kept.
+func (p *idleConns) close() {
+	p.mu.Lock()
+	p.closed = true
+	all := p.byAddr
+	p.byAddr = nil
+	p.mu.Unlock()
+	for _, list := range all {
+		for _, u := range list {
+			u.timer.Stop()
+			u.conn.Close()
+		}
+	}
 }

@@ -157,6 +157,7 @@ type Server struct {
 	providers *http.Transport
 	tools     *http.Transport
 	icpt      *interceptor
+	idle      idleConns // getSpliced's connections between requests
 	revoked   atomic.Bool
 	budget    byteBudget
 
@@ -299,6 +300,7 @@ func (s *Server) Close() error {
 	s.active.Wait()
 	s.providers.CloseIdleConnections()
 	s.tools.CloseIdleConnections()
+	s.idle.close()
 	s.mu.Lock()
 	for _, t := range s.intercepted {
 		t.CloseIdleConnections()
@@ -522,8 +524,8 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d egresspolicy.
 	out.Host = r.URL.Host
 	out.URL.Host = netip.AddrPortFrom(dest.Addrs[0], uint16(d.Port)).String()
 	stripHopHeaders(out.Header)
-	if client := connOf(r.Context()); client != nil && r.Method == http.MethodGet && r.ContentLength == 0 {
-		s.getSpliced(w, client, out, d)
+	if r.Method == http.MethodGet && r.ContentLength == 0 {
+		s.getSpliced(w, out, d)
 		return
 	}
 	s.roundTrip(w, s.tools, out, d)
@@ -533,68 +535,83 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d egresspolicy.
 // the kernel: below it, keeping the sandbox's connection is worth more.
 const splicedBody = 1 << 20
 
-// getSpliced sends a tool's GET on a connection of its own, and a large
-// answer of known length goes to the sandbox by splice (the kernel moves
-// it, no copy through this process); the sandbox's connection then ends
-// with it, as the answer says. Anything else is answered as roundTrip
-// would.
-func (s *Server) getSpliced(w http.ResponseWriter, client *slotConn, out *http.Request, d egresspolicy.Decision) {
-	ctx, cancel := context.WithTimeout(out.Context(), s.opts.DialTimeout)
-	upstream, err := dialJudged(ctx, "tcp", out.URL.Host)
-	cancel()
-	if err != nil {
-		s.dialFailed(w, d, err)
-		return
+// getSpliced sends a tool's GET itself, on a connection to the judged
+// address kept from an earlier request or a new one, and a large answer of
+// known length goes to the sandbox by splice (the kernel moves it, no copy
+// through this process); the sandbox's connection then ends with it, as
+// the answer says. Anything else is answered as roundTrip would.
+func (s *Server) getSpliced(w http.ResponseWriter, out *http.Request, d egresspolicy.Decision) {
+	addr := out.URL.Host
+	var up *upstreamConn
+	var resp *http.Response
+	for {
+		up = s.idle.get(addr)
+		kept := up != nil
+		if !kept {
+			ctx, cancel := context.WithTimeout(out.Context(), s.opts.DialTimeout)
+			conn, err := dialJudged(ctx, "tcp", addr)
+			cancel()
+			if err != nil {
+				s.dialFailed(w, d, err)
+				return
+			}
+			up = newUpstreamConn(conn)
+		}
+		var err error
+		if resp, err = up.send(out, s.opts.ResponseTimeout); err == nil {
+			break
+		}
+		up.conn.Close()
+		if !kept {
+			s.dialFailed(w, d, err)
+			return
+		}
+		// The destination closed a kept connection meanwhile: a GET is
+		// sent again on a new one, as http.Transport does.
 	}
-	defer upstream.Close()
-	stop := context.AfterFunc(out.Context(), func() { upstream.Close() })
-	defer stop()
-	// Not reused, so the upstream may close it after its answer.
-	out.Close = true
-	upstream.SetDeadline(time.Now().Add(s.opts.ResponseTimeout))
-	if err := out.Write(upstream); err != nil {
-		s.dialFailed(w, d, err)
-		return
-	}
-	// The answer's header is bounded as the transport bounds it.
-	header := &io.LimitedReader{R: upstream, N: maxResponseHeader}
-	br := bufio.NewReaderSize(header, 32<<10)
-	resp, err := readFinalResponse(br, out)
-	if err != nil {
-		s.dialFailed(w, d, err)
-		return
-	}
-	header.N = 1 << 62
-	upstream.SetDeadline(time.Time{})
-	defer resp.Body.Close()
+	reusable := false
+	defer func() {
+		if reusable && !resp.Close {
+			s.idle.put(addr, up)
+		} else {
+			up.conn.Close()
+		}
+	}()
+	stop := context.AfterFunc(out.Context(), func() { up.conn.Close() })
+	defer func() { reusable = stop() && reusable }()
 	stripHopHeaders(resp.Header)
 	hj, ok := w.(http.Hijacker)
 	if resp.ContentLength < splicedBody || !ok || !bodyAllowed(resp.StatusCode) {
-		s.relay(w, resp, d, nil)
+		reusable = s.relay(w, resp, d, nil) == nil
+		resp.Body.Close()
 		return
 	}
+	// From here the body is read past resp.Body, whose Close would wait
+	// for it again.
 	conn, cbuf, err := hj.Hijack()
 	if err != nil {
 		return
 	}
-	s.track(conn, upstream)
-	defer s.untrack(conn, upstream)
+	s.track(conn, up.conn)
+	defer s.untrack(conn)
+	defer s.forget(up.conn)
 	resp.Header.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
 	resp.Header.Set("Connection", "close")
 	fmt.Fprintf(cbuf, "HTTP/1.1 %03d %s\r\n", resp.StatusCode, http.StatusText(resp.StatusCode))
 	resp.Header.Write(cbuf)
 	cbuf.WriteString("\r\n")
 	// What the header's reader holds already, then the rest from the socket.
-	held := min(int64(br.Buffered()), resp.ContentLength)
-	sent, err := io.CopyN(cbuf, br, held)
+	held := min(int64(up.br.Buffered()), resp.ContentLength)
+	sent, err := io.CopyN(cbuf, up.br, held)
 	if err == nil {
 		err = cbuf.Flush()
 	}
 	if err == nil {
 		var spliced int64
-		spliced, err = spliceBody(conn, upstream, resp.ContentLength-held, s.opts.TunnelIdleTimeout)
+		spliced, err = spliceBody(conn, up.conn, resp.ContentLength-held, s.opts.TunnelIdleTimeout)
 		sent += spliced
 	}
+	reusable = err == nil && up.br.Buffered() == 0
 	// Allowed even when cut off, as roundTrip records it: the bytes say
 	// how far it got.
 	d.Allowed, d.BytesDown = true, sent
@@ -718,8 +735,8 @@ func (s *Server) roundTrip(w http.ResponseWriter, t *http.Transport, out *http.R
 }
 
 // relay writes resp to the sandbox and records d with the bytes moved (up
-// counts the request body sent, if any).
-func (s *Server) relay(w http.ResponseWriter, resp *http.Response, d egresspolicy.Decision, up *countingReader) {
+// counts the request body sent, if any); the error is the copy's.
+func (s *Server) relay(w http.ResponseWriter, resp *http.Response, d egresspolicy.Decision, up *countingReader) error {
 	for k, v := range resp.Header {
 		w.Header()[k] = v
 	}
@@ -732,13 +749,14 @@ func (s *Server) relay(w http.ResponseWriter, resp *http.Response, d egresspolic
 		dst = flushWriter{w}
 	}
 	buf := copyBuffers.Get().(*[]byte)
-	down, _ := io.CopyBuffer(dst, resp.Body, *buf)
+	down, err := io.CopyBuffer(dst, resp.Body, *buf)
 	copyBuffers.Put(buf)
 	d.Allowed, d.BytesDown = true, down
 	if up != nil {
 		d.BytesUp = up.n
 	}
 	s.record(d)
+	return err
 }
 
 func (s *Server) dialFailed(w http.ResponseWriter, d egresspolicy.Decision, err error) {
@@ -821,6 +839,13 @@ func (s *Server) track(conns ...net.Conn) {
 			c.Close()
 		}
 	}
+}
+
+// forget stops tracking c, which stays open.
+func (s *Server) forget(c net.Conn) {
+	s.mu.Lock()
+	delete(s.tunnels, c)
+	s.mu.Unlock()
 }
 
 func (s *Server) untrack(conns ...net.Conn) {
