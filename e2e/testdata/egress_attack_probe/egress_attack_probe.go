@@ -61,6 +61,9 @@ type probeCase struct {
 	// written to, and kept open while the case runs.
 	Hold   int    `json:"hold,omitempty"`
 	HoldAt string `json:"hold_at,omitempty"`
+	// HoldSend is written on each held connection (a request without the
+	// token, whose answer keeps the connection alive).
+	HoldSend string `json:"hold_send,omitempty"`
 	// CAInfo: read $SSL_CERT_FILE and describe the run's CA instead.
 	CAInfo bool `json:"ca_info,omitempty"`
 	// Greeting: dial and read what the server says first.
@@ -180,6 +183,13 @@ func attack(c probeCase, r *result) {
 			break
 		}
 		defer h.Close()
+		if c.HoldSend != "" {
+			h.SetDeadline(time.Now().Add(caseTimeout))
+			io.WriteString(h, c.HoldSend)
+			if _, err := readAnswer(bufio.NewReader(h), ""); err != nil {
+				break
+			}
+		}
 		r.Held++
 	}
 	conn, err := dial(c.Dial)
