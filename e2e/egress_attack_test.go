@@ -27,9 +27,12 @@ import (
 
 const (
 	attackKey    = "sk-attack-e2e-provider-key-4d1c"
-	attackSecret = "vm-secret-e2e-9b2f7a"
-	probeName    = "berth-attack-probe"
-	relay        = "tcp:127.0.0.1:3128"
+	attackSecret = "secret-e2e-9b2f7a-never-elsewhere"
+	// secretName is the [[egress.secrets]] host: a name every host resolves
+	// (to loopback, which a rule naming it exactly lets the proxy reach).
+	secretName = "localhost"
+	probeName  = "berth-attack-probe"
+	relay      = "tcp:127.0.0.1:3128"
 )
 
 var attackProbe struct {
@@ -44,7 +47,7 @@ type attackWorld struct {
 	crossing *recorder // every address: "GET,HEAD 127.0.0.2:PORT" names it
 	upstream *recorder // 127.0.0.3, named by a rule: the allowed, public-looking upstream
 	provider *recorder // 127.0.0.1: the agent's OpenAI-compatible provider
-	secret   *recorder // TLS on 127.0.0.1 as "vm", the [[egress.secrets]] host
+	secret   *recorder // TLS on 127.0.0.1 as secretName, the [[egress.secrets]] host
 	plainTLS *recorder // TLS on 127.0.0.3, allowed but not a secret's host
 	all      []*recorder
 
@@ -57,7 +60,7 @@ type attackWorld struct {
 
 func newAttackWorld(t *testing.T) *attackWorld {
 	t.Helper()
-	caPEM, leaf := testCA(t, "vm")
+	caPEM, leaf := testCA(t, secretName)
 	f, err := os.CreateTemp(baseDir, "atk-ca-*.pem")
 	if err != nil {
 		t.Fatal(err)
@@ -278,7 +281,7 @@ func internalOf(w *attackWorld) *recorder { return w.internal }
 func upstreamOf(w *attackWorld) *recorder { return w.upstream }
 func providerOf(w *attackWorld) *recorder { return w.provider }
 
-// get is a proxy-form GET of u, marked as case name.
+// get is a proxy-form GET of base/atk/<name>/ (marked as case name).
 func get(name, base, extra string) string {
 	u := base + "/atk/" + name + "/"
 	return fmt.Sprintf("GET %s HTTP/1.1\r\nHost: %s\r\n%sConnection: close\r\n\r\n", u, hostOf(base), extra)
@@ -639,7 +642,7 @@ func attackerCases(w *attackWorld, container bool, ownSocket, otherSocket string
 
 	// [[egress.secrets]]: the secret goes to its host only, inside a tunnel
 	// whose requests all name that host.
-	secretHost := fmt.Sprintf("vm:%d", w.secret.port)
+	secretHost := fmt.Sprintf("%s:%d", secretName, w.secret.port)
 	plainTLSHost := fmt.Sprintf("127.0.0.3:%d", w.plainTLS.port)
 	secretWith := func(name string, want bool) func(w *attackWorld, r probeResult) string {
 		return func(w *attackWorld, r probeResult) string {
@@ -667,30 +670,30 @@ func attackerCases(w *attackWorld, container bool, ownSocket, otherSocket string
 		return ""
 	}
 	cs = append(cs,
-		explained(attackCase{probeCase: tunnelCase("secret-control", secretHost, "vm", "bundle", innerGet("secret-control", secretHost)), check: secretWith("secret-control", true)},
+		explained(attackCase{probeCase: tunnelCase("secret-control", secretHost, secretName, "bundle", innerGet("secret-control", secretHost)), check: secretWith("secret-control", true)},
 			"CONNECT", "https://"+secretHost+"/"),
-		attackCase{probeCase: tunnelCase("secret-fronting", secretHost, "vm", "bundle", innerGet("secret-fronting", "other.example")),
+		attackCase{probeCase: tunnelCase("secret-fronting", secretHost, secretName, "bundle", innerGet("secret-fronting", "other.example")),
 			check: both(secretWith("secret-fronting", false), func(w *attackWorld, r probeResult) string {
 				if len(r.Answers) < 2 || !berthRefused(r.Answers[1].Status, r.Answers[1].Egress, r.Answers[1].Body) {
 					return fmt.Sprintf("want the proxy's refusal inside the tunnel: %v", r)
 				}
 				return ""
 			})},
-		attackCase{probeCase: tunnelCase("secret-fronting-absolute", secretHost, "vm", "bundle",
+		attackCase{probeCase: tunnelCase("secret-fronting-absolute", secretHost, secretName, "bundle",
 			fmt.Sprintf("GET https://other.example/atk/secret-fronting-absolute/ HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", secretHost)),
 			check: secretWith("secret-fronting-absolute", false)},
-		attackCase{probeCase: tunnelCase("secret-fronting-other-port", secretHost, "vm", "bundle",
-			"GET https://vm:1/atk/secret-fronting-other-port/ HTTP/1.1\r\nHost: vm:1\r\nConnection: close\r\n\r\n"),
+		attackCase{probeCase: tunnelCase("secret-fronting-other-port", secretHost, secretName, "bundle",
+			"GET https://"+secretName+":1/atk/secret-fronting-other-port/ HTTP/1.1\r\nHost: "+secretName+":1\r\nConnection: close\r\n\r\n"),
 			check: secretWith("secret-fronting-other-port", false)},
 		// The first request in the tunnel names its host; the one behind it
 		// fronts another and is refused on its own.
 		attackCase{probeCase: func() probeCase {
-			c := tunnelCase("secret-fronting-pipelined", secretHost, "vm", "bundle",
+			c := tunnelCase("secret-fronting-pipelined", secretHost, secretName, "bundle",
 				fmt.Sprintf("GET /atk/secret-fronting-pipelined-first/ HTTP/1.1\r\nHost: %s\r\n\r\n", secretHost)+innerGet("secret-fronting-pipelined", "other.example"))
 			c.InnerResponses = 2
 			return c
 		}(), check: both(secretWith("secret-fronting-pipelined", false), secretWith("secret-fronting-pipelined-first", true))},
-		attackCase{probeCase: tunnelCase("secret-header-18k", secretHost, "vm", "bundle",
+		attackCase{probeCase: tunnelCase("secret-header-18k", secretHost, secretName, "bundle",
 			fmt.Sprintf("GET /atk/secret-header-18k/ HTTP/1.1\r\nHost: %s\r\nX-Pad: %s\r\nConnection: close\r\n\r\n", secretHost, strings.Repeat("a", 18<<10))),
 			check: func(w *attackWorld, r probeResult) string {
 				if got := w.reached(r.Name); len(got) > 0 {
@@ -700,19 +703,19 @@ func attackerCases(w *attackWorld, container bool, ownSocket, otherSocket string
 			}},
 		// Outside its scope (GET under /atk, on a plain path) a request goes
 		// without the secret.
-		attackCase{probeCase: tunnelCase("secret-scope-method", secretHost, "vm", "bundle",
+		attackCase{probeCase: tunnelCase("secret-scope-method", secretHost, secretName, "bundle",
 			fmt.Sprintf("POST /atk/secret-scope-method/ HTTP/1.1\r\nHost: %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", secretHost)),
 			check: withoutSecret},
-		attackCase{probeCase: tunnelCase("secret-scope-path", secretHost, "vm", "bundle",
+		attackCase{probeCase: tunnelCase("secret-scope-path", secretHost, secretName, "bundle",
 			fmt.Sprintf("GET /atkx/atk/secret-scope-path/ HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", secretHost)),
 			check: withoutSecret},
-		attackCase{probeCase: tunnelCase("secret-scope-dot-segments", secretHost, "vm", "bundle",
+		attackCase{probeCase: tunnelCase("secret-scope-dot-segments", secretHost, secretName, "bundle",
 			fmt.Sprintf("GET /atk/../x/atk/secret-scope-dot-segments/ HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", secretHost)),
 			check: withoutSecret},
-		attackCase{probeCase: tunnelCase("secret-scope-encoded-slash", secretHost, "vm", "bundle",
+		attackCase{probeCase: tunnelCase("secret-scope-encoded-slash", secretHost, secretName, "bundle",
 			fmt.Sprintf("GET /atk%%2f..%%2fx/atk/secret-scope-encoded-slash/ HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", secretHost)),
 			check: withoutSecret},
-		attackCase{probeCase: tunnelCase("secret-not-for-other-hosts", plainTLSHost, "vm", "none", innerGet("secret-not-for-other-hosts", plainTLSHost)),
+		attackCase{probeCase: tunnelCase("secret-not-for-other-hosts", plainTLSHost, secretName, "none", innerGet("secret-not-for-other-hosts", plainTLSHost)),
 			check: both(reaches(func(w *attackWorld) *recorder { return w.plainTLS }, 200), func(w *attackWorld, r probeResult) string {
 				for _, g := range w.plainTLS.requests(r.Name) {
 					if strings.Contains(fmt.Sprint(g.Header), attackSecret) {
@@ -725,8 +728,8 @@ func attackerCases(w *attackWorld, container bool, ownSocket, otherSocket string
 				return ""
 			})},
 		// The run's CA vouches for the intercepted hosts only, for the run.
-		attackCase{probeCase: tunnelCase("run-ca-secret-host", secretHost, "vm", "run-ca", innerGet("run-ca-secret-host", secretHost)), check: secretWith("run-ca-secret-host", true)},
-		attackCase{probeCase: tunnelCase("run-ca-other-host", plainTLSHost, "vm", "run-ca", innerGet("run-ca-other-host", plainTLSHost)),
+		attackCase{probeCase: tunnelCase("run-ca-secret-host", secretHost, secretName, "run-ca", innerGet("run-ca-secret-host", secretHost)), check: secretWith("run-ca-secret-host", true)},
+		attackCase{probeCase: tunnelCase("run-ca-other-host", plainTLSHost, secretName, "run-ca", innerGet("run-ca-other-host", plainTLSHost)),
 			check: func(w *attackWorld, r probeResult) string {
 				if r.TLSErr == "" {
 					return fmt.Sprintf("the run's CA verified a host it does not intercept: %v", r)
@@ -743,8 +746,8 @@ func attackerCases(w *attackWorld, container bool, ownSocket, otherSocket string
 			if !strings.HasPrefix(r.CA.Subject, "berth egress CA") {
 				return fmt.Sprintf("the bundle's last certificate is %q, not the run's CA", r.CA.Subject)
 			}
-			if fmt.Sprint(r.CA.PermittedDNS) != "[vm]" {
-				return fmt.Sprintf("the run's CA may vouch for names %v (addresses %v), want exactly the intercepted host [vm]", r.CA.PermittedDNS, r.CA.PermittedIPs)
+			if fmt.Sprint(r.CA.PermittedDNS) != "["+secretName+"]" {
+				return fmt.Sprintf("the run's CA may vouch for names %v (addresses %v), want exactly the intercepted host %s", r.CA.PermittedDNS, r.CA.PermittedIPs, secretName)
 			}
 			if r.CA.LifetimeHours > 1 {
 				return fmt.Sprintf("the run's CA lives %.1f hours, want about the run's lifetime", r.CA.LifetimeHours)
@@ -812,7 +815,7 @@ func attackerRules(w *attackWorld) []string {
 		fmt.Sprintf("GET,HEAD 127.0.0.2:%d", w.crossing.port),
 		fmt.Sprintf("*:%d", w.provider.port),
 		fmt.Sprintf("127.0.0.3:%d", w.upstream.port),
-		fmt.Sprintf("vm:%d", w.secret.port),
+		fmt.Sprintf("%s:%d", secretName, w.secret.port),
 		fmt.Sprintf("127.0.0.3:%d", w.plainTLS.port),
 	}
 }
@@ -870,9 +873,9 @@ model = "gpt-e2e"
 workspace_quota = "64m"
 
 [[egress.secrets]]
-name = "vm-token"
+name = "upstream-token"
 env = "E2E_ATTACK_SECRET"
-hosts = ["vm"]
+hosts = [%q]
 ports = [%d]
 methods = ["GET"]
 paths = ["/atk"]
@@ -889,7 +892,7 @@ max_iterations = 4
 [agents.egress]
 allow = %s
 %s
-`, w.provider.port, w.secret.port, tomlList(attackerRules(w)), box, tomlList(controlRules(w)), box)
+`, w.provider.port, secretName, w.secret.port, tomlList(attackerRules(w)), box, tomlList(controlRules(w)), box)
 	agents := []string{"attack", "control"}
 	if !container {
 		agents = append(agents, "free")

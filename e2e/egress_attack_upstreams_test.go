@@ -36,7 +36,7 @@ type seenRequest struct {
 	Body   string
 }
 
-// marker says whether the request carries the marker of the case named
+// marked says whether the request carries the marker of the case named
 // name: "atk/<name>/" in its path or "attack":"<name>" in its body.
 func (r seenRequest) marked(name string) bool {
 	body := strings.ReplaceAll(r.Body, `\"`, `"`) // a JSON string holding the marked object
