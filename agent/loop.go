@@ -42,6 +42,9 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		log.Warn("cannot create TMPDIR for tools", "dir", tmp, "err", err.Error())
 	}
+	if req.Probe {
+		return probe(ctx, req, log), agentproto.ExitOK
+	}
 
 	llm, err := newChain(req.Provider, req.Fallback, log)
 	if err != nil {

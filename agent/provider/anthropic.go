@@ -171,6 +171,7 @@ func (p *Anthropic) wrap(err error) error {
 	}
 	if apiErr.Response != nil {
 		e.RetryAfter = retryAfter(apiErr.Response.Header, time.Now())
+		e.RefusedByEgress = apiErr.Response.Header.Get(EgressRefusedHeader) == "refused"
 	}
 	return e
 }

@@ -42,7 +42,14 @@ type Error struct {
 	// RetryAfter is what the server asked for (Retry-After, retry-after-ms), or 0.
 	RetryAfter time.Duration
 	Msg        string
+	// RefusedByEgress says the answer is the egress proxy's own, not the
+	// provider's: it refused the call or could not reach the provider.
+	RefusedByEgress bool
 }
+
+// EgressRefusedHeader is the header berth's egress proxy marks its own
+// refusals with ("refused"), so a 502 of the proxy is told from the API's.
+const EgressRefusedHeader = "X-Berth-Egress"
 
 func (e *Error) Error() string {
 	if e.Status == 0 {

@@ -18,7 +18,8 @@ type ProbeResult struct {
 }
 
 // Probe checks a provider the way a run would use it: one small chat call
-// ("Reply with OK.") without tools and without retries. It tells
+// ("Reply with OK.") without tools and without retries, through the run's
+// egress proxy when cfg is Proxied (berth-agent answers a probe request so). It tells
 // reachability (any HTTP answer), authentication (not 401/403) and the model
 // (not 404) apart, and measures the latency of the call.
 func Probe(ctx context.Context, cfg agentproto.Provider) ProbeResult {
@@ -35,6 +36,15 @@ func Probe(ctx context.Context, cfg agentproto.Provider) ProbeResult {
 		res.Verdict, res.Detail = "ok", truncate(turn.Text, 60)
 	case errors.As(err, &pe) && pe.Status == 0:
 		res.Verdict, res.Detail = "unreachable", pe.Error()
+	case errors.As(err, &pe) && pe.RefusedByEgress && pe.Status == http.StatusBadGateway:
+		// Through the egress proxy a provider that does not answer is the
+		// proxy's 502, not a connection error.
+		res.Verdict, res.Detail = "unreachable", "the egress proxy cannot reach "+endpointOf(cfg)
+		if pe.Msg != "" {
+			res.Detail += ": " + pe.Msg
+		}
+	case errors.As(err, &pe) && pe.RefusedByEgress:
+		res.Verdict, res.Detail = "error", "refused by the egress proxy: "+pe.Error()
 	case errors.As(err, &pe) && (pe.Status == http.StatusUnauthorized || pe.Status == http.StatusForbidden):
 		res.Verdict, res.Detail = "auth failed", pe.Error()
 	case errors.As(err, &pe) && pe.Status == http.StatusNotFound:
@@ -43,4 +53,13 @@ func Probe(ctx context.Context, cfg agentproto.Provider) ProbeResult {
 		res.Verdict, res.Detail = "error", redactor(cfg.Key)(err.Error())
 	}
 	return res
+}
+
+// endpointOf is where a proxied provider's calls go beyond the proxy: its
+// configured base_url, or its kind's official API.
+func endpointOf(cfg agentproto.Provider) string {
+	if cfg.Endpoint != "" {
+		return cfg.Endpoint
+	}
+	return "the official " + cfg.Kind + " API"
 }

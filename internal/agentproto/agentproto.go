@@ -56,6 +56,22 @@ type Request struct {
 	// a host run's rlimits without systemd. An agent that cannot set one
 	// exits with ExitConfinement.
 	Rlimits []Rlimit `json:"rlimits,omitempty"`
+	// Probe asks for no conversation: the agent calls Provider and each of
+	// Fallback once, with a minimal message, through the path a run's calls
+	// take (its egress proxy adds the keys), and answers Response.Probes.
+	// So berthctl providers test proves what runs reach, and the scheduler
+	// links no model SDK.
+	Probe bool `json:"probe,omitempty"`
+}
+
+// ProbeResult is what one provider's probe call learned.
+type ProbeResult struct {
+	Provider string `json:"provider"`
+	// Verdict is "ok", "unreachable", "auth failed", "model not found" or "error".
+	Verdict   string `json:"verdict"`
+	LatencyMS int64  `json:"latency_ms"`
+	// Detail is the reply's start or the error, never a key.
+	Detail string `json:"detail,omitempty"`
 }
 
 // Rlimit is one resource limit: Name is the lower-case name after RLIMIT_
@@ -155,6 +171,8 @@ type Response struct {
 	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
 	Usage     Usage      `json:"usage"`
 	Error     string     `json:"error,omitempty"`
+	// Probes answer a Request with Probe set, one per provider in order.
+	Probes []ProbeResult `json:"probes,omitempty"`
 }
 
 // ToolCall records one tool invocation of the run.

@@ -6,8 +6,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
+
+	"github.com/berth-dev/berth/internal/testenv"
 )
 
 // The check runs in the scheduler with its environment: a key only the
@@ -29,10 +32,24 @@ func TestProvidersTestChecksWithTheSchedulersEnvironment(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
+	// The check is a run of berth-agent through its egress proxy, as root
+	// runs it (as the agent's own user, the proxy as egress_user).
+	testenv.NeedRoot(t)
+	bins, err := testenv.OpenDir("berthctl-providers-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(bins) })
+	agentBin := buildStaticAgent(t, bins)
+	proxyBin, err := testenv.Build(bins, "berth-egress", "github.com/berth-dev/berth/cmd/berth-egress")
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheduler := fmt.Sprintf("[scheduler]\nagent_binary = %q\negress_binary = %q\negress_user = \"daemon\"\n\n", agentBin, proxyBin)
 	provider := func(name, model, keyEnv string) string {
 		return fmt.Sprintf("[providers.%s]\nkind = \"openai\"\nbase_url = %q\nmodel = %q\napi_key_env = %q\n\n", name, srv.URL+"/v1", model, keyEnv)
 	}
-	text := "[providers]\nprimary = \"good\"\n\n" + provider("good", "m", "GOOD_KEY") + provider("badkey", "m", "BAD_KEY") +
+	text := scheduler + "[providers]\nprimary = \"good\"\n\n" + provider("good", "m", "GOOD_KEY") + provider("badkey", "m", "BAD_KEY") +
 		provider("nomodel", "missing", "GOOD_KEY") + provider("adminonly", "m", "ADMIN_ONLY_KEY") +
 		"[providers.down]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\n\n[[agents]]\nid = \"a\"\n"
 	conn, _ := schedulerOnBus(t, text, map[string]string{"GOOD_KEY": "sk-good", "BAD_KEY": "sk-bad"})

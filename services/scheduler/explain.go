@@ -4,16 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/godbus/dbus/v5"
 
-	"github.com/berth-dev/berth/agent/provider"
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/egresspolicy"
 	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/isolation"
@@ -61,13 +61,11 @@ func (s *Service) ExplainAgentJSON(agent string) (string, error) {
 	return string(data), nil
 }
 
-// probeTimeout bounds each provider check; the checks run side by side so
-// the D-Bus call answers within about this long.
-const probeTimeout = 20 * time.Second
-
 // TestProviders checks providers with the scheduler's own environment
-// (dev.berth.Scheduler1.TestProviders): what passes here is what runs get.
-// name "" means every configured provider.
+// (dev.berth.Scheduler1.TestProviders): each is called once by a run of an
+// agent that uses it (probe.go), through that run's backend and egress
+// proxy, so what passes here is what runs get. name "" means every
+// configured provider.
 func (s *Service) TestProviders(name string) ([]map[string]dbus.Variant, error) {
 	cfg := s.cfg.Load()
 	names := make([]string, 0, len(cfg.Providers.Entries))
@@ -81,43 +79,51 @@ func (s *Service) TestProviders(name string) ([]map[string]dbus.Variant, error) 
 		}
 		names = []string{name}
 	}
-	out := make([]map[string]dbus.Variant, len(names))
-	var wg sync.WaitGroup
-	for i, n := range names {
-		wg.Go(func() { out[i] = s.testProvider(n) })
+	results := map[string]agentproto.ProbeResult{}
+	var remote []string
+	for _, n := range names {
+		e := cfg.Providers.Entries[n]
+		switch {
+		case providerKind(n, e) == "local":
+			results[n] = agentproto.ProbeResult{Provider: n, Verdict: "ok", Detail: "offline; nothing to reach"}
+		case e.APIKeyEnv != "" && s.opts.Getenv(e.APIKeyEnv) == "":
+			results[n] = agentproto.ProbeResult{Provider: n, Verdict: "error", Detail: fmt.Sprintf("%s is not set in the scheduler's environment (set it in the unit, e.g. systemctl edit berth-scheduler: Environment= or EnvironmentFile=)", e.APIKeyEnv)}
+		default:
+			remote = append(remote, n)
+		}
 	}
-	wg.Wait()
+	if len(remote) > 0 {
+		maps.Copy(results, s.probeProviders(cfg, remote))
+	}
+	out := make([]map[string]dbus.Variant, len(names))
+	for i, n := range names {
+		out[i] = s.providerResult(cfg, n, results[n])
+	}
 	return out, nil
 }
 
-// testProvider makes one provider check; the result never holds the key.
-func (s *Service) testProvider(name string) map[string]dbus.Variant {
-	cfg := s.cfg.Load()
+// providerKind is the kind of provider name: its kind, else its name.
+func providerKind(name string, e config.Provider) string {
+	if e.Kind == "" {
+		return name
+	}
+	return e.Kind
+}
+
+// providerResult is one provider's row of TestProviders; the result never
+// holds the key (the agent never had it when its provider is proxied, and
+// redacts it when the run has a direct network; redacted here once more).
+func (s *Service) providerResult(cfg *config.Config, name string, res agentproto.ProbeResult) map[string]dbus.Variant {
 	e := cfg.Providers.Entries[name]
-	kind := e.Kind
-	if kind == "" {
-		kind = name
-	}
-	ap := agentproto.Provider{Name: name, Kind: kind, BaseURL: e.BaseURL, Model: e.Model, MaxTokens: e.MaxTokens}
-	var res provider.ProbeResult
-	switch {
-	case kind == "local":
-		res = provider.ProbeResult{Verdict: "ok", Detail: "offline; nothing to reach"}
-	case e.APIKeyEnv != "" && s.opts.Getenv(e.APIKeyEnv) == "":
-		res = provider.ProbeResult{Verdict: "error", Detail: fmt.Sprintf("%s is not set in the scheduler's environment (set it in the unit, e.g. systemctl edit berth-scheduler: Environment= or EnvironmentFile=)", e.APIKeyEnv)}
-	default:
-		if e.APIKeyEnv != "" {
-			ap.Key = s.opts.Getenv(e.APIKeyEnv)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-		res = provider.Probe(ctx, ap)
-		cancel()
-	}
+	kind := providerKind(name, e)
 	detail := res.Detail
-	if ap.Key != "" {
-		detail = strings.ReplaceAll(detail, ap.Key, "[key]")
+	if e.APIKeyEnv != "" {
+		if key := s.opts.Getenv(e.APIKeyEnv); key != "" {
+			detail = strings.ReplaceAll(detail, key, "[key]")
+		}
 	}
-	s.log.Info("provider checked", "provider", name, "kind", kind, "status", res.Verdict, "latency", res.Latency)
+	latency := time.Duration(res.LatencyMS) * time.Millisecond
+	s.log.Info("provider checked", "provider", name, "kind", kind, "status", res.Verdict, "latency", latency)
 	return map[string]dbus.Variant{
 		"name":       dbus.MakeVariant(name),
 		"kind":       dbus.MakeVariant(kind),
@@ -125,7 +131,7 @@ func (s *Service) testProvider(name string) map[string]dbus.Variant {
 		"base_url":   dbus.MakeVariant(e.BaseURL),
 		"status":     dbus.MakeVariant(res.Verdict),
 		"detail":     dbus.MakeVariant(detail),
-		"latency_ms": dbus.MakeVariant(uint32(res.Latency.Milliseconds())),
+		"latency_ms": dbus.MakeVariant(uint32(res.LatencyMS)),
 	}
 }
 
