@@ -544,6 +544,7 @@ func (s *Server) getSpliced(w http.ResponseWriter, out *http.Request, d egresspo
 	addr := out.URL.Host
 	var up *upstreamConn
 	var resp *http.Response
+	var stop func() bool
 	for {
 		up = s.idle.get(addr)
 		kept := up != nil
@@ -557,11 +558,15 @@ func (s *Server) getSpliced(w http.ResponseWriter, out *http.Request, d egresspo
 			}
 			up = newUpstreamConn(conn)
 		}
+		// The sandbox hanging up (or the run ending) ends the exchange.
+		conn := up.conn
+		stop = context.AfterFunc(out.Context(), func() { conn.Close() })
 		var err error
 		if resp, err = up.send(out, s.opts.ResponseTimeout); err == nil {
 			break
 		}
-		up.conn.Close()
+		stop()
+		conn.Close()
 		if !kept {
 			s.dialFailed(w, d, err)
 			return
@@ -577,7 +582,6 @@ func (s *Server) getSpliced(w http.ResponseWriter, out *http.Request, d egresspo
 			up.conn.Close()
 		}
 	}()
-	stop := context.AfterFunc(out.Context(), func() { up.conn.Close() })
 	defer func() { reusable = stop() && reusable }()
 	stripHopHeaders(resp.Header)
 	hj, ok := w.(http.Hijacker)

@@ -2,6 +2,7 @@ package egress_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"io"
@@ -182,5 +183,33 @@ func TestAToolsRequestsToOneDestinationShareItsConnection(t *testing.T) {
 	}
 	if n := conns.accepted.Load(); n != 1 {
 		t.Fatalf("five requests one after another opened %d upstream connections, want 1", n)
+	}
+}
+
+// A sandbox that hangs up while its GET waits for an answer ends the
+// upstream exchange too, rather than holding it for the response timeout.
+func TestASandboxHangingUpEndsItsPendingGET(t *testing.T) {
+	t.Parallel()
+	arrived, ended := make(chan struct{}), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-r.Context().Done() // the proxy closed its connection
+		close(ended)
+	}))
+	t.Cleanup(up.Close)
+	p := startProxy(t, egress.Policy{RunID: "r1", Allow: rules(t, up.Listener.Addr().String())}, egress.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", up.URL+"/slow", nil)
+	go func() {
+		<-arrived
+		cancel()
+	}()
+	if resp, err := p.client(token).Do(req); err == nil {
+		resp.Body.Close()
+	}
+	select {
+	case <-ended:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the upstream exchange went on after the sandbox hung up")
 	}
 }
