@@ -13,8 +13,10 @@ import (
 	"testing"
 
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/testdocker"
 	"github.com/berth-dev/berth/internal/testenv"
 	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/container"
 	"github.com/berth-dev/berth/isolation/landlock"
 )
 
@@ -71,6 +73,30 @@ func (b *recordingBackend) Run(ctx context.Context, spec isolation.Spec) (isolat
 func TestProvidersAreCheckedByARunThroughItsEgressProxy(t *testing.T) {
 	t.Parallel()
 	testenv.NeedRoot(t)
+	t.Run("Landlock", func(t *testing.T) {
+		t.Parallel()
+		checkProvidersByARun(t, func(*config.Config, string) (string, isolation.Backend) { return landlock.Name, landlock.New() })
+	})
+	t.Run("Container", func(t *testing.T) {
+		t.Parallel()
+		cli := testdocker.Engine(t)
+		checkProvidersByARun(t, func(cfg *config.Config, stateDir string) (string, isolation.Backend) {
+			enabled := true
+			for i := range cfg.Agents {
+				cfg.Agents[i].ContainerMode = config.ContainerSettings{Enabled: &enabled, Network: "none"}
+			}
+			boxes, err := container.New(container.Options{Client: cli, Instance: stateDir, Logger: quietLog})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return container.Name, boxes
+		})
+	})
+}
+
+// checkProvidersByARun checks six providers with the backend that
+// withBackend sets up (and configures the agents for).
+func checkProvidersByARun(t *testing.T, withBackend func(cfg *config.Config, stateDir string) (string, isolation.Backend)) {
 	const goodKey, badKey = "sk-probe-good-SECRET-1", "sk-probe-bad-SECRET-2"
 	var mu sync.Mutex
 	var auths []string
@@ -108,9 +134,11 @@ func TestProvidersAreCheckedByARunThroughItsEgressProxy(t *testing.T) {
 	cfg.Scheduler.AgentBinary = berthAgent(t)
 	cfg.Scheduler.EgressBinary = proxyBin
 	cfg.Scheduler.EgressUser = "daemon"
-	backend := &recordingBackend{Backend: landlock.New()}
-	s, err := New(cfg, sharedStateDir(t), Options{
-		Backends: map[string]isolation.Backend{landlock.Name: backend},
+	stateDir := sharedStateDir(t)
+	name, real := withBackend(cfg, stateDir)
+	backend := &recordingBackend{Backend: real}
+	s, err := New(cfg, stateDir, Options{
+		Backends: map[string]isolation.Backend{name: backend},
 		Getenv:   func(k string) string { return map[string]string{"GOOD_KEY": goodKey, "BAD_KEY": badKey}[k] },
 		Logger:   quietLog,
 	})
