@@ -537,6 +537,8 @@ id=$(post '/sh stat -f -c "%n %T %b %S" /tmp /var/tmp; echo x > /tmp/own && echo
 reply=$(await "$id")
 grep -qx '/tmp tmpfs 65536 4096' <<<"$reply" && grep -qx '/var/tmp tmpfs 65536 4096' <<<"$reply" && grep -qx 'wrote /tmp' <<<"$reply" && grep -qx 1 <<<"$reply" ||
   fail "the run's /tmp and /var/tmp: $reply"
+inside '[ ! -e /tmp/own ]' || fail "a file the run wrote to its /tmp is in the host's"
+inside 'rm -f /tmp/berth-install-test-host-file'
 
 # running_run AGENT PATTERN: waits until AGENT's running run has an active
 # transient unit and a berth-agent process matching PATTERN; prints the run id.
