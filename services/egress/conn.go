@@ -224,6 +224,8 @@ func spliceBody(dst, src net.Conn, n int64, idle time.Duration) (written int64, 
 	}
 	defer unix.Close(p[0])
 	defer unix.Close(p[1])
+	// src may be kept for another request: no deadline of this one stays.
+	defer src.SetReadDeadline(time.Time{})
 	unix.FcntlInt(uintptr(p[1]), unix.F_SETPIPE_SZ, spliceChunk) // a larger pipe is fewer calls; the default works too
 	const flags = unix.SPLICE_F_MOVE | unix.SPLICE_F_NONBLOCK
 	for written < n {
