@@ -27,7 +27,7 @@ fi
 test_needs=(
   git:git /etc/ssl/certs/ca-certificates.crt:ca-certificates # go stamps builds from git; modules come over TLS
   dbus-daemon:dbus busctl:systemd systemd-socket-activate:systemd systemd-analyze:systemd # private buses, activation, unit hardening
-  curl:curl /bin/ip:iproute2 pgrep:procps # what agents run in tests (through the egress proxy, the network probes)
+  curl:curl /bin/ip:iproute2 pgrep:procps sleep:coreutils yes:coreutils # what agents run in tests (through the egress proxy, the network probes), a CPU hog
   mkfs.ext4:e2fsprogs losetup:mount mount:mount umount:mount # workspace images, a full disk
   prlimit:util-linux setpriv:util-linux ipcmk:util-linux unshare:util-linux nsenter:util-linux # rlimits, uids, SysV IPC, namespaces
   "${docker_needs[@]}" :busybox-static # container tests: the engine, and the static busybox of the agent image

@@ -36,38 +36,88 @@ func tlsConfig(roots *x509.CertPool) *tls.Config {
 	return &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
 }
 
-// limitListener lets at most cap(slots) connections be open at once (the
-// next Accept waits for one to close), of which at most
-// maxUnauthenticated have not yet sent a request with the run's token: one
-// more closes the oldest of those, so idle connections cannot hold the
-// slots. A connection still unauthenticated after authTimeout is closed.
+// limitListener lets at most cap(slots) connections be open at once. A
+// connection is "pending" until it sends a request with the run's token;
+// one still pending after authTimeout is closed. Pending connections cannot
+// hold the slots: when every slot is taken, or more than maxUnauthenticated
+// are pending, the oldest pending connection is closed — but only once it
+// has been pending for authGrace, so a burst of real connections (a tool
+// opening 32 downloads at once through the relay, each sending its request
+// at once) is never cut, while idle ones free their slot within authGrace.
 type limitListener struct {
 	net.Listener
 	slots              chan struct{}
 	maxUnauthenticated int
 	authTimeout        time.Duration
+	authGrace          time.Duration
 
 	mu      sync.Mutex
 	pending []*slotConn // unauthenticated, oldest first
 }
 
+// evictOldest closes the oldest pending connection if it has been pending
+// for authGrace and says so; otherwise it says how long until it will have
+// (0 and false when nothing is pending).
+func (l *limitListener) evictOldest() (evicted bool, wait time.Duration) {
+	l.mu.Lock()
+	if len(l.pending) == 0 {
+		l.mu.Unlock()
+		return false, 0
+	}
+	oldest := l.pending[0]
+	age := time.Since(oldest.accepted)
+	if age < l.authGrace {
+		l.mu.Unlock()
+		return false, l.authGrace - age
+	}
+	l.pending = l.pending[1:]
+	l.mu.Unlock()
+	oldest.Close()
+	return true, 0
+}
+
+// acquire takes a slot, freeing one held by a pending connection past its
+// grace when all are taken.
+func (l *limitListener) acquire() {
+	for {
+		select {
+		case l.slots <- struct{}{}:
+			return
+		default:
+		}
+		evicted, wait := l.evictOldest()
+		if evicted {
+			continue
+		}
+		if wait == 0 {
+			// Every slot is held by an authenticated connection: wait for one.
+			l.slots <- struct{}{}
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case l.slots <- struct{}{}:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
 func (l *limitListener) Accept() (net.Conn, error) {
-	l.slots <- struct{}{}
+	l.acquire()
 	c, err := l.Listener.Accept()
 	if err != nil {
 		<-l.slots
 		return nil, err
 	}
-	sc := &slotConn{Conn: c, l: l}
-	var evict *slotConn
+	sc := &slotConn{Conn: c, l: l, accepted: time.Now()}
 	l.mu.Lock()
-	if len(l.pending) >= l.maxUnauthenticated {
-		evict, l.pending = l.pending[0], l.pending[1:]
-	}
+	over := len(l.pending) >= l.maxUnauthenticated
 	l.pending = append(l.pending, sc)
 	l.mu.Unlock()
-	if evict != nil {
-		evict.Close()
+	if over {
+		l.evictOldest()
 	}
 	sc.timer = time.AfterFunc(l.authTimeout, func() {
 		if !sc.authed.Load() {
@@ -90,10 +140,11 @@ func (l *limitListener) forget(c *slotConn) {
 
 type slotConn struct {
 	net.Conn
-	l      *limitListener
-	timer  *time.Timer
-	authed atomic.Bool
-	once   sync.Once
+	l        *limitListener
+	accepted time.Time
+	timer    *time.Timer
+	authed   atomic.Bool
+	once     sync.Once
 }
 
 // authenticated marks the connection as one that sent the run's token.

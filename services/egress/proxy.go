@@ -115,12 +115,17 @@ type Options struct {
 	// MaxConns bounds the run's simultaneous connections to the proxy (32).
 	MaxConns int
 	// MaxUnauthenticated bounds the connections that have not yet sent a
-	// request with the run's token (8): one more closes the oldest, so
-	// idle ones never hold the slots authenticated ones wait for.
+	// request with the run's token (8): one more closes the oldest once it
+	// has been pending for AuthGrace, so idle ones never hold the slots
+	// authenticated ones wait for.
 	MaxUnauthenticated int
 	// AuthTimeout closes a connection that sends no request with the
 	// run's token in that time (10 s).
 	AuthTimeout time.Duration
+	// AuthGrace is how long a new connection may stay unauthenticated
+	// before it can be closed to make room for another (1 s): what a real
+	// client needs to send its first request.
+	AuthGrace time.Duration
 	// MaxHeaderBytes bounds a request's header, request line included
 	// (16 KiB).
 	MaxHeaderBytes int
@@ -189,6 +194,9 @@ func NewServer(pol Policy, opts Options) (*Server, error) {
 	}
 	if opts.MaxUnauthenticated <= 0 {
 		opts.MaxUnauthenticated = 8
+	}
+	if opts.AuthGrace <= 0 {
+		opts.AuthGrace = time.Second
 	}
 	if opts.AuthTimeout <= 0 {
 		opts.AuthTimeout = 10 * time.Second
@@ -276,7 +284,7 @@ func (s *Server) newTransport(dial func(ctx context.Context, network, addr strin
 // Serve serves the run on ln until Close.
 func (s *Server) Serve(ln net.Listener) error {
 	l := &limitListener{Listener: ln, slots: make(chan struct{}, s.opts.MaxConns),
-		maxUnauthenticated: s.opts.MaxUnauthenticated, authTimeout: s.opts.AuthTimeout}
+		maxUnauthenticated: s.opts.MaxUnauthenticated, authTimeout: s.opts.AuthTimeout, authGrace: s.opts.AuthGrace}
 	err := s.http.Serve(l)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil

@@ -128,6 +128,40 @@ func TestIdleUnauthenticatedConnectionsCannotHoldAllSlots(t *testing.T) {
 	}
 }
 
+// A tool that opens many connections at once (npm, pip, a parallel
+// download through the relay) loses none of them to the limit on
+// unauthenticated connections: each sends its request at once, within the
+// grace a new connection has.
+func TestABurstOfRealConnectionsIsNotCutByTheUnauthenticatedLimit(t *testing.T) {
+	t.Parallel()
+	p := startProxy(t, egress.Policy{RunID: "r1"}, egress.Options{})
+	var conns []net.Conn
+	for range 32 {
+		c, err := net.Dial("unix", p.socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns = append(conns, c)
+	}
+	for i, c := range conns {
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := fmt.Fprintf(c, "GET http://x.example/ HTTP/1.1\r\nHost: x.example\r\nProxy-Authorization: Bearer %s\r\n\r\n", token); err != nil {
+			t.Fatalf("connection %d of the burst was cut before its request: %v", i, err)
+		}
+	}
+	for i, c := range conns {
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("connection %d of the burst got no answer: %v", i, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("connection %d: got %d, want the proxy's 403", i, resp.StatusCode)
+		}
+	}
+}
+
 // A refused request's body is read before the refusal is sent, so the
 // sandbox always gets the proxy's answer, not a broken pipe.
 func TestARefusedCallsBodyIsReadSoTheSandboxGetsTheReason(t *testing.T) {
