@@ -36,7 +36,7 @@ Commands:
   runs show RUN_ID [--json]
   runs cancel RUN_ID
   send [--timeout D] AGENT TEXT               submit TEXT to AGENT and wait for the reply
-  providers test [NAME]                       the scheduler calls each provider (or NAME) once with its own environment: reachability, auth, model, latency
+  providers test [NAME]                       a probe run of an agent calls each provider (or NAME) once through its egress proxy, as runs do: reachability, auth, model, latency
   sandbox explain [--json] AGENT              the plan the scheduler would use for AGENT: backend, image, limits, network, mounts, user, and why
   egress explain [--method M] [--json] AGENT URL|HOST:PORT
                                               would AGENT's egress proxy let the request pass, by which rule or why not (exit 0 pass, 1 refused, 2 bad question)
@@ -476,7 +476,6 @@ func printRun(w io.Writer, run busapi.Run) {
 		{"thread", run.Thread}, {"author", run.Author}, {"attempts", fmt.Sprint(run.Attempts)},
 		{"created", localTime(run.CreatedAt)}, {"started", localTime(run.StartedAt)}, {"finished", localTime(run.FinishedAt)},
 		{"delivered", fmt.Sprint(run.Delivered)},
-		{"egress_counts", run.EgressCounts.Text},
 	} {
 		if f.val != "" {
 			fmt.Fprintf(tw, "%s:\t%s\n", f.key, f.val)
