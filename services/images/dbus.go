@@ -114,11 +114,11 @@ func imageValue(img Image) busapi.Image {
 	}
 	inputs := map[string]string{}
 	for k, v := range img.Inputs {
-		inputs[k] = validText(v)
+		inputs[k] = boundedText(v)
 	}
 	tail := make([]string, 0, len(img.LogTail))
 	for _, l := range img.LogTail {
-		tail = append(tail, validText(l))
+		tail = append(tail, boundedText(l))
 	}
 	agents := img.Agents
 	if agents == nil {
@@ -139,7 +139,7 @@ func imageValue(img Image) busapi.Image {
 		Created:  stamp(img.Created),
 		LastUsed: stamp(img.LastUsed),
 		Agents:   agents,
-		Error:    validText(img.Error),
+		Error:    boundedText(img.Error),
 		LogTail:  tail,
 	}
 }
@@ -153,7 +153,7 @@ func (o *imagesObject) Dockerfile(target string) (string, *dbus.Error) {
 	if err != nil {
 		return "", o.s.busError(err, "target", target)
 	}
-	return validText(df), nil
+	return boundedText(df), nil
 }
 
 // Remove implements dev.berth.Images1.Remove.
@@ -201,7 +201,7 @@ func (s *Service) busError(err error, attrs ...any) *dbus.Error {
 	default:
 		s.log.Error(err.Error(), attrs...)
 	}
-	return bus.NewError(name, "%s", validText(err.Error()))
+	return bus.NewError(name, "%s", boundedText(err.Error()))
 }
 
 // jobObject is one job at /dev/berth/Images1/job/<n>.
@@ -256,14 +256,14 @@ func (o *imagesObject) exportJob(j *Job) error {
 			setProperty(o.conn, props, path, bus.ImagesJobInterface, "Total", r.Total)
 		}
 		if line != "" {
-			_ = o.conn.Emit(bus.ImagesPath, bus.ImagesInterface+".Progress", path, r.Step, r.Total, validText(line))
+			_ = o.conn.Emit(bus.ImagesPath, bus.ImagesInterface+".Progress", path, r.Step, r.Total, boundedText(line))
 		}
 		if r.State != JobRunning {
 			setProperty(o.conn, props, path, bus.ImagesJobInterface, "Tag", r.Tag)
-			setProperty(o.conn, props, path, bus.ImagesJobInterface, "Error", validText(r.Error))
+			setProperty(o.conn, props, path, bus.ImagesJobInterface, "Error", boundedText(r.Error))
 			setProperty(o.conn, props, path, bus.ImagesJobInterface, "State", r.State)
 			if line == "" {
-				_ = o.conn.Emit(bus.ImagesPath, bus.ImagesInterface+".Finished", path, r.Tag, validText(r.Error))
+				_ = o.conn.Emit(bus.ImagesPath, bus.ImagesInterface+".Finished", path, r.Tag, boundedText(r.Error))
 			}
 		}
 		last = r
@@ -271,10 +271,10 @@ func (o *imagesObject) exportJob(j *Job) error {
 	return nil
 }
 
-// validText makes s safe for a D-Bus string (valid UTF-8, no NUL) and caps
-// one line at 4 KiB.
-func validText(s string) string {
-	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+// boundedText makes s safe for a D-Bus string and caps one line at 4 KiB, so a
+// build's runaway line cannot flood a signal.
+func boundedText(s string) string {
+	s = bus.Text(s)
 	if len(s) > 4096 && !strings.Contains(s, "\n") {
 		s = strings.ToValidUTF8(s[:4096], "") + "…"
 	}

@@ -21,7 +21,7 @@ func TestRetryDelayDoublesUpToItsCapWithJitter(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			for range 100 {
-				d := defaultBackoff.delay(tc.attempts)
+				d := defaultRetryDelay.Delay(tc.attempts)
 				if d > tc.want || d < tc.want*3/4 {
 					t.Fatalf("delay(%d) = %v, want within [%v, %v]", tc.attempts, d, tc.want*3/4, tc.want)
 				}

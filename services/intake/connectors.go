@@ -208,7 +208,7 @@ func (s *Service) startLocked(r *running, prev <-chan struct{}) {
 			if err == nil {
 				return // an HTTP-only connector has nothing to hold open
 			}
-			delay := s.backoff.delay(attempt)
+			delay := s.retryDelay.Delay(attempt)
 			log.Error("connector stopped; restarting it", "err", redact(err.Error(), r.secrets), "retry_in", delay)
 			select {
 			case <-ctx.Done():

@@ -128,15 +128,15 @@ func connectorsValue(st []ConnectorStatus) []map[string]dbus.Variant {
 	out := make([]map[string]dbus.Variant, 0, len(st))
 	for _, c := range st {
 		out = append(out, busapi.ConnectorStatus{
-			ID:             validText(c.ID),
-			Type:           validText(c.Type),
-			State:          validText(c.State),
+			ID:             bus.Text(c.ID),
+			Type:           bus.Text(c.Type),
+			State:          bus.Text(c.State),
 			ConnectedSince: stamp(c.ConnectedSince),
 			LastEvent:      stamp(c.LastEvent),
-			LastError:      validText(c.LastError),
+			LastError:      bus.Text(c.LastError),
 			LastErrorAt:    stamp(c.LastErrorAt),
 			Reconnects:     uint32(max(c.Reconnects, 0)),
-			Warning:        validText(c.Warning),
+			Warning:        bus.Text(c.Warning),
 		}.Wire())
 	}
 	return out

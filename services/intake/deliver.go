@@ -129,7 +129,7 @@ func (s *Service) deliverPass(context.Context) (time.Duration, bool) {
 	connectors, err := s.store.connectorsWithPending(outboxQueue)
 	if err != nil {
 		s.log.Error("cannot deliver replies", "err", err)
-		return s.backoff.max, true
+		return s.retryDelay.Max, true
 	}
 	for _, c := range connectors {
 		l.poke(c)
@@ -143,7 +143,7 @@ func (s *Service) deliverConnector(ctx context.Context, connectorID string) (tim
 	pending, err := s.store.pendingRepliesOf(connectorID)
 	if err != nil {
 		s.log.Error("cannot deliver replies", "connector", connectorID, "err", err)
-		return s.backoff.max, true
+		return s.retryDelay.Max, true
 	}
 	var next time.Time
 	for _, r := range pending {
@@ -179,28 +179,28 @@ func (s *Service) deliver(ctx context.Context, r outboxEntry) (time.Time, bool) 
 	if err != nil && connector.IsPermanent(err) {
 		if serr := s.store.markFailed(r.RunID, err.Error(), now); serr != nil {
 			log.Error("cannot record failed reply", "err", serr)
-			return now.Add(s.backoff.max), true
+			return now.Add(s.retryDelay.Max), true
 		}
 		log.Error("platform refused the reply for good; it is marked failed", "attempts", r.Attempts+1, "err", err)
 		s.refreshCounters()
 		return time.Time{}, false
 	}
 	if err != nil {
-		delay := s.backoff.delay(r.Attempts + 1)
+		delay := s.retryDelay.Delay(r.Attempts + 1)
 		if after, ok := connector.RetryAfter(err); ok {
 			delay = max(after, 0)
 		}
 		due := now.Add(delay)
 		if serr := s.store.recordDeliveryFailure(r.RunID, err, now, due); serr != nil {
 			log.Error("cannot record failed delivery", "err", serr)
-			due = now.Add(s.backoff.max)
+			due = now.Add(s.retryDelay.Max)
 		}
 		log.Warn("reply not delivered; will retry", "attempts", r.Attempts+1, "retry_at", due, "err", err)
 		return due, true
 	}
 	if err := s.store.markDelivered(r.RunID, now); err != nil {
 		log.Error("cannot record delivered reply", "err", err)
-		return now.Add(s.backoff.max), true
+		return now.Add(s.retryDelay.Max), true
 	}
 	log.Info("reply delivered", "attempts", r.Attempts+1)
 	s.refreshCounters()

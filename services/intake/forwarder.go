@@ -95,7 +95,7 @@ func (s *Service) forwardPass(context.Context) (time.Duration, bool) {
 	connectors, err := s.store.connectorsWithPending(inboxQueue)
 	if err != nil {
 		s.log.Error("cannot forward messages", "err", err)
-		return s.backoff.max, true
+		return s.retryDelay.Max, true
 	}
 	for _, c := range connectors {
 		l.poke(c)
@@ -322,7 +322,7 @@ read:
 	wg.Wait()
 	if readErr != nil {
 		s.log.Error("cannot forward messages", "connector", connectorID, "err", readErr)
-		return s.backoff.max, true
+		return s.retryDelay.Max, true
 	}
 
 	now := s.clock.Now()
@@ -338,7 +338,7 @@ read:
 				lane.waiting[key] = st
 			}
 		}
-		delay := s.backoff.delay(lane.failures)
+		delay := s.retryDelay.Delay(lane.failures)
 		lane.pausedUntil = now.Add(delay)
 		return delay, true
 	}
@@ -429,7 +429,7 @@ func (s *Service) forwardBatch(ctx context.Context, sub Submitter, msgs []inboxE
 			// stay pending behind it, as after a failed Submit.
 			m := msgs[0]
 			attempts := lane.attempts(m.Key()) + 1
-			delay := s.backoff.delay(attempts)
+			delay := s.retryDelay.Delay(attempts)
 			s.log.Warn("scheduler did not take messages; will retry", "connector", m.Connector, "agent", m.Agent,
 				"message_id", m.ID, "messages", len(msgs), "attempts", attempts, "retry_in", delay, "err", err)
 			lane.retry(m.Key(), m.Agent, attempts, s.clock.Now().Add(delay), err)
@@ -521,11 +521,11 @@ func (s *Service) record(m inboxEntry, lane *forwardLane, attempts int, runID st
 			Meta:      replyMeta(m),
 			RunState:  "failed",
 			Text:      "Sorry, berth could not run this message.",
-			Error:     validText(dbusErrorText(err)),
+			Error:     bus.Text(dbusErrorText(err)),
 		}
 		if serr := s.store.refuseMessage(key, err, reply, attempts, now); serr != nil {
 			log.Error("cannot record refused message", "err", serr)
-			lane.retry(key, m.Agent, attempts, now.Add(s.backoff.delay(attempts)), serr)
+			lane.retry(key, m.Agent, attempts, now.Add(s.retryDelay.Delay(attempts)), serr)
 			return false
 		}
 		lane.forget(key)
@@ -534,7 +534,7 @@ func (s *Service) record(m inboxEntry, lane *forwardLane, attempts int, runID st
 		return true
 	}
 	if err != nil {
-		delay := s.backoff.delay(attempts)
+		delay := s.retryDelay.Delay(attempts)
 		log.Warn("scheduler did not take message; will retry", "attempts", attempts, "retry_in", delay, "err", err)
 		lane.retry(key, m.Agent, attempts, now.Add(delay), err)
 		return false
@@ -542,7 +542,7 @@ func (s *Service) record(m inboxEntry, lane *forwardLane, attempts int, runID st
 	if err := s.store.markSubmitted(key, runID, attempts, now); err != nil {
 		// The scheduler has the run; a retry returns the same run id.
 		log.Error("cannot record submitted message", "run_id", runID, "err", err)
-		lane.retry(key, m.Agent, attempts, now.Add(s.backoff.delay(1)), err)
+		lane.retry(key, m.Agent, attempts, now.Add(s.retryDelay.Delay(1)), err)
 		return false
 	}
 	lane.forget(key)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
+	"github.com/berth-dev/berth/internal/backoff"
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/config"
 )
@@ -39,7 +40,7 @@ type Service struct {
 	log         *slog.Logger
 	submitter   atomic.Pointer[submitterBox]
 	httpClient  *http.Client
-	backoff     backoff
+	retryDelay  backoff.Policy
 	auth        bus.Authorizer
 	callTimeout time.Duration
 	clock       clockwork.Clock
@@ -89,10 +90,13 @@ func WithClock(c clockwork.Clock) Option { return func(s *Service) { s.clock = c
 // WithHTTPClient sets the client that posts replies (default: 30s timeout).
 func WithHTTPClient(c *http.Client) Option { return func(s *Service) { s.httpClient = c } }
 
+// defaultRetryDelay spaces the retries of a failed submit or delivery.
+var defaultRetryDelay = backoff.Policy{Min: 250 * time.Millisecond, Max: 30 * time.Second, Jitter: 0.25}
+
 // WithRetryDelays sets the first and the longest wait between retries of a
 // failed submit or delivery (default 250ms and 30s).
 func WithRetryDelays(first, longest time.Duration) Option {
-	return func(s *Service) { s.backoff = backoff{min: first, max: longest} }
+	return func(s *Service) { s.retryDelay = backoff.Policy{Min: first, Max: longest, Jitter: 0.25} }
 }
 
 // New opens (or creates) stateDir/intake.db and returns a service that uses cfg.
@@ -103,7 +107,7 @@ func New(cfg *config.Config, stateDir string, opts ...Option) (*Service, error) 
 	s := &Service{
 		log:          slog.Default(),
 		httpClient:   &http.Client{Timeout: 30 * time.Second},
-		backoff:      defaultBackoff,
+		retryDelay:   defaultRetryDelay,
 		callTimeout:  30 * time.Second,
 		submitWindow: submitWindow,
 		clock:        clockwork.NewRealClock(),

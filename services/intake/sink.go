@@ -9,6 +9,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/services/intake/connector"
 )
 
@@ -92,23 +93,16 @@ func (s *Service) keep(log *slog.Logger, entry inboxEntry) error {
 // U+FFFD. Platforms send what their users typed; refusing it would lose it.
 func validMessage(m connector.Message) connector.Message {
 	for _, f := range []*string{&m.Channel, &m.ChannelName, &m.Server, &m.Thread, &m.Author, &m.Text} {
-		*f = validText(*f)
+		*f = bus.Text(*f)
 	}
 	if len(m.Meta) > 0 {
 		meta := make(map[string]string, len(m.Meta))
 		for k, v := range m.Meta {
-			meta[validText(k)] = validText(v)
+			meta[bus.Text(k)] = bus.Text(v)
 		}
 		m.Meta = meta
 	}
 	return m
-}
-
-func validText(s string) string {
-	if !utf8.ValidString(s) {
-		s = strings.ToValidUTF8(s, "\uFFFD")
-	}
-	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }
 
 // checkText refuses a field that holds NUL or invalid UTF-8, naming it.

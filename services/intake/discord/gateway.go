@@ -14,6 +14,7 @@ import (
 	"github.com/bwmarrin/discordgo"
 	"github.com/coder/websocket"
 
+	"github.com/berth-dev/berth/internal/backoff"
 	"github.com/berth-dev/berth/services/intake/connector"
 )
 
@@ -136,13 +137,7 @@ func (c *Connector) Run(ctx context.Context, sink connector.Sink) error {
 // backoff is the wait before reconnect attempt n (1-based): exponential from
 // BackoffMin, capped at BackoffMax, with the upper half jittered.
 func (c *Connector) backoff(n int) time.Duration {
-	d := c.o.BackoffMin
-	for i := 1; i < n && d < c.o.BackoffMax; i++ {
-		d *= 2
-	}
-	d = min(d, c.o.BackoffMax)
-	half := d / 2
-	return half + time.Duration(rand.Int64N(int64(half)+1))
+	return backoff.Policy{Min: c.o.BackoffMin, Max: c.o.BackoffMax, Jitter: 0.5}.Delay(n)
 }
 
 func (c *Connector) connect(ctx context.Context, sink connector.Sink, sess *session) (res connResult) {

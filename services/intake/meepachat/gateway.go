@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/berth-dev/berth/internal/backoff"
 	"github.com/berth-dev/berth/services/intake/connector"
 )
 
@@ -55,15 +55,7 @@ func (c *Connector) Run(ctx context.Context, sink connector.Sink) error {
 // backoff is BackoffMin doubling per failure up to BackoffMax, less a random
 // quarter so that many clients do not come back together.
 func (c *Connector) backoff(failures int) time.Duration {
-	d := c.o.BackoffMin
-	for i := 1; i < failures && d < c.o.BackoffMax; i++ {
-		d *= 2
-	}
-	d = min(d, c.o.BackoffMax)
-	if q := int64(d / 4); q > 0 {
-		d -= time.Duration(rand.Int64N(q + 1))
-	}
-	return d
+	return backoff.Policy{Min: c.o.BackoffMin, Max: c.o.BackoffMax, Jitter: 0.25}.Delay(failures)
 }
 
 // session is one gateway connection: dial, ready, subscribe, then events

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	slackapi "github.com/slack-go/slack"
 
+	"github.com/berth-dev/berth/internal/backoff"
 	"github.com/berth-dev/berth/services/intake/connector"
 )
 
@@ -389,15 +389,7 @@ func authRefused(code string) bool {
 // backoff returns the wait before reconnect attempt n (1 or more): MinBackoff
 // doubling up to MaxBackoff, less a random cut of up to a quarter.
 func (c *Connector) backoff(n int) time.Duration {
-	d := c.o.MinBackoff
-	for i := 1; i < n && d < c.o.MaxBackoff; i++ {
-		d *= 2
-	}
-	d = min(d, c.o.MaxBackoff)
-	if q := int64(d / 4); q > 0 {
-		d -= time.Duration(rand.Int64N(q + 1))
-	}
-	return d
+	return backoff.Policy{Min: c.o.MinBackoff, Max: c.o.MaxBackoff, Jitter: 0.25}.Delay(n)
 }
 
 // libraryLog sends slack-go's own log lines (debug only) to slog.
