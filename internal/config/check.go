@@ -117,7 +117,7 @@ func (c *Config) writeAgent(w io.Writer, a Agent) {
 	t.table(table + ".container_mode")
 	t.val("enabled", a.Container.Enabled)
 	t.str("image", a.Container.Image)
-	t.str("memory_limit", a.Container.MemoryLimit)
+	t.str("memory_limit", a.Container.MemoryLimit.String())
 	t.str("network", a.Container.Network)
 	t.str("runtime", a.Container.Runtime)
 	t.val("warm", a.Container.Warm)

@@ -218,6 +218,25 @@ func (d *decoder) str(at fieldLocs, name string, dst *string) field {
 	}
 }
 
+// size reads a size key once, here, where its text and line are known, so
+// nothing after has to parse it again.
+func (d *decoder) size(at fieldLocs, name string, rule sizeRule, dst **Bytes) field {
+	return func(p keyPath, v any) {
+		s, ok := v.(string)
+		if !ok {
+			d.wrongType(p, "a string", v)
+			return
+		}
+		n, msg := rule.check(s)
+		if msg != "" {
+			d.fail(p, "%s", msg)
+			return
+		}
+		*dst = &n
+		at[name] = d.loc(p)
+	}
+}
+
 func (d *decoder) integer(at fieldLocs, name string, dst *int) field {
 	return func(p keyPath, v any) {
 		n, ok := v.(int64)
@@ -511,7 +530,7 @@ func (d *decoder) agent(p keyPath, v any, withID bool) agentEntry {
 		"provider":        d.str(e.at, "provider", &s.Provider),
 		"model":           d.str(e.at, "model", &s.Model),
 		"max_iterations":  d.intPtr(e.at, "max_iterations", &s.MaxIterations),
-		"workspace_quota": d.str(e.at, "workspace_quota", &s.WorkspaceQuota),
+		"workspace_quota": d.size(e.at, "workspace_quota", workspaceQuotaRule, &s.WorkspaceQuota),
 		"tools": func(p keyPath, v any) {
 			d.table(p, v, map[string]field{
 				"allow": d.strs(e.at, "tools.allow", &s.Tools.Allow),
@@ -523,7 +542,7 @@ func (d *decoder) agent(p keyPath, v any, withID bool) agentEntry {
 			cf := map[string]field{
 				"enabled":         d.boolPtr(e.at, "container_mode.enabled", &c.Enabled),
 				"image":           d.str(e.at, "container_mode.image", &c.Image),
-				"memory_limit":    d.str(e.at, "container_mode.memory_limit", &c.MemoryLimit),
+				"memory_limit":    d.size(e.at, "container_mode.memory_limit", memoryLimitRule, &c.MemoryLimit),
 				"timeout_seconds": d.intPtr(e.at, "container_mode.timeout_seconds", &c.TimeoutSeconds),
 				"network":         d.str(e.at, "container_mode.network", &c.Network),
 				"runtime":         d.str(e.at, "container_mode.runtime", &c.Runtime),

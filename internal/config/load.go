@@ -20,16 +20,13 @@ const DefaultPath = "/etc/berth/berth.toml"
 // [scheduler] table says otherwise.
 const (
 	defaultMaxIterations     = 10
-	defaultMemoryLimit       = "512m"
 	defaultNetwork           = "bridge"
 	defaultMaxConcurrentRuns = 4
 	defaultTimeout           = 300 * time.Second
 	defaultRunAs             = "berth-agent"
 	defaultAgentBinary       = "/usr/libexec/berth/berth-agent"
 	defaultEgressUser        = "berth-egress"
-	// defaultWorkspaceQuota is workspace_quota when none is set.
-	defaultWorkspaceQuota = "1g"
-	localProvider         = "local"
+	localProvider            = "local"
 	// DefaultBaseImage is image_config's base_image when none is set: the
 	// Debian 12 image scripts/base-image.sh builds offline.
 	DefaultBaseImage = "berth-base:bookworm"
@@ -41,6 +38,16 @@ const (
 	// minDeliveredHours: a platform may redeliver an event for a day, and a
 	// forgotten message id would run it twice.
 	minDeliveredHours = 24
+)
+
+// Built-in sizes, the only place they are declared: backends take the
+// resolved value and refuse a zero one rather than default it again.
+const (
+	// DefaultMemoryLimit is container_mode.memory_limit when none is set,
+	// for host runs too.
+	DefaultMemoryLimit Bytes = 512 << 20
+	// defaultWorkspaceQuota is workspace_quota when none is set.
+	defaultWorkspaceQuota Bytes = 1 << 30
 )
 
 // defaultBaseURLs are the platforms' public APIs; MeepaChat is self-hosted

@@ -147,7 +147,7 @@ func TestLoadReadsEveryKeyOfAValidConfig(t *testing.T) {
 				ID: "coder", Name: "Coder", Workspace: "/srv/coder", Provider: "anthropic", Model: "claude-opus",
 				MaxIterations: ptr(50),
 				Tools:         config.ToolsSettings{Allow: []string{"read", "write"}, Deny: []string{}},
-				ContainerMode: config.ContainerSettings{Enabled: ptr(true), MemoryLimit: "1g", TimeoutSeconds: ptr(600), Network: "none"},
+				ContainerMode: config.ContainerSettings{Enabled: ptr(true), MemoryLimit: ptr(config.Bytes(1 << 30)), TimeoutSeconds: ptr(600), Network: "none"},
 			},
 			{
 				ID: "ops",

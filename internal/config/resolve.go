@@ -60,7 +60,7 @@ func (c *Config) Agent(id string) (Agent, error) {
 		Container: Container{
 			Enabled:     firstSet(false, sc.Enabled, dc.Enabled),
 			Image:       first(sc.Image, dc.Image),
-			MemoryLimit: first(sc.MemoryLimit, dc.MemoryLimit, defaultMemoryLimit),
+			MemoryLimit: firstSet(DefaultMemoryLimit, sc.MemoryLimit, dc.MemoryLimit),
 			Network:     first(sc.Network, dc.Network, defaultNetwork),
 			Runtime:     first(sc.Runtime, dc.Runtime),
 			Warm:        firstSet(0, sc.Warm, dc.Warm),
@@ -75,9 +75,8 @@ func (c *Config) Agent(id string) (Agent, error) {
 			AllowHomeDotfiles: firstSet(false, sf.AllowHomeDotfiles, df.AllowHomeDotfiles),
 			AllowNetwork:      firstSet(false, sf.AllowNetwork, df.AllowNetwork),
 		},
-		EgressAllow: firstList(s.Egress.Allow, d.Egress.Allow),
-		// Checked by validate.
-		WorkspaceQuota: mustSize(first(s.WorkspaceQuota, d.WorkspaceQuota, defaultWorkspaceQuota)),
+		EgressAllow:    firstList(s.Egress.Allow, d.Egress.Allow),
+		WorkspaceQuota: firstSet(defaultWorkspaceQuota, s.WorkspaceQuota, d.WorkspaceQuota),
 		Timeout:        time.Duration(firstSet(0, sc.TimeoutSeconds, dc.TimeoutSeconds)) * time.Second,
 		Image:          c.image(&s.ImageConfig),
 	}

@@ -80,7 +80,7 @@ default_timeout_seconds = 200
 			want: config.Agent{
 				ID: "bare", Name: "bare", Provider: "openai", Model: "default-model", MaxIterations: 30,
 				Tools:          config.ToolsSettings{Allow: []string{"read", "shell"}, Deny: []string{"rm"}},
-				Container:      config.Container{Image: "berth/base", MemoryLimit: "512m", Network: "bridge"},
+				Container:      config.Container{Image: "berth/base", MemoryLimit: 512 << 20, Network: "bridge"},
 				FileAccess:     config.FileAccess{AllowRead: []string{"/usr/share/doc"}},
 				Isolation:      "landlock",
 				WorkspaceQuota: 1 << 30,
@@ -94,7 +94,7 @@ default_timeout_seconds = 200
 			want: config.Agent{
 				ID: "tuned", Name: "Tuned", Provider: "local", Model: "default-model", MaxIterations: 3,
 				Tools:          config.ToolsSettings{Allow: []string{}, Deny: []string{"rm"}},
-				Container:      config.Container{Enabled: true, Image: "berth/base", MemoryLimit: "2g", Network: "none"},
+				Container:      config.Container{Enabled: true, Image: "berth/base", MemoryLimit: 2 << 30, Network: "none"},
 				FileAccess:     config.FileAccess{AllowRead: []string{"/srv"}, AllowNetwork: true},
 				Isolation:      "container",
 				WorkspaceQuota: 1 << 30,
@@ -108,7 +108,7 @@ default_timeout_seconds = 200
 			want: config.Agent{
 				ID: "free", Name: "free", Provider: "openai", Model: "default-model", MaxIterations: 30,
 				Tools:          config.ToolsSettings{Allow: []string{"read", "shell"}, Deny: []string{"rm"}},
-				Container:      config.Container{Image: "berth/base", MemoryLimit: "512m", Network: "bridge"},
+				Container:      config.Container{Image: "berth/base", MemoryLimit: 512 << 20, Network: "bridge"},
 				FileAccess:     config.FileAccess{Unrestricted: true, AllowRead: []string{"/usr/share/doc"}},
 				Isolation:      "unrestricted",
 				WorkspaceQuota: 1 << 30,
@@ -141,7 +141,7 @@ func TestAgentWithoutAnySettingsUsesBuiltInDefaults(t *testing.T) {
 	}
 	want := config.Agent{
 		ID: "a", Name: "a", Provider: "local", MaxIterations: 10,
-		Container: config.Container{MemoryLimit: "512m", Network: "bridge"},
+		Container: config.Container{MemoryLimit: 512 << 20, Network: "bridge"},
 		Isolation: "landlock", Timeout: 300 * time.Second, WorkspaceQuota: 1 << 30,
 		Image: config.ImageConfig{BaseImage: "berth-base:bookworm"},
 	}

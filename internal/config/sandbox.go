@@ -61,13 +61,3 @@ func agentUIDsOf(s string) UIDRange {
 	}
 	return r
 }
-
-// mustSize is a validated size; 0 when it cannot be read (validate has
-// refused the file then).
-func mustSize(s string) int64 {
-	n, err := ParseMemoryLimit(s)
-	if err != nil {
-		return 0
-	}
-	return n
-}

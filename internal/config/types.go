@@ -63,7 +63,7 @@ type AgentSettings struct {
 	ContainerMode ContainerSettings
 	FileAccess    FileAccessSettings
 	// WorkspaceQuota is workspace_quota: "1g", "512m", "0" (no quota).
-	WorkspaceQuota string
+	WorkspaceQuota *Bytes
 	ImageConfig    ImageSettings // [agents.image_config]; never set in [agent_defaults]
 	Egress         EgressSettings
 }
@@ -112,7 +112,7 @@ type ToolsSettings struct {
 type ContainerSettings struct {
 	Enabled        *bool
 	Image          string
-	MemoryLimit    string
+	MemoryLimit    *Bytes
 	TimeoutSeconds *int
 	Network        string
 	Runtime        string
@@ -156,7 +156,7 @@ type Agent struct {
 	// WorkspaceQuota is the most the agent's workspace may hold, in bytes
 	// (workspace_quota; default 1 GiB). 0 means no quota, an admin's
 	// explicit choice that sandbox explain shows.
-	WorkspaceQuota int64
+	WorkspaceQuota Bytes
 }
 
 // ImageConfig is an agent's effective image_config.
@@ -176,7 +176,7 @@ type ImageConfig struct {
 type Container struct {
 	Enabled     bool
 	Image       string
-	MemoryLimit string   // default "512m"
+	MemoryLimit Bytes    // default DefaultMemoryLimit
 	Network     string   // "bridge" (default) or "none"
 	Runtime     string   // engine runtime (runc, runsc, ...); empty means the engine's default
 	Warm        int      // containers kept started per agent, waiting for a request; default 0

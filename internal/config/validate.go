@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/berth-dev/berth/internal/egresspolicy"
@@ -29,20 +28,6 @@ var providerKinds = []string{"local", "openai", "anthropic"}
 
 // minMemoryLimit is the smallest limit Docker accepts.
 const minMemoryLimit = 6 << 20
-
-// ParseMemoryLimit returns the bytes of a memory limit written like Docker's
-// --memory: a whole number with an optional unit b, k, m or g (512m, 1g).
-func ParseMemoryLimit(s string) (int64, error) {
-	num := strings.TrimRight(s, "bBkKmMgG")
-	unit := strings.ToLower(s[len(num):])
-	shift := map[string]uint{"": 0, "b": 0, "k": 10, "kb": 10, "m": 20, "mb": 20, "g": 30, "gb": 30}
-	sh, ok := shift[unit]
-	n, err := strconv.ParseInt(num, 10, 64)
-	if !ok || err != nil || n < 0 || n > 1<<(62-sh) {
-		return 0, fmt.Errorf("invalid memory limit %q: want a number with an optional unit b, k, m or g, like 512m", s)
-	}
-	return n << sh, nil
-}
 
 // checks collects errors found in a tree.
 type checks struct{ errs Errors }
@@ -366,26 +351,6 @@ func (c *checks) agentValues(a *agentEntry) {
 	}
 	c.strs(a.at, "tools.allow", s.Tools.Allow, nonEmpty)
 	c.strs(a.at, "tools.deny", s.Tools.Deny, nonEmpty)
-	c.str(a.at, "workspace_quota", s.WorkspaceQuota, func(v string) string {
-		n, err := ParseMemoryLimit(v)
-		if err != nil {
-			return strings.Replace(err.Error(), "memory limit", "workspace quota", 1)
-		}
-		if n != 0 && n < minWorkspaceQuota {
-			return fmt.Sprintf("%q is below the minimum of 16m (or 0 for no quota)", v)
-		}
-		return ""
-	})
-	c.str(a.at, "container_mode.memory_limit", s.ContainerMode.MemoryLimit, func(v string) string {
-		n, err := ParseMemoryLimit(v)
-		if err != nil {
-			return err.Error()
-		}
-		if n < minMemoryLimit {
-			return fmt.Sprintf("%q is below the minimum of 6m", v)
-		}
-		return ""
-	})
 	if l, ok := a.at["container_mode.timeout_seconds"]; ok {
 		c.timeout(l, *s.ContainerMode.TimeoutSeconds)
 	}

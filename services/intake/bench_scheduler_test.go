@@ -63,7 +63,7 @@ func BenchmarkHandOffToTheScheduler(b *testing.B) {
 			for range benchReps() {
 				bus := testbus.Start(b, testbus.Options{})
 				cfg := &config.Config{
-					Agents: []config.AgentSettings{{ID: "ops-agent", WorkspaceQuota: "0"}, {ID: "helper", WorkspaceQuota: "0"}},
+					Agents: []config.AgentSettings{{ID: "ops-agent", WorkspaceQuota: new(config.Bytes)}, {ID: "helper", WorkspaceQuota: new(config.Bytes)}},
 					Scheduler: config.Scheduler{
 						MaxConcurrentRuns: 4,
 						DefaultTimeout:    time.Minute,
@@ -72,7 +72,7 @@ func BenchmarkHandOffToTheScheduler(b *testing.B) {
 					},
 				}
 				for i := range tc.agents {
-					cfg.Agents = append(cfg.Agents, config.AgentSettings{ID: fmt.Sprintf("agent-%02d", i), WorkspaceQuota: "0"})
+					cfg.Agents = append(cfg.Agents, config.AgentSettings{ID: fmt.Sprintf("agent-%02d", i), WorkspaceQuota: new(config.Bytes)})
 				}
 				schedDir := b.TempDir()
 				sched, err := scheduler.New(cfg, schedDir, scheduler.Options{

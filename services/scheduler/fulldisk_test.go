@@ -49,7 +49,7 @@ func (b *logBuffer) waitLog(t *testing.T, line string) {
 func fullDiskConfig() *config.Config {
 	cfg := testConfig(4)
 	for i := range cfg.Agents {
-		cfg.Agents[i].WorkspaceQuota = "0"
+		cfg.Agents[i].WorkspaceQuota = new(config.Bytes)
 	}
 	return cfg
 }

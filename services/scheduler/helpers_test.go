@@ -172,7 +172,7 @@ func (r *gatedRun) reply(text string) {
 func testConfig(maxConcurrent int) *config.Config {
 	return &config.Config{
 		Agents:        []config.AgentSettings{{ID: "alpha"}, {ID: "beta"}, {ID: "gamma"}},
-		AgentDefaults: config.AgentSettings{WorkspaceQuota: "0"},
+		AgentDefaults: config.AgentSettings{WorkspaceQuota: new(config.Bytes)},
 		Scheduler: config.Scheduler{
 			MaxConcurrentRuns: maxConcurrent,
 			DefaultTimeout:    time.Minute,

@@ -13,6 +13,7 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/testbus"
 	"github.com/berth-dev/berth/internal/testenv"
 )
@@ -27,7 +28,7 @@ func exportedIdle(t *testing.T) (*testbus.Bus, *Service, *gateBackend) {
 	gate := newGateBackend("landlock")
 	cfg := testConfig(4)
 	for i := range cfg.Agents {
-		cfg.Agents[i].WorkspaceQuota = "0" // these runs write nothing; no quota image to mount
+		cfg.Agents[i].WorkspaceQuota = new(config.Bytes) // these runs write nothing; no quota image to mount
 	}
 	s := newTestService(t, cfg, "", gate, nil)
 	if err := s.Export(b.Conn(t)); err != nil {

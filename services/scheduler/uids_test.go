@@ -17,7 +17,7 @@ import (
 // (these tests are about users, not quotas), and agent_uids r.
 func uidConfig(r config.UIDRange) *config.Config {
 	cfg := testConfig(4)
-	cfg.Agents = []config.AgentSettings{{ID: "alpha", WorkspaceQuota: "0"}, {ID: "beta", WorkspaceQuota: "0"}}
+	cfg.Agents = []config.AgentSettings{{ID: "alpha", WorkspaceQuota: new(config.Bytes)}, {ID: "beta", WorkspaceQuota: new(config.Bytes)}}
 	cfg.Scheduler.AgentUIDs = r
 	return cfg
 }
@@ -98,7 +98,7 @@ func TestARemovedAgentKeepsItsUID(t *testing.T) {
 	// alpha is removed, gamma added: gamma must not get alpha's uid (alpha's
 	// workspace is still on disk, owned by it).
 	next := uidConfig(config.DefaultAgentUIDs)
-	next.Agents = []config.AgentSettings{{ID: "beta", WorkspaceQuota: "0"}, {ID: "gamma", WorkspaceQuota: "0"}}
+	next.Agents = []config.AgentSettings{{ID: "beta", WorkspaceQuota: new(config.Bytes)}, {ID: "gamma", WorkspaceQuota: new(config.Bytes)}}
 	s.Reload(next)
 	gamma := runUserOf(t, s, b, "m2", "gamma")
 	if gamma.UID == alpha.UID {

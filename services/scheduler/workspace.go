@@ -22,14 +22,14 @@ func (s *Service) enforceWorkspaceQuota(ctx context.Context, a config.Agent, ws 
 	}
 	err := workspaceRefusal(s.stateDir)
 	if err != nil {
-		err = fmt.Errorf("cannot enforce workspace_quota %s on %s: %w", workspace.Size(a.WorkspaceQuota), ws, err)
+		err = fmt.Errorf("cannot enforce workspace_quota %s on %s: %w", workspace.Size(int64(a.WorkspaceQuota)), ws, err)
 	} else {
 		systemd := hostrun.SystemdAvailable()
 		s.sweepWorkspacesOnce(ctx, systemd)
 		err = workspace.Ensure(ctx, workspace.Options{
 			Dir:     ws,
 			Image:   workspace.ImagePath(s.stateDir, a.ID),
-			Bytes:   a.WorkspaceQuota,
+			Bytes:   int64(a.WorkspaceQuota),
 			Systemd: systemd,
 			Logger:  s.log.With("agent", a.ID),
 		})
@@ -76,5 +76,5 @@ func workspaceRefusal(stateDir string) error {
 
 // workspaceWhy explains an agent's workspace quota (sandbox explain).
 func workspaceWhy(a config.Agent, stateDir string) string {
-	return workspace.Why(a.WorkspaceQuota, workspace.ImagePath(stateDir, a.ID))
+	return workspace.Why(int64(a.WorkspaceQuota), workspace.ImagePath(stateDir, a.ID))
 }

@@ -63,7 +63,11 @@ func quotaServiceWith(t *testing.T, quota string, refusal error, with func(*conf
 	cfg.Scheduler.AgentBinary = quotaAgent(t)
 	cfg.Scheduler.AgentUIDs = config.DefaultAgentUIDs
 	cfg.Scheduler.AllowRlimitFallback = true
-	cfg.Agents[0].WorkspaceQuota = quota
+	var q config.Bytes
+	if err := q.UnmarshalText([]byte(quota)); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Agents[0].WorkspaceQuota = &q
 	if with != nil {
 		with(cfg)
 	}
@@ -193,7 +197,7 @@ func TestWorkspaceQuotaImageUnmountedBehindTheSchedulersBackIsMountedAgainForThe
 
 func TestWorkspaceQuotaImageOfAnAgentRemovedWithItIsUnmountedAtTheFirstRunAfterTheReload(t *testing.T) {
 	t.Parallel()
-	quotaForBeta := func(cfg *config.Config) { cfg.Agents[1].WorkspaceQuota = "32m" }
+	quotaForBeta := func(cfg *config.Config) { cfg.Agents[1].WorkspaceQuota = new(config.Bytes(32 << 20)) }
 	s, ws := quotaServiceWith(t, "32m", nil, quotaForBeta)
 	stateDir := filepath.Dir(filepath.Dir(ws))
 	wsBeta := filepath.Join(stateDir, "agents", "beta")
