@@ -71,24 +71,8 @@ func (r *Run) outputs() []struct {
 
 // Wire is r as GetRun returns it (a{sv}; the keys the XML lists).
 func (r Run) Wire() map[string]dbus.Variant {
-	m := map[string]dbus.Variant{
-		"id":             dbus.MakeVariant(r.ID),
-		"message_id":     dbus.MakeVariant(r.MessageID),
-		"agent":          dbus.MakeVariant(r.Agent),
-		"state":          dbus.MakeVariant(r.State),
-		"reason":         dbus.MakeVariant(r.Reason),
-		"connector":      dbus.MakeVariant(r.Connector),
-		"channel":        dbus.MakeVariant(r.Channel),
-		"thread":         dbus.MakeVariant(r.Thread),
-		"author":         dbus.MakeVariant(r.Author),
-		"attempts":       dbus.MakeVariant(r.Attempts),
-		"created_usec":   usecVariant(r.CreatedAt),
-		"started_usec":   usecVariant(r.StartedAt),
-		"finished_usec":  usecVariant(r.FinishedAt),
-		"delivered":      dbus.MakeVariant(r.Delivered),
-		"backend":        dbus.MakeVariant(r.Backend),
-		"egress_dropped": dbus.MakeVariant(r.EgressDropped),
-	}
+	m := r.head().wire()
+	m["egress_dropped"] = dbus.MakeVariant(r.EgressDropped)
 	for _, o := range r.outputs() {
 		m[o.key] = dbus.MakeVariant(o.out.Text)
 		m[o.key+"_bytes"] = dbus.MakeVariant(o.out.Bytes)
@@ -101,21 +85,7 @@ func (r Run) Wire() map[string]dbus.Variant {
 func RunFromWire(m map[string]dbus.Variant) (Run, error) {
 	var r Run
 	f := fields{m: m}
-	f.str("id", &r.ID)
-	f.str("message_id", &r.MessageID)
-	f.str("agent", &r.Agent)
-	f.str("state", &r.State)
-	f.str("reason", &r.Reason)
-	f.str("connector", &r.Connector)
-	f.str("channel", &r.Channel)
-	f.str("thread", &r.Thread)
-	f.str("author", &r.Author)
-	f.u32("attempts", &r.Attempts)
-	f.usec("created_usec", &r.CreatedAt)
-	f.usec("started_usec", &r.StartedAt)
-	f.usec("finished_usec", &r.FinishedAt)
-	f.boolean("delivered", &r.Delivered)
-	f.str("backend", &r.Backend)
+	r.head().read(&f)
 	f.u32("egress_dropped", &r.EgressDropped)
 	for _, o := range r.outputs() {
 		f.str(o.key, &o.out.Text)
@@ -126,6 +96,63 @@ func RunFromWire(m map[string]dbus.Variant) (Run, error) {
 		return Run{}, fmt.Errorf("cannot read run: %w", f.err)
 	}
 	return r, nil
+}
+
+// runHead points at what Run and RunSummary both carry, so that the keys of
+// the two records are named once and cannot drift apart.
+type runHead struct {
+	id, messageID, agent, state, reason, connector, channel, thread, author, backend *string
+	attempts                                                                         *uint32
+	created, started, finished                                                       *time.Time
+	delivered                                                                        *bool
+}
+
+func (r *Run) head() runHead {
+	return runHead{&r.ID, &r.MessageID, &r.Agent, &r.State, &r.Reason, &r.Connector, &r.Channel, &r.Thread, &r.Author, &r.Backend,
+		&r.Attempts, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.Delivered}
+}
+
+func (s *RunSummary) head() runHead {
+	return runHead{&s.ID, &s.MessageID, &s.Agent, &s.State, &s.Reason, &s.Connector, &s.Channel, &s.Thread, &s.Author, &s.Backend,
+		&s.Attempts, &s.CreatedAt, &s.StartedAt, &s.FinishedAt, &s.Delivered}
+}
+
+func (h runHead) wire() map[string]dbus.Variant {
+	return map[string]dbus.Variant{
+		"id":            dbus.MakeVariant(*h.id),
+		"message_id":    dbus.MakeVariant(*h.messageID),
+		"agent":         dbus.MakeVariant(*h.agent),
+		"state":         dbus.MakeVariant(*h.state),
+		"reason":        dbus.MakeVariant(*h.reason),
+		"connector":     dbus.MakeVariant(*h.connector),
+		"channel":       dbus.MakeVariant(*h.channel),
+		"thread":        dbus.MakeVariant(*h.thread),
+		"author":        dbus.MakeVariant(*h.author),
+		"attempts":      dbus.MakeVariant(*h.attempts),
+		"backend":       dbus.MakeVariant(*h.backend),
+		"created_usec":  usecVariant(*h.created),
+		"started_usec":  usecVariant(*h.started),
+		"finished_usec": usecVariant(*h.finished),
+		"delivered":     dbus.MakeVariant(*h.delivered),
+	}
+}
+
+func (h runHead) read(f *fields) {
+	f.str("id", h.id)
+	f.str("message_id", h.messageID)
+	f.str("agent", h.agent)
+	f.str("state", h.state)
+	f.str("reason", h.reason)
+	f.str("connector", h.connector)
+	f.str("channel", h.channel)
+	f.str("thread", h.thread)
+	f.str("author", h.author)
+	f.u32("attempts", h.attempts)
+	f.str("backend", h.backend)
+	f.usec("created_usec", h.created)
+	f.usec("started_usec", h.started)
+	f.usec("finished_usec", h.finished)
+	f.boolean("delivered", h.delivered)
 }
 
 // RunSummary is one entry of dev.berth.Scheduler1.ListRuns.
@@ -153,48 +180,19 @@ type RunSummary struct {
 
 // Wire is s as ListRuns returns it.
 func (s RunSummary) Wire() map[string]dbus.Variant {
-	return map[string]dbus.Variant{
-		"id":            dbus.MakeVariant(s.ID),
-		"message_id":    dbus.MakeVariant(s.MessageID),
-		"agent":         dbus.MakeVariant(s.Agent),
-		"state":         dbus.MakeVariant(s.State),
-		"reason":        dbus.MakeVariant(s.Reason),
-		"connector":     dbus.MakeVariant(s.Connector),
-		"channel":       dbus.MakeVariant(s.Channel),
-		"thread":        dbus.MakeVariant(s.Thread),
-		"author":        dbus.MakeVariant(s.Author),
-		"attempts":      dbus.MakeVariant(s.Attempts),
-		"backend":       dbus.MakeVariant(s.Backend),
-		"created_usec":  usecVariant(s.CreatedAt),
-		"started_usec":  usecVariant(s.StartedAt),
-		"finished_usec": usecVariant(s.FinishedAt),
-		"delivered":     dbus.MakeVariant(s.Delivered),
-		"text_preview":  dbus.MakeVariant(s.TextPreview),
-		"reply_preview": dbus.MakeVariant(s.ReplyPreview),
-		"text_bytes":    dbus.MakeVariant(s.TextBytes),
-		"reply_bytes":   dbus.MakeVariant(s.ReplyBytes),
-	}
+	m := s.head().wire()
+	m["text_preview"] = dbus.MakeVariant(s.TextPreview)
+	m["reply_preview"] = dbus.MakeVariant(s.ReplyPreview)
+	m["text_bytes"] = dbus.MakeVariant(s.TextBytes)
+	m["reply_bytes"] = dbus.MakeVariant(s.ReplyBytes)
+	return m
 }
 
 // RunSummaryFromWire reads one entry of what ListRuns returned.
 func RunSummaryFromWire(m map[string]dbus.Variant) (RunSummary, error) {
 	var s RunSummary
 	f := fields{m: m}
-	f.str("id", &s.ID)
-	f.str("message_id", &s.MessageID)
-	f.str("agent", &s.Agent)
-	f.str("state", &s.State)
-	f.str("reason", &s.Reason)
-	f.str("connector", &s.Connector)
-	f.str("channel", &s.Channel)
-	f.str("thread", &s.Thread)
-	f.str("author", &s.Author)
-	f.u32("attempts", &s.Attempts)
-	f.str("backend", &s.Backend)
-	f.usec("created_usec", &s.CreatedAt)
-	f.usec("started_usec", &s.StartedAt)
-	f.usec("finished_usec", &s.FinishedAt)
-	f.boolean("delivered", &s.Delivered)
+	s.head().read(&f)
 	f.str("text_preview", &s.TextPreview)
 	f.str("reply_preview", &s.ReplyPreview)
 	f.u32("text_bytes", &s.TextBytes)
