@@ -257,21 +257,7 @@ func (s *Server) BreakHandshakes(n int) {
 
 // HoldPosts makes chat.postMessage post the message and then hold its
 // answer until release is called.
-func (s *Server) HoldPosts() (release func()) {
-	ch := make(chan struct{})
-	s.mu.Lock()
-	s.holdPosts = ch
-	s.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			s.mu.Lock()
-			s.holdPosts = nil
-			s.mu.Unlock()
-			close(ch)
-		})
-	}
-}
+func (s *Server) HoldPosts() (release func()) { return s.gate(&s.holdPosts) }
 
 // WaitHeldPost waits until a posted message's answer is held by HoldPosts.
 func (s *Server) WaitHeldPost(ctx context.Context) error {
@@ -291,16 +277,20 @@ func (s *Server) HistoryReads() int {
 
 // HoldHandshakes makes WebSocket handshakes wait (after apps.connections.open
 // answered) until release is called, as a slow network would.
-func (s *Server) HoldHandshakes() (release func()) {
+func (s *Server) HoldHandshakes() (release func()) { return s.gate(&s.hold) }
+
+// gate puts a fresh channel in *slot for answers to wait on; release (once,
+// however often it is called) empties the slot and lets them all go.
+func (s *Server) gate(slot *chan struct{}) (release func()) {
 	ch := make(chan struct{})
 	s.mu.Lock()
-	s.hold = ch
+	*slot = ch
 	s.mu.Unlock()
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			s.mu.Lock()
-			s.hold = nil
+			*slot = nil
 			s.mu.Unlock()
 			close(ch)
 		})
