@@ -64,6 +64,29 @@ const (
 	// ReasonUntracked: the sandbox's handle could not be recorded, so a
 	// scheduler crash would leave it unkillable; the run was ended instead.
 	ReasonUntracked = "sandbox could not be tracked"
+	// ReasonEngineUnavailable and ReasonImageUnavailable: the container
+	// backend could not reach its engine, or make or find the run's image.
+	ReasonEngineUnavailable = "container engine unavailable"
+	ReasonImageUnavailable  = "container image unavailable"
+	// ReasonImageBuildFailed: berth-imaged could not build (or be reached
+	// for) a container run's image; the detail names the failing step.
+	ReasonImageBuildFailed = "image build failed"
+)
+
+// Reasons a run is refused before a backend starts it, or ended by the
+// scheduler rather than its sandbox.
+const (
+	// ReasonProviderNeedsNetwork: the agent's model is reached over the
+	// network while the agent has none and no egress proxy can serve it
+	// (docs/adr/0011-egress-gateway.md).
+	ReasonProviderNeedsNetwork = "provider needs network"
+	// ReasonAgentNotConfigured: the run's agent is not in the config.
+	ReasonAgentNotConfigured   = "agent is not configured"
+	ReasonUndeliverable        = "reply cannot be delivered"
+	ReasonContainerUnavailable = "container isolation is not available in this build"
+	ReasonInterruptedTwice     = "interrupted twice by scheduler restarts"
+	ReasonNoBackend            = "isolation backend is not available"
+	ReasonInternal             = "internal error"
 )
 
 // Explainer is a backend that can say how it confines a plan on this host:

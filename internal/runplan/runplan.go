@@ -25,16 +25,6 @@ import (
 	"github.com/berth-dev/berth/isolation/workspace"
 )
 
-// Reasons a run is refused at compile time (before anything starts).
-const (
-	// ReasonProviderNeedsNetwork: the agent's model is reached over the
-	// network while the agent has none and no egress proxy can serve it
-	// (docs/adr/0011-egress-gateway.md).
-	ReasonProviderNeedsNetwork = "provider needs network"
-	// ReasonAgentNotConfigured: the run's agent is not in the config.
-	ReasonAgentNotConfigured = "agent is not configured"
-)
-
 // Defaults of a plan.
 const (
 	DefaultMemory   = 512 << 20
@@ -139,7 +129,7 @@ func compile(cfg *config.Config, agentID, runID string, attempt int, host HostFa
 	}
 	a, err := cfg.Agent(agentID)
 	if err != nil {
-		return compiled{}, &isolation.RunError{Reason: ReasonAgentNotConfigured, Err: err}
+		return compiled{}, &isolation.RunError{Reason: isolation.ReasonAgentNotConfigured, Err: err}
 	}
 	c := compiled{why: map[string]string{}}
 	p := &c.plan
@@ -587,7 +577,7 @@ func providerNeedsNetwork(a config.Agent, p isolation.Plan, pr isolation.EgressP
 	if p.Backend == isolation.BackendContainer {
 		setting = fmt.Sprintf("set container_mode.network = \"bridge\" for agent %q", a.ID)
 	}
-	return isolation.Errorf(ReasonProviderNeedsNetwork,
+	return isolation.Errorf(isolation.ReasonProviderNeedsNetwork,
 		"agent %q uses provider %q (%s), which is reached over the network, but the agent has no network access and the egress proxy cannot serve it (%v): install berth-egress and its user ([scheduler] egress_binary, egress_user), or %s (a direct, unfiltered network), or use provider \"local\"",
 		a.ID, pr.Name, pr.Kind, why, setting)
 }

@@ -154,9 +154,9 @@ func TestCompileRefusesARunThatCouldNotWork(t *testing.T) {
 		reason string
 		detail string
 	}{
-		{"An_unknown_agent", testConfig(), "nope", nil, runplan.ReasonAgentNotConfigured, "unknown agent"},
+		{"An_unknown_agent", testConfig(), "nope", nil, isolation.ReasonAgentNotConfigured, "unknown agent"},
 		{"A_key_missing_from_the_schedulers_environment", testConfig(), "ops", nil, isolation.ReasonStart, "CLOUD_KEY is not set"},
-		{"A_network_provider_without_network_when_no_egress_proxy_can_serve_it", noNet, "ops", map[string]string{"CLOUD_KEY": secret}, runplan.ReasonProviderNeedsNetwork, "allow_network = true"},
+		{"A_network_provider_without_network_when_no_egress_proxy_can_serve_it", noNet, "ops", map[string]string{"CLOUD_KEY": secret}, isolation.ReasonProviderNeedsNetwork, "allow_network = true"},
 		{"A_bind_of_the_docker_socket_that_bypassed_validation", badBind, "boxed", nil, "", "Docker socket"},
 	}
 	for _, tc := range tests {

@@ -150,8 +150,8 @@ func TestAnOOMKilledToolStillFailsAWarmRunWithOutOfMemory(t *testing.T) {
 	waitPool(t, b, 1)
 	s := spec(t, ws, `/sh set -o pipefail; head -c 400000000 /dev/zero | tr '\0' x | sort | wc -c`, warm)
 	_, err := run(t, b, s)
-	if isolation.ReasonOf(err) != container.ReasonOutOfMemory {
-		t.Fatalf("memory bomb in a warm container: %v; want reason %q", err, container.ReasonOutOfMemory)
+	if isolation.ReasonOf(err) != isolation.ReasonOutOfMemory {
+		t.Fatalf("memory bomb in a warm container: %v; want reason %q", err, isolation.ReasonOutOfMemory)
 	}
 	drain(t, b)
 	if exists(t, cli, member.ID) {

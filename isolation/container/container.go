@@ -75,13 +75,6 @@ const (
 	LabelPool = "berth.pool"
 )
 
-// Reasons this backend adds to isolation's.
-const (
-	ReasonOutOfMemory = isolation.ReasonOutOfMemory
-	ReasonEngine      = "container engine unavailable"
-	ReasonImage       = "container image unavailable"
-)
-
 // Limits every container gets when its plan leaves one at zero.
 const (
 	DefaultPidsLimit = 256
@@ -96,7 +89,7 @@ const (
 	StderrTail = isolation.StderrTail
 	// DefaultEngineTimeout bounds each short Engine API call (info, inspect,
 	// create, attach, start, kill, remove, list): an engine that accepts
-	// connections and never answers fails container runs with ReasonEngine
+	// connections and never answers fails container runs with isolation.ReasonEngineUnavailable
 	// instead of holding them forever.
 	DefaultEngineTimeout = 20 * time.Second
 	// DefaultBuildTimeout bounds building the berth-agent image.
@@ -224,7 +217,7 @@ func (b *Backend) unavailable(what string, err error) *isolation.RunError {
 	if errors.Is(err, context.DeadlineExceeded) {
 		detail += fmt.Sprintf(" within %s", b.engineTimeout)
 	}
-	return &isolation.RunError{Reason: ReasonEngine,
+	return &isolation.RunError{Reason: isolation.ReasonEngineUnavailable,
 		Detail: detail + "; start it (systemctl start docker) or point DOCKER_HOST at it; landlock agents are not affected",
 		Err:    err}
 }
@@ -261,7 +254,7 @@ func (b *Backend) Image(ctx context.Context, p isolation.Plan) (string, error) {
 	}
 	stamp, err := filestamp.Of(p.AgentBinary)
 	if err != nil {
-		return "", &isolation.RunError{Reason: ReasonImage, Detail: fmt.Sprintf("cannot build the agent image: berth-agent %s is missing; set [scheduler] agent_binary or container_mode.image", p.AgentBinary), Err: err}
+		return "", &isolation.RunError{Reason: isolation.ReasonImageUnavailable, Detail: fmt.Sprintf("cannot build the agent image: berth-agent %s is missing; set [scheduler] agent_binary or container_mode.image", p.AgentBinary), Err: err}
 	}
 	key := agentBinary{path: p.AgentBinary, stamp: stamp}
 	b.mu.Lock()
@@ -284,7 +277,7 @@ func (b *Backend) Image(ctx context.Context, p isolation.Plan) (string, error) {
 		return "", &isolation.RunError{Reason: isolation.ReasonCanceled, Detail: "while the berth-agent image was being built", Err: context.Cause(ctx)}
 	}
 	if build.err != nil {
-		return "", &isolation.RunError{Reason: ReasonImage, Detail: "cannot build the berth-agent image; set container_mode.image to an image that exists (docker images) or fix the cause", Err: build.err}
+		return "", &isolation.RunError{Reason: isolation.ReasonImageUnavailable, Detail: "cannot build the berth-agent image; set container_mode.image to an image that exists (docker images) or fix the cause", Err: build.err}
 	}
 	return build.tag, nil
 }
@@ -351,12 +344,12 @@ func (b *Backend) prepare(ctx context.Context, p isolation.Plan) (prepared, erro
 	img, err := b.cli.ImageInspect(inspectCtx, out.image)
 	cancel()
 	if cerrdefs.IsNotFound(err) {
-		return out, isolation.Errorf(ReasonImage, "image %q is not in the engine: build or load it (docker build/load; no registry is used), or unset container_mode.image to use the built-in berth-agent image", out.image)
+		return out, isolation.Errorf(isolation.ReasonImageUnavailable, "image %q is not in the engine: build or load it (docker build/load; no registry is used), or unset container_mode.image to use the built-in berth-agent image", out.image)
 	}
 	if err != nil {
 		return out, b.unavailable(fmt.Sprintf("inspect image %q", out.image), err)
 	}
-	if got, want := normalizeArch(img.Architecture), normalizeArch(info.Architecture); got != want {
+	if got, want := imagectl.NormalizeArch(img.Architecture), imagectl.NormalizeArch(info.Architecture); got != want {
 		return out, isolation.Errorf(isolation.ReasonStart, "image %q is built for %s but the engine runs on %s (it would fail with \"exec format error\"); build the image for %s", out.image, img.Architecture, info.Architecture, want)
 	}
 
@@ -551,9 +544,9 @@ func (s *session) Wait(ctx context.Context) (isolation.Exit, error) {
 	case r := <-s.wait.Result:
 		return isolation.Exit{Code: int(r.StatusCode)}, nil
 	case err := <-s.wait.Error:
-		return isolation.Exit{Code: -1}, &isolation.RunError{Reason: ReasonEngine, Detail: "lost the container while waiting for it", Err: err}
+		return isolation.Exit{Code: -1}, &isolation.RunError{Reason: isolation.ReasonEngineUnavailable, Detail: "lost the container while waiting for it", Err: err}
 	case <-ctx.Done():
-		return isolation.Exit{Code: -1}, &isolation.RunError{Reason: ReasonEngine, Detail: "the container did not end", Err: context.Cause(ctx)}
+		return isolation.Exit{Code: -1}, &isolation.RunError{Reason: isolation.ReasonEngineUnavailable, Detail: "the container did not end", Err: context.Cause(ctx)}
 	}
 }
 
@@ -849,21 +842,6 @@ func containerName(runID string) string {
 	return "berth-" + runID + "-" + hex.EncodeToString(r[:])
 }
 
-// normalizeArch maps the names engines and images use to one spelling.
-func normalizeArch(a string) string {
-	switch strings.ToLower(a) {
-	case "x86_64", "x86-64", "amd64":
-		return "amd64"
-	case "aarch64", "arm64":
-		return "arm64"
-	case "armv7l", "armhf", "arm":
-		return "arm"
-	case "i386", "i686", "386":
-		return "386"
-	}
-	return strings.ToLower(a)
-}
-
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
@@ -893,7 +871,7 @@ func (b *Backend) Explain(p isolation.Plan) isolation.Confinement {
 		fmt.Sprintf("read-only rootfs; tmpfs %s of %s", isolation.ContainerTmp, isolation.FormatBytes(orDefault(p.Limits.TmpfsBytes, DefaultTmpfs))),
 		"CapDrop=ALL, no-new-privileges, a non-root user",
 		"no published ports, no engine socket; the container is removed after the run",
-		fmt.Sprintf("every engine call has a deadline of %s (an engine that does not answer fails the run with %q)", b.engineTimeout, ReasonEngine),
+		fmt.Sprintf("every engine call has a deadline of %s (an engine that does not answer fails the run with %q)", b.engineTimeout, isolation.ReasonEngineUnavailable),
 	}}
 	if p.Network.Mode == "none" {
 		c.Holds = append(c.Holds, "NetworkMode=none")

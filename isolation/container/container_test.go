@@ -376,8 +376,8 @@ func TestMemoryBombFailsTheRunWithOutOfMemory(t *testing.T) {
 	b := newBackend(t, cli)
 	s := spec(t, workspace(t), `/sh set -o pipefail; head -c 400000000 /dev/zero | tr '\0' x | sort | wc -c`, box{MemoryLimit: "64m"})
 	_, err := run(t, b, s)
-	if isolation.ReasonOf(err) != container.ReasonOutOfMemory {
-		t.Fatalf("memory bomb: %v; want reason %q", err, container.ReasonOutOfMemory)
+	if isolation.ReasonOf(err) != isolation.ReasonOutOfMemory {
+		t.Fatalf("memory bomb: %v; want reason %q", err, isolation.ReasonOutOfMemory)
 	}
 }
 
@@ -500,7 +500,7 @@ func TestMissingImageAndUnreachableEngineSayWhatToDo(t *testing.T) {
 	cli := engine(t)
 	b := newBackend(t, cli)
 	_, err := run(t, b, spec(t, workspace(t), "/sh true", box{Image: "berth-test-missing:nope"}))
-	if isolation.ReasonOf(err) != container.ReasonImage || !strings.Contains(err.Error(), "docker build/load") {
+	if isolation.ReasonOf(err) != isolation.ReasonImageUnavailable || !strings.Contains(err.Error(), "docker build/load") {
 		t.Fatalf("missing image: %v", err)
 	}
 
@@ -513,7 +513,7 @@ func TestMissingImageAndUnreachableEngineSayWhatToDo(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = run(t, nb, spec(t, workspace(t), "/sh true", box{}))
-	if isolation.ReasonOf(err) != container.ReasonEngine || !strings.Contains(err.Error(), "systemctl start docker") {
+	if isolation.ReasonOf(err) != isolation.ReasonEngineUnavailable || !strings.Contains(err.Error(), "systemctl start docker") {
 		t.Fatalf("engine down: %v", err)
 	}
 }

@@ -42,8 +42,8 @@ func TestAnEngineThatNeverAnswersFailsEveryCallWithinItsDeadline(t *testing.T) {
 			s := isolation.Spec{Plan: isolation.Plan{RunID: "r1", AgentID: "a", Workspace: t.TempDir(), RunAs: "nobody", AgentBinary: "/bin/true",
 				Network: isolation.Network{Mode: "none"}, Timeout: time.Minute}}
 			_, err := b.Run(context.Background(), s)
-			if isolation.ReasonOf(err) != container.ReasonEngine {
-				t.Errorf("reason %q, want %q", isolation.ReasonOf(err), container.ReasonEngine)
+			if isolation.ReasonOf(err) != isolation.ReasonEngineUnavailable {
+				t.Errorf("reason %q, want %q", isolation.ReasonOf(err), isolation.ReasonEngineUnavailable)
 			}
 			return err
 		}, "did not answer within 1s"},

@@ -10,6 +10,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/backoff"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -188,15 +189,17 @@ func (b *Backend) takeWarm(spec isolation.Spec, hash string) *session {
 // fill keeps pl at its size until it stops.
 func (b *Backend) fill(pl *pool) {
 	defer close(pl.done)
-	backoff := poolRetryMin
+	retryDelay := backoff.Policy{Min: poolRetryMin, Max: poolRetryMax}
+	failures := 0
 	for {
 		var retry <-chan time.Time
 		if err := b.fillOnce(pl); err != nil && pl.ctx.Err() == nil {
-			b.log.Warn("cannot start warm containers; retrying", "agent", pl.agent, "in", backoff, "err", err)
-			retry = time.After(backoff)
-			backoff = min(2*backoff, poolRetryMax)
+			failures++
+			wait := retryDelay.Delay(failures)
+			b.log.Warn("cannot start warm containers; retrying", "agent", pl.agent, "in", wait, "err", err)
+			retry = time.After(wait)
 		} else {
-			backoff = poolRetryMin
+			failures = 0
 		}
 		select {
 		case <-pl.ctx.Done():

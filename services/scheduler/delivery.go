@@ -12,6 +12,7 @@ import (
 	"github.com/berth-dev/berth/internal/boltstore"
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/isolation"
 )
 
 // Deliverer hands a finished run's reply to intake. It returns nil only once
@@ -215,7 +216,7 @@ func (s *Service) deliver(ctx context.Context, id string, rt *retry) (err, store
 		cur.Delivered = true
 		if undeliverable != "" {
 			// The run keeps its reply; its outcome says why nobody got it.
-			cur.State, cur.Reason, cur.FinishedAt = StateFailed, ReasonUndeliverable, now
+			cur.State, cur.Reason, cur.FinishedAt = StateFailed, isolation.ReasonUndeliverable, now
 			cur.Error = cleanText(undeliverable)
 		}
 		final = cur

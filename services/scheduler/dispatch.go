@@ -190,7 +190,7 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 		case runErr != nil:
 			reason := isolation.ReasonOf(runErr)
 			if reason == "" {
-				reason = ReasonInternal
+				reason = isolation.ReasonInternal
 			}
 			finish(&cur, StateFailed, reason, runErr.Error(), now)
 		case res.Response.Error != "":

@@ -38,7 +38,7 @@ func (s *Service) ExplainAgentJSON(agent string) (string, error) {
 	// shows the very user its runs get.
 	host := s.agentFacts(cfg, agent)
 	e, err := runplan.Explain(cfg, agent, host)
-	if isolation.ReasonOf(err) == runplan.ReasonAgentNotConfigured {
+	if isolation.ReasonOf(err) == isolation.ReasonAgentNotConfigured {
 		return "", fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
 	if err != nil {
@@ -141,7 +141,7 @@ func (s *Service) providerResult(cfg *config.Config, name string, res agentproto
 func (s *Service) ExplainEgressJSON(agent, method, rawURL string) (string, error) {
 	cfg := s.cfg.Load()
 	e, err := runplan.Explain(cfg, agent, s.hostFacts(cfg))
-	if isolation.ReasonOf(err) == runplan.ReasonAgentNotConfigured {
+	if isolation.ReasonOf(err) == isolation.ReasonAgentNotConfigured {
 		return "", fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
 	if err != nil {

@@ -104,7 +104,7 @@ func TestExplainAgentFollowsAReloadedConfig(t *testing.T) {
 	if e.Plan.Limits.MemoryBytes != 1<<30 || e.Plan.Network.Allowed || e.Plan.Policy.Network {
 		t.Fatalf("after reload: memory %d network %+v, want 1g and none", e.Plan.Limits.MemoryBytes, e.Plan.Network)
 	}
-	if len(e.Problems) != 1 || !strings.Contains(e.Problems[0], ReasonProviderNeedsNetwork) {
+	if len(e.Problems) != 1 || !strings.Contains(e.Problems[0], isolation.ReasonProviderNeedsNetwork) {
 		t.Errorf("after reload: problems %q, want the provider that needs the network named", e.Problems)
 	}
 

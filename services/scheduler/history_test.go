@@ -130,7 +130,7 @@ func TestARemoteProviderWithoutNetworkFailsClosed(t *testing.T) {
 
 	id := submit(t, s, "m1", "alpha")
 	r := waitState(t, s, id, StateFailed)
-	if r.Reason != ReasonProviderNeedsNetwork || !strings.Contains(r.Error, `set file_access.allow_network = true for agent "alpha"`) {
+	if r.Reason != isolation.ReasonProviderNeedsNetwork || !strings.Contains(r.Error, `set file_access.allow_network = true for agent "alpha"`) {
 		t.Errorf("run = reason %q, error %q", r.Reason, r.Error)
 	}
 	b.none(t, s)

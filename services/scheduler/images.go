@@ -10,10 +10,6 @@ import (
 	"github.com/berth-dev/berth/isolation"
 )
 
-// ReasonImageBuildFailed is a container run whose image berth-imaged could
-// not build (or reach): the detail names the failing step and its last lines.
-const ReasonImageBuildFailed = "image build failed"
-
 // ImageEnsurer gives the tag of an agent's isolation image, building it first
 // when the engine lacks it. berth-imaged answers it over D-Bus (BusImages).
 type ImageEnsurer interface {
@@ -35,7 +31,7 @@ func (s *Service) isolationImage(ctx context.Context, plan *isolation.Plan) erro
 	}
 	tag, err := s.opts.Images.EnsureIsolationImage(ctx, plan.AgentID)
 	if err != nil {
-		return &isolation.RunError{Reason: ReasonImageBuildFailed, Err: err}
+		return &isolation.RunError{Reason: isolation.ReasonImageBuildFailed, Err: err}
 	}
 	plan.Container.Image = tag
 	return nil

@@ -57,7 +57,7 @@ func TestContainerRunsGetTheirImageFromTheImageService(t *testing.T) {
 		wantAsked  int
 	}{
 		{"The_image_service_names_the_isolation_image", "", &fakeImages{tag: "berth-isolated:1.0.0-abc"}, "berth-isolated:1.0.0-abc", "", 1},
-		{"A_failed_build_fails_the_run_with_its_step", "", &fakeImages{err: errors.New("step 3/5 RUN dpkg -i: jq not found")}, "", ReasonImageBuildFailed, 1},
+		{"A_failed_build_fails_the_run_with_its_step", "", &fakeImages{err: errors.New("step 3/5 RUN dpkg -i: jq not found")}, "", isolation.ReasonImageBuildFailed, 1},
 		{"A_configured_image_is_used_as_it_is", "my-agent:1", &fakeImages{tag: "never"}, "my-agent:1", "", 0},
 	}
 	for _, tc := range tests {

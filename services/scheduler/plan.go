@@ -26,16 +26,16 @@ import (
 func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res isolation.Result, backend string, err error) {
 	agent, err := cfg.Agent(r.Agent)
 	if err != nil {
-		return res, "", &isolation.RunError{Reason: ReasonAgentNotConfigured, Err: err}
+		return res, "", &isolation.RunError{Reason: isolation.ReasonAgentNotConfigured, Err: err}
 	}
 	host := s.agentFacts(cfg, agent.ID)
 	kind := runplan.BackendOf(agent, host)
 	b := s.opts.Backends[string(kind)]
 	if b == nil {
 		if kind == isolation.BackendContainer {
-			return res, "", &isolation.RunError{Reason: ReasonContainerUnavailable}
+			return res, "", &isolation.RunError{Reason: isolation.ReasonContainerUnavailable}
 		}
-		return res, "", isolation.Errorf(ReasonNoBackend, "no backend %q in this scheduler", kind)
+		return res, "", isolation.Errorf(isolation.ReasonNoBackend, "no backend %q in this scheduler", kind)
 	}
 	backend = b.Name()
 	if host.RunUserErr != nil {

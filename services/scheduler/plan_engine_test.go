@@ -82,8 +82,8 @@ func TestAHungEngineFailsContainerRunsInTimeAndFreezesNothingElse(t *testing.T) 
 	}
 
 	r := waitFinished(t, s, boxed)
-	if r.State != StateFailed || r.Reason != container.ReasonEngine {
-		t.Fatalf("container run = %q %q %q, want failed with %q", r.State, r.Reason, r.Error, container.ReasonEngine)
+	if r.State != StateFailed || r.Reason != isolation.ReasonEngineUnavailable {
+		t.Fatalf("container run = %q %q %q, want failed with %q", r.State, r.Reason, r.Error, isolation.ReasonEngineUnavailable)
 	}
 	if took := r.FinishedAt.Sub(began); took > 4*engineTimeout {
 		t.Errorf("the container run took %s to fail, its engine deadline is %s", took, engineTimeout)

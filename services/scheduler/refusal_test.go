@@ -12,6 +12,7 @@ import (
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/isolation"
 )
 
 func TestRetriedSubmitGetsItsRunEvenAfterTheAgentWasRemoved(t *testing.T) {
@@ -55,8 +56,8 @@ func TestReplyRefusedForGoodByIntakeIsNotRetriedForever(t *testing.T) {
 	id := submit(t, s, "gone/m1", "alpha", "connector", "gone")
 	b.next(t).reply("done")
 	r := waitDelivered(t, s, id)
-	if r.State != StateFailed || r.Reason != ReasonUndeliverable || r.Reply != "done" || !strings.Contains(r.Error, "unknown connector") {
-		t.Fatalf("run refused by intake = state %q reason %q reply %q error %q; want failed, %q, the reply kept, intake's answer", r.State, r.Reason, r.Reply, r.Error, ReasonUndeliverable)
+	if r.State != StateFailed || r.Reason != isolation.ReasonUndeliverable || r.Reply != "done" || !strings.Contains(r.Error, "unknown connector") {
+		t.Fatalf("run refused by intake = state %q reason %q reply %q error %q; want failed, %q, the reply kept, intake's answer", r.State, r.Reason, r.Reply, r.Error, isolation.ReasonUndeliverable)
 	}
 	// Nothing is left to retry: the run is out of deliveries/.
 	if pending := pendingDeliveries(t, s); len(pending) != 0 {

@@ -20,6 +20,7 @@ import (
 	"github.com/jonboulle/clockwork"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/berth-dev/berth/internal/backoff"
 	"github.com/berth-dev/berth/internal/boltstore"
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
@@ -31,16 +32,6 @@ import (
 var (
 	ErrNotFound        = errors.New("not found")
 	ErrInvalidArgument = errors.New("invalid argument")
-)
-
-// Reasons the scheduler itself gives a run (the backends' are in isolation).
-const (
-	ReasonUndeliverable        = "reply cannot be delivered"
-	ReasonContainerUnavailable = "container isolation is not available in this build"
-	ReasonInterruptedTwice     = "interrupted twice by scheduler restarts"
-	ReasonAgentNotConfigured   = "agent is not configured"
-	ReasonNoBackend            = "isolation backend is not available"
-	ReasonInternal             = "internal error"
 )
 
 // Cancel causes of a run's context: a user's CancelRun ends the run, a
@@ -663,7 +654,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 				cur.State = StateQueued
 				cur.Handle = ""
 			} else {
-				finish(&cur, StateFailed, ReasonInterruptedTwice,
+				finish(&cur, StateFailed, isolation.ReasonInterruptedTwice,
 					fmt.Sprintf("the scheduler stopped during each of the %d attempts", cur.Attempts), now)
 			}
 			r = cur
@@ -695,20 +686,20 @@ func (s *Service) reconcile(ctx context.Context) error {
 // resumes by itself once there is room. It counts as progress meanwhile
 // (the watchdog): it is doing what it can.
 func (s *Service) reconcileWhenThereIsRoom(ctx context.Context) error {
-	backoff := 100 * time.Millisecond
-	for {
+	retryDelay := backoff.Policy{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for attempt := 1; ; attempt++ {
 		err := s.reconcile(ctx)
 		if err == nil || !boltstore.IsDiskFull(err) {
 			return err
 		}
-		s.log.Warn("cannot reconcile the runs an earlier scheduler left running: the state disk is full; trying again", "err", err, "retry_in", backoff)
+		wait := retryDelay.Delay(attempt)
+		s.log.Warn("cannot reconcile the runs an earlier scheduler left running: the state disk is full; trying again", "err", err, "retry_in", wait)
 		s.markProgress()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-s.clock.After(backoff):
+		case <-s.clock.After(wait):
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 

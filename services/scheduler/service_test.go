@@ -219,8 +219,8 @@ func TestContainerAgentFailsWithoutContainerBackend(t *testing.T) {
 	s := newTestService(t, cfg, "", b, nil)
 	id := submit(t, s, "m1", "alpha")
 	start(t, s)
-	if r := waitState(t, s, id, StateFailed); r.Reason != ReasonContainerUnavailable {
-		t.Fatalf("reason = %q, want %q", r.Reason, ReasonContainerUnavailable)
+	if r := waitState(t, s, id, StateFailed); r.Reason != isolation.ReasonContainerUnavailable {
+		t.Fatalf("reason = %q, want %q", r.Reason, isolation.ReasonContainerUnavailable)
 	}
 	b.none(t, s)
 }
@@ -441,8 +441,8 @@ func TestReconcileAfterCrash(t *testing.T) {
 		d := newDeliveries(0)
 		s := newTestService(t, testConfig(4), dir, b, d)
 		start(t, s)
-		if r := waitState(t, s, "r1", StateFailed); r.Reason != ReasonInterruptedTwice {
-			t.Fatalf("reason = %q, want %q", r.Reason, ReasonInterruptedTwice)
+		if r := waitState(t, s, "r1", StateFailed); r.Reason != isolation.ReasonInterruptedTwice {
+			t.Fatalf("reason = %q, want %q", r.Reason, isolation.ReasonInterruptedTwice)
 		}
 		if _, _, killed := b.stats(); !slices.Equal(killed, []string{"pid:r1"}) {
 			t.Fatalf("killed %v, want [pid:r1]", killed)

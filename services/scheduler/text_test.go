@@ -136,8 +136,8 @@ func TestAReplyThatCanNeverBeSentEndsAsFailedAfterBoundedAttempts(t *testing.T) 
 	id := submit(t, s, "m1", "alpha", "connector", "hook")
 	b.next(t).reply("answer")
 	r := waitDelivered(t, s, id)
-	if r.State != StateFailed || r.Reason != ReasonUndeliverable || r.Reply != "answer" {
-		t.Fatalf("run = state %q reason %q reply %q; want failed, %q, reply kept", r.State, r.Reason, r.Reply, ReasonUndeliverable)
+	if r.State != StateFailed || r.Reason != isolation.ReasonUndeliverable || r.Reply != "answer" {
+		t.Fatalf("run = state %q reason %q reply %q; want failed, %q, reply kept", r.State, r.Reason, r.Reply, isolation.ReasonUndeliverable)
 	}
 	if pending := pendingDeliveries(t, s); len(pending) != 0 {
 		t.Fatalf("still pending: %v", pending)
