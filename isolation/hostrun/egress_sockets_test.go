@@ -63,6 +63,29 @@ func waitForFile(t *testing.T, path string, ended <-chan error) {
 	}
 }
 
+// egressSockets lays out <root>/<run>/egress.sock for each run, as
+// <state>/egress is, each listening and world-writable. root is under
+// /var/lib, outside /tmp and /run: their masks would hide it whole.
+func egressSockets(t *testing.T, runs ...string) (root string, sockets map[string]string) {
+	t.Helper()
+	root, err := os.MkdirTemp("/var/lib", "berth-test-egress-")
+	testenv.Need(t, err == nil, "cannot make a directory under /var/lib: %v", err)
+	t.Cleanup(func() { os.RemoveAll(root) })
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sockets = map[string]string{}
+	for _, run := range runs {
+		dir := filepath.Join(root, run)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		sockets[run] = filepath.Join(dir, isolation.EgressSocketName)
+		listenWorldWritable(t, sockets[run])
+	}
+	return root, sockets
+}
+
 // Every run's egress socket lies in a directory of its own beside the
 // others' (<state>/egress/<run>/egress.sock), and Landlock does not govern
 // connect(): a tool of one run could talk to another run's proxy while both
@@ -74,23 +97,7 @@ func TestARunCannotReachAnotherRunsEgressSocket(t *testing.T) {
 	t.Parallel()
 	requireRoot(t)
 	testenv.Need(t, berthAgentBuild == nil, "cannot build berth-agent: %v", berthAgentBuild)
-	// Outside /tmp and /run, as <state>/egress is: their masks would hide it
-	// whole.
-	root, err := os.MkdirTemp("/var/lib", "berth-test-egress-")
-	testenv.Need(t, err == nil, "cannot make a directory under /var/lib: %v", err)
-	t.Cleanup(func() { os.RemoveAll(root) })
-	if err := os.Chmod(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	sockets := map[string]string{}
-	for _, run := range []string{"first", "second"} {
-		dir := filepath.Join(root, run)
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		sockets[run] = filepath.Join(dir, isolation.EgressSocketName)
-		listenWorldWritable(t, sockets[run])
-	}
+	root, sockets := egressSockets(t, "first", "second")
 	probe := sysprobe(t)
 
 	first := egressRun(t, "first", 1879048192+2718, sockets["first"], "touch started; while [ ! -e release ]; do sleep 0.05; done; echo released")
@@ -147,21 +154,7 @@ func TestARunOfANonRootSchedulerCannotReachAnotherRunsEgressSocket(t *testing.T)
 	t.Parallel()
 	requireRoot(t)
 	testenv.Need(t, berthAgentBuild == nil, "cannot build berth-agent: %v", berthAgentBuild)
-	root, err := os.MkdirTemp("/var/lib", "berth-test-egress-")
-	testenv.Need(t, err == nil, "cannot make a directory under /var/lib: %v", err)
-	t.Cleanup(func() { os.RemoveAll(root) })
-	if err := os.Chmod(root, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	sockets := map[string]string{}
-	for _, run := range []string{"other", "own"} {
-		dir := filepath.Join(root, run)
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		sockets[run] = filepath.Join(dir, isolation.EgressSocketName)
-		listenWorldWritable(t, sockets[run])
-	}
+	_, sockets := egressSockets(t, "other", "own")
 	probe := sysprobe(t)
 	out := runAsNobody(t, "",
 		"HELPER_AGENT="+berthAgent,
