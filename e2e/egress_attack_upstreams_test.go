@@ -156,8 +156,9 @@ func attackModel(key string) func(w http.ResponseWriter, r *http.Request, body [
 	}
 }
 
-// testCA is a CA of the test's own, which the egress proxy trusts through
-// the scheduler's SSL_CERT_FILE, and a leaf it signed for names.
+// testCA is a CA of the test's own and a leaf it signed for names (host
+// names or IPs): the egress proxy trusts it through the scheduler's
+// SSL_CERT_FILE, or a run through its CA bundle.
 func testCA(t *testing.T, names ...string) (caPEM []byte, leaf tls.Certificate) {
 	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

@@ -45,7 +45,7 @@ func benchRun(n int, at time.Time) Run {
 	}
 	switch {
 	case n%20 == 1:
-		r.State, r.Reason, r.Error = StateFailed, "timeout", "no response within 5m0s"
+		r.State, r.Reason, r.Error = StateFailed, isolation.ReasonTimeout, "no response within 5m0s"
 	case n%100 == 2:
 		r.State, r.Reply, r.ToolCalls, r.FinishedAt, r.Delivered = StateQueued, "", nil, time.Time{}, false
 	}
