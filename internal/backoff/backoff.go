@@ -4,6 +4,7 @@
 package backoff
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"time"
 )
@@ -30,4 +31,13 @@ func (p Policy) Delay(attempts int) time.Duration {
 		d -= time.Duration(rand.Int64N(cut + 1))
 	}
 	return d
+}
+
+// Check refuses bounds that cannot make a delay: a negative minimum, or a
+// maximum below the minimum.
+func (p Policy) Check() error {
+	if p.Min < 0 || p.Max < p.Min {
+		return fmt.Errorf("cannot use back-off bounds %s and %s: they must be 0 <= minimum <= maximum", p.Min, p.Max)
+	}
+	return nil
 }

@@ -41,3 +41,25 @@ func TestDelayDoublesUpToItsCapLessItsJitter(t *testing.T) {
 		})
 	}
 }
+
+func TestCheckRefusesBoundsThatCannotMakeADelay(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		policy  backoff.Policy
+		wantErr bool
+	}{
+		{"Minimum_below_maximum_is_fine", backoff.Policy{Min: time.Second, Max: time.Minute}, false},
+		{"Equal_bounds_are_fine", backoff.Policy{Min: time.Second, Max: time.Second}, false},
+		{"Error_when_the_maximum_is_below_the_minimum", backoff.Policy{Min: time.Minute, Max: time.Second}, true},
+		{"Error_when_the_minimum_is_negative", backoff.Policy{Min: -time.Second, Max: time.Second}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if err := tt.policy.Check(); (err != nil) != tt.wantErr {
+				t.Errorf("Check() = %v, want an error: %v", err, tt.wantErr)
+			}
+		})
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-dev/berth/internal/backoff"
 	"github.com/berth-dev/berth/services/intake/connector"
 	"github.com/jonboulle/clockwork"
 )
@@ -237,8 +238,8 @@ func validate(id string, o *Options) error {
 	if o.BackoffMax <= 0 {
 		o.BackoffMax = defaultBackoffMax
 	}
-	if o.BackoffMax < o.BackoffMin {
-		return fmt.Errorf("back-off maximum %s is below its minimum %s", o.BackoffMax, o.BackoffMin)
+	if err := (backoff.Policy{Min: o.BackoffMin, Max: o.BackoffMax}).Check(); err != nil {
+		return err
 	}
 	if o.MaxInlineWait <= 0 {
 		o.MaxInlineWait = defaultMaxInlineWait

@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/berth-dev/berth/internal/backoff"
 	"github.com/berth-dev/berth/services/intake/connector"
 )
 
@@ -158,8 +159,8 @@ func newConnector(id string, o Options) (*Connector, error) {
 	if o.BackoffMax == 0 {
 		o.BackoffMax = 60 * time.Second
 	}
-	if o.BackoffMin < 0 || o.BackoffMax < o.BackoffMin {
-		return nil, fmt.Errorf("back-off bounds must be 0 < min <= max, not %s and %s", o.BackoffMin, o.BackoffMax)
+	if err := (backoff.Policy{Min: o.BackoffMin, Max: o.BackoffMax}).Check(); err != nil {
+		return nil, err
 	}
 	if o.MaxRetryWait <= 0 {
 		o.MaxRetryWait = 5 * time.Second

@@ -110,8 +110,8 @@ func socketOptions(t *testing.T, fake *slacktest.Server) (Options, *logBuffer) {
 		AppToken:   fo.AppToken,
 		BotToken:   fo.BotToken,
 		Logger:     log,
-		MinBackoff: 5 * time.Millisecond,
-		MaxBackoff: 50 * time.Millisecond,
+		BackoffMin: 5 * time.Millisecond,
+		BackoffMax: 50 * time.Millisecond,
 	}, buf
 }
 

@@ -77,9 +77,9 @@ type Options struct {
 	// Clock drives back-off, rate-limit waits and the signature window;
 	// defaults to the real clock.
 	Clock clockwork.Clock
-	// MinBackoff and MaxBackoff bound the reconnect back-off (defaults 1 s
+	// BackoffMin and BackoffMax bound the reconnect back-off (defaults 1 s
 	// and 2 min).
-	MinBackoff, MaxBackoff time.Duration
+	BackoffMin, BackoffMax time.Duration
 	// MaxInlineWait is the longest 429 Retry-After that Send sleeps itself;
 	// a longer one returns a *connector.RetryAfterError (default 5 s).
 	MaxInlineWait time.Duration
@@ -228,14 +228,14 @@ func (o *Options) validate() error {
 	if o.Clock == nil {
 		o.Clock = clockwork.NewRealClock()
 	}
-	if o.MinBackoff <= 0 {
-		o.MinBackoff = time.Second
+	if o.BackoffMin <= 0 {
+		o.BackoffMin = time.Second
 	}
-	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = 2 * time.Minute
+	if o.BackoffMax <= 0 {
+		o.BackoffMax = 2 * time.Minute
 	}
-	if o.MaxBackoff < o.MinBackoff {
-		return fmt.Errorf("max back-off %s is shorter than min back-off %s", o.MaxBackoff, o.MinBackoff)
+	if err := (backoff.Policy{Min: o.BackoffMin, Max: o.BackoffMax}).Check(); err != nil {
+		return err
 	}
 	if o.MaxInlineWait < 0 {
 		return errors.New("max inline wait is negative")
@@ -386,10 +386,10 @@ func authRefused(code string) bool {
 	return false
 }
 
-// backoff returns the wait before reconnect attempt n (1 or more): MinBackoff
-// doubling up to MaxBackoff, less a random cut of up to a quarter.
+// backoff returns the wait before reconnect attempt n (1 or more): BackoffMin
+// doubling up to BackoffMax, less a random cut of up to a quarter.
 func (c *Connector) backoff(n int) time.Duration {
-	return backoff.Policy{Min: c.o.MinBackoff, Max: c.o.MaxBackoff, Jitter: 0.25}.Delay(n)
+	return backoff.Policy{Min: c.o.BackoffMin, Max: c.o.BackoffMax, Jitter: 0.25}.Delay(n)
 }
 
 // libraryLog sends slack-go's own log lines (debug only) to slog.

@@ -38,7 +38,7 @@ func TestNewRejectsBadOptionsWithAClearErrorAndNoSecret(t *testing.T) {
 		{"A_base_url_that_is_not_http", func(o *Options) { o.BaseURL = "ftp://example.invalid/" }, "base_url"},
 		{"A_missing_ca_file", func(o *Options) { o.CAFile = filepath.Join(dir, "absent.pem") }, "cannot read ca_file"},
 		{"A_ca_file_without_certificates", func(o *Options) { o.CAFile = notPEM }, "holds no PEM certificate"},
-		{"Back_off_bounds_the_wrong_way_round", func(o *Options) { o.MinBackoff, o.MaxBackoff = 2e9, 1e9 }, "back-off"},
+		{"Back_off_bounds_the_wrong_way_round", func(o *Options) { o.BackoffMin, o.BackoffMax = 2e9, 1e9 }, "back-off"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

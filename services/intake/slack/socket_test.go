@@ -513,7 +513,7 @@ func TestARefusedAppTokenIsAStandingWarningWithoutTheToken(t *testing.T) {
 		}
 	}
 	// The next attempt comes after the back-off.
-	clock.Advance(o.MaxBackoff)
+	clock.Advance(o.BackoffMax)
 	if err := clock.BlockUntilContext(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -524,9 +524,9 @@ func TestARefusedAppTokenIsAStandingWarningWithoutTheToken(t *testing.T) {
 
 func TestBackoffGrowsWithJitterAndIsCapped(t *testing.T) {
 	t.Parallel()
-	c := &Connector{o: Options{MinBackoff: 100 * time.Millisecond, MaxBackoff: 1600 * time.Millisecond}}
+	c := &Connector{o: Options{BackoffMin: 100 * time.Millisecond, BackoffMax: 1600 * time.Millisecond}}
 	for n := 1; n <= 10; n++ {
-		ceiling := min(c.o.MinBackoff<<(n-1), c.o.MaxBackoff)
+		ceiling := min(c.o.BackoffMin<<(n-1), c.o.BackoffMax)
 		for range 20 {
 			if d := c.backoff(n); d > ceiling || d < ceiling*3/4 {
 				t.Fatalf("backoff(%d) = %s, want within [75%%, 100%%] of %s", n, d, ceiling)
@@ -567,7 +567,7 @@ func TestAConnectorThatNeverConnectedCountsEachRetryAsAReconnect(t *testing.T) {
 		if err := clock.BlockUntilContext(ctx, 1); err != nil { // waiting to retry
 			t.Fatal(err)
 		}
-		clock.Advance(o.MaxBackoff)
+		clock.Advance(o.BackoffMax)
 	}
 	if err := clock.BlockUntilContext(ctx, 1); err != nil {
 		t.Fatal(err)
