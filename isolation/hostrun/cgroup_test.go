@@ -107,7 +107,7 @@ func TestAForkBombIsHeldAtPidsMaxAndTheNextRunWorks(t *testing.T) {
 	// exec: once the bomb holds every pid, the tool must not need a fork to
 	// keep the run going (a refused fork of sleep ended the run early).
 	s := landlockSpec(t, "/sh b(){ b | b & }; b; exec sleep 60")
-	s.Limits = isolation.Limits{Pids: pids}
+	s.Limits = isolation.Limits{MemoryBytes: 512 << 20, Pids: pids}
 	dirs, _ := hostrun.RunCgroups(s.RunID)
 	var pidsDir string
 	for _, d := range dirs {

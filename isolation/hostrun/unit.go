@@ -58,16 +58,15 @@ type Limits struct {
 	CPUQuotaPercent uint64 // of one CPU
 }
 
-// DefaultLimits match the container backend's defaults (memory_limit 512m),
-// for a plan that leaves a limit at zero.
+// DefaultLimits are the processes and CPU of a plan that leaves them at
+// zero, and a helper's limits. A plan's memory is never defaulted here: the
+// config defaults it once and Run refuses a plan without one.
 var DefaultLimits = Limits{MemoryMax: 512 << 20, TasksMax: 256, CPUQuotaPercent: 100}
 
 // limitsOf is a plan's limits in the units systemd, cgroups and rlimits take.
 func limitsOf(l isolation.Limits) Limits {
 	out := DefaultLimits
-	if l.MemoryBytes > 0 {
-		out.MemoryMax = uint64(l.MemoryBytes)
-	}
+	out.MemoryMax = uint64(max(l.MemoryBytes, 0))
 	if l.Pids > 0 {
 		out.TasksMax = uint64(l.Pids)
 	}
