@@ -27,7 +27,6 @@ import (
 
 // Defaults of a plan.
 const (
-	DefaultMemory   = 512 << 20
 	DefaultPids     = 256
 	DefaultNanoCPUs = 1_000_000_000
 	DefaultTmpfs    = 256 << 20
@@ -140,7 +139,7 @@ func compile(cfg *config.Config, agentID, runID string, attempt int, host HostFa
 	p.Timeout = a.Timeout
 	p.KillGrace = KillGrace
 	p.Workspace = WorkspaceOf(a, host.StateDir)
-	c.why["workspace"] = workspace.Why(a.WorkspaceQuota, workspace.ImagePath(host.StateDir, a.ID))
+	c.why["workspace"] = workspace.Why(int64(a.WorkspaceQuota), workspace.ImagePath(host.StateDir, a.ID))
 	c.why["timeout"] = fmt.Sprintf("%s: container_mode.timeout_seconds, else [scheduler] default_timeout_seconds; then the sandbox is killed (reason %q)", a.Timeout, isolation.ReasonTimeout)
 	c.why["user"] = userWhy(cfg, host)
 	if host.RunUser != nil && host.AgentUser {
@@ -153,15 +152,10 @@ func compile(cfg *config.Config, agentID, runID string, attempt int, host HostFa
 		c.problems = append(c.problems, &isolation.RunError{Reason: isolation.ReasonStart, Err: host.WorkspaceErr})
 	}
 
-	memory, err := config.ParseMemoryLimit(a.Container.MemoryLimit)
-	if err != nil || memory <= 0 {
-		if a.Container.MemoryLimit != "" && err != nil {
-			return compiled{}, fmt.Errorf("agent %q: container_mode.memory_limit: %w", a.ID, err)
-		}
-		memory = DefaultMemory
-	}
+	// Read and defaulted once, by config; a zero limit is refused by the backend.
+	memory := int64(a.Container.MemoryLimit)
 	p.Limits = isolation.Limits{MemoryBytes: memory, Pids: DefaultPids, NanoCPUs: DefaultNanoCPUs,
-		RlimitFallback: cfg.Scheduler.AllowRlimitFallback, WorkspaceBytes: a.WorkspaceQuota}
+		RlimitFallback: cfg.Scheduler.AllowRlimitFallback, WorkspaceBytes: int64(a.WorkspaceQuota)}
 	memoryWhy := fmt.Sprintf("memory %s (container_mode.memory_limit, for host runs too), %d processes, 1 CPU", isolation.FormatBytes(memory), DefaultPids)
 
 	switch {

@@ -28,8 +28,8 @@ func testConfig() *config.Config {
 			"local": {Name: "local", Kind: "local"},
 		}},
 		Agents: []config.AgentSettings{
-			{ID: "ops", ContainerMode: config.ContainerSettings{MemoryLimit: "1g"}, FileAccess: config.FileAccessSettings{AllowNetwork: ptr(true), AllowRead: []string{"/srv"}}},
-			{ID: "boxed", ContainerMode: config.ContainerSettings{Enabled: ptr(true), Network: "none", MemoryLimit: "256m", Binds: []string{"/srv/data:/data:ro"}, Warm: ptr(2)}, Provider: "local"},
+			{ID: "ops", ContainerMode: config.ContainerSettings{MemoryLimit: ptr(config.Bytes(1 << 30))}, FileAccess: config.FileAccessSettings{AllowNetwork: ptr(true), AllowRead: []string{"/srv"}}},
+			{ID: "boxed", ContainerMode: config.ContainerSettings{Enabled: ptr(true), Network: "none", MemoryLimit: ptr(config.Bytes(256 << 20)), Binds: []string{"/srv/data:/data:ro"}, Warm: ptr(2)}, Provider: "local"},
 			{ID: "free", Provider: "local", FileAccess: config.FileAccessSettings{Unrestricted: ptr(true)}},
 			{ID: "docs", Workspace: "/srv/docs-ws", Provider: "local"},
 		},

@@ -79,7 +79,6 @@ const (
 const (
 	DefaultPidsLimit = 256
 	DefaultNanoCPUs  = 1_000_000_000 // one CPU
-	DefaultMemory    = 512 << 20
 	DefaultTmpfs     = 256 << 20
 	// TmpfsSize is DefaultTmpfs as docker run --tmpfs writes it.
 	TmpfsSize = "256m"
@@ -361,7 +360,7 @@ func (b *Backend) prepare(ctx context.Context, p isolation.Plan) (prepared, erro
 		}
 		securityOpt = append(securityOpt, o)
 	}
-	memory := orDefault(p.Limits.MemoryBytes, DefaultMemory)
+	memory := p.Limits.MemoryBytes // never 0: checkPlan refused that
 	pids := orDefault(p.Limits.Pids, DefaultPidsLimit)
 	out.config = &container.Config{
 		Image:       out.image,
@@ -863,9 +862,8 @@ func firstNonEmpty(values ...string) string {
 // Explain says how a plan's container is confined, for `berthctl sandbox
 // explain`.
 func (b *Backend) Explain(p isolation.Plan) isolation.Confinement {
-	memory := orDefault(p.Limits.MemoryBytes, DefaultMemory)
+	memory := p.Limits.MemoryBytes
 	c := isolation.Confinement{Mode: "container", Holds: []string{
-		fmt.Sprintf("Memory=%s with MemorySwap=%s (no swap on top; an OOM kill fails the run with %q)", isolation.FormatBytes(memory), isolation.FormatBytes(memory), isolation.ReasonOutOfMemory),
 		fmt.Sprintf("PidsLimit=%d", orDefault(p.Limits.Pids, DefaultPidsLimit)),
 		fmt.Sprintf("NanoCPUs=%d", orDefault(p.Limits.NanoCPUs, DefaultNanoCPUs)),
 		fmt.Sprintf("read-only rootfs; tmpfs %s of %s", isolation.ContainerTmp, isolation.FormatBytes(orDefault(p.Limits.TmpfsBytes, DefaultTmpfs))),
@@ -873,6 +871,11 @@ func (b *Backend) Explain(p isolation.Plan) isolation.Confinement {
 		"no published ports, no engine socket; the container is removed after the run",
 		fmt.Sprintf("every engine call has a deadline of %s (an engine that does not answer fails the run with %q)", b.engineTimeout, isolation.ReasonEngineUnavailable),
 	}}
+	if memory > 0 {
+		c.Holds = slices.Insert(c.Holds, 0, fmt.Sprintf("Memory=%s with MemorySwap=%s (no swap on top; an OOM kill fails the run with %q)", isolation.FormatBytes(memory), isolation.FormatBytes(memory), isolation.ReasonOutOfMemory))
+	} else {
+		c.Missing = append(c.Missing, "Memory: the plan has no memory limit, so its runs are refused")
+	}
 	if p.Network.Mode == "none" {
 		c.Holds = append(c.Holds, "NetworkMode=none")
 		if p.Egress != nil {
