@@ -65,7 +65,7 @@ func TestSizeKeysRefuseSmallValuesAsWritten(t *testing.T) {
 func TestMemoryLimitDefaultsOnceInTheResolvedAgent(t *testing.T) {
 	t.Parallel()
 	c, err := config.Load(writeConfig(t, map[string]string{
-		"berth.toml": "[agent_defaults]\ncontainer_mode.memory_limit = \"768m\"\n[[agents]]\nid = \"bare\"\n[[agents]]\nid = \"own\"\ncontainer_mode.memory_limit = \"2g\"\n",
+		"berth.toml":           "[agent_defaults]\ncontainer_mode.memory_limit = \"768m\"\n[[agents]]\nid = \"bare\"\n[[agents]]\nid = \"own\"\ncontainer_mode.memory_limit = \"2g\"\n",
 		"berth.d/10-more.toml": "[[agents]]\nid = \"later\"\n",
 	}))
 	if err != nil {
