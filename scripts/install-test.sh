@@ -500,6 +500,29 @@ id=$(post '/sh bash -c '\''p=${HTTP_PROXY#http://}; p=${p%/}; exec 3<>/dev/tcp/$
 reply=$(await "$id" 30s)
 grep -q '^HTTP/1\.[01] 401' <<<"$reply" || fail "an allowed request did not reach the receiver: $reply"
 
+step "egress: each run's berth-egress runs in a transient scope of its own in berth-runs.slice, with its own limits, gone with the run"
+id=$(post '/sh sleep 5; echo slept' CFENCED)
+scope=
+for _ in $(seq 1 100); do
+  scope=$(inside "systemctl list-units --no-legend --plain --type=scope 'berth-egress-*' | awk '{print \$1}' | head -1")
+  [ -n "$scope" ] && break
+  sleep 0.1
+done
+[ -n "$scope" ] || fail "no berth-egress-* scope while an egress run is running"
+props=$(inside "systemctl show -p MemoryMax -p TasksMax -p Slice '$scope'")
+for want in MemoryMax=134217728 TasksMax=128 Slice=berth-runs.slice; do
+  grep -qx "$want" <<<"$props" || fail "$scope lacks $want: $props"
+done
+inside "systemctl show -p ControlGroup --value '$scope'" | grep -q . || fail "$scope has no cgroup"
+grep -qx slept <<<"$(await "$id" 30s)" || fail "the egress run in its scope did not answer"
+left=
+for _ in $(seq 1 50); do
+  left=$(inside "systemctl list-units --no-legend --plain --all '$scope'")
+  [ -z "$left" ] && break
+  sleep 0.1
+done
+[ -z "$left" ] || fail "the egress scope outlived its run: $left"
+
 step "workspace_quota: the agent's workspace is its own ext4 image, mounted by a transient .mount unit; writes stop at the quota"
 mount_unit=$(inside "systemd-escape --path --suffix=mount /var/lib/berth/scheduler/agents/ops")
 inside "systemctl is-active -q $mount_unit" || fail "$mount_unit is not active: $(inside "systemctl status --no-pager $mount_unit 2>&1 | tail -20")"
