@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 
 	"github.com/berth-dev/berth/agent/confine"
 	"github.com/berth-dev/berth/internal/agentproto"

@@ -13,8 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/internal/testdocker"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/container"
 )

@@ -16,7 +16,7 @@ import (
 	"github.com/berth-dev/berth/agent/confine"
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/hostsandbox"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // berth-agent masks the host's socket directories only in a user and mount

@@ -9,7 +9,7 @@ import (
 
 	"github.com/berth-dev/berth/agent/confine"
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // sysprobe is isolation/landlock/testdata/sysprobe, built once into testDir.

@@ -18,7 +18,7 @@ import (
 
 	"github.com/berth-dev/berth/agent/confine"
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // keyNeedle is the provider key as a tool spells it: built by the shell,

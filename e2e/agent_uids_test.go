@@ -15,8 +15,8 @@ import (
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/config"
-	"github.com/berth-dev/berth/internal/testdocker"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // agentUIDAfter finds the number printed right after prefix in out and

@@ -14,8 +14,8 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/internal/testdocker"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 	boxes "github.com/berth-dev/berth/isolation/container"
 	"github.com/berth-dev/berth/services/scheduler"

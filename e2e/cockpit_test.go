@@ -14,9 +14,9 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/internal/cockpittest"
-	"github.com/berth-dev/berth/internal/testdocker"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/cockpittest"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // The Cockpit page in a real browser against real Cockpit: Debian's

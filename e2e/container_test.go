@@ -12,7 +12,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/internal/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	boxes "github.com/berth-dev/berth/isolation/container"
 )
 

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/internal/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
 )
 
 // notifySocket is a stand-in for systemd's NOTIFY_SOCKET: it collects

@@ -26,8 +26,8 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/internal/devstack"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/devstack"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 var (

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/testdocker"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // The project's own attack corpus against the egress gateway (issue 19),

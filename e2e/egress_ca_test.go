@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/testdocker"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 const caTestSecret = "ci_token_e2e_SECRET_4711"

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/devstack"
-	"github.com/berth-dev/berth/internal/testdocker"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/devstack"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // startWithEgress runs the suite with agents that have no network of their

@@ -15,8 +15,8 @@ import (
 
 	"github.com/godbus/dbus/v5"
 
-	"github.com/berth-dev/berth/internal/boltstore/fulldisk"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/fulldisk"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // postRaw sends a signed message and returns the whole answer.

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/daemon"
-	"github.com/berth-dev/berth/internal/devstack"
-	"github.com/berth-dev/berth/internal/testbus"
+	"github.com/berth-dev/berth/internal/testkit/devstack"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
 )
 
 // startIdleIntake starts berth-intake by hand, as its unit does, with

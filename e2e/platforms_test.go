@@ -20,7 +20,7 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/services/intake/discord/discordtest"
 	"github.com/berth-dev/berth/services/intake/meepachat/meepachattest"
 	"github.com/berth-dev/berth/services/intake/slack/slacktest"

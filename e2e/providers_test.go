@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/godbus/dbus/v5"
 )
 

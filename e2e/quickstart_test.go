@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/berth-dev/berth/internal/testdocker"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // ranAsAgentUID says reply has marker followed by a uid of the default

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	"github.com/berth-dev/berth/isolation/workspace"
 )
 

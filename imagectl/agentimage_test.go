@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
 
 	"github.com/berth-dev/berth/imagectl"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 func buildAgent(t *testing.T) string {

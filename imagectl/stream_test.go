@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/imagectl"
-	"github.com/berth-dev/berth/internal/testdocker"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 func TestAFailingStepIsNamedWithItsLastLines(t *testing.T) {

@@ -10,7 +10,7 @@
 # in a container (Go's modules come from this machine's module cache):
 #
 #   packaging (dpkg-deb, rpm; git for the version), internal/version (git),
-#   internal/testbus, services/intake's busctl test and internal/ctl's bus
+#   internal/testkit/testbus, services/intake's busctl test and internal/ctl's bus
 #   tests (dbus-daemon, busctl), agent/tools (sh, pgrep), the unit hardening
 #   check (systemd-analyze security --offline).
 #
@@ -100,7 +100,7 @@ done
 # The tests that can run here; see the comment at the top.
 tests=(
   "./packaging -run ^(TestPackages|TestCockpitPackage|TestThePackageVersionIsTheCheckoutsGitVersion)$"
-  "./internal/version ./internal/testbus ./agent/tools"
+  "./internal/version ./internal/testkit/testbus ./agent/tools"
   "./services/intake -run ^TestBusctlIntrospect"
   "./internal/ctl -run ^(TestRuns|TestStatus|TestSandboxExplainShowsTheSchedulersOwnPlanAndWhy|TestSandboxExplainJSON)"
 )

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // Enforce loads the filter first and lets its TSYNC give no_new_privs to

@@ -17,7 +17,7 @@ import (
 
 	"github.com/berth-dev/berth/agent/confine"
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/berth-dev/berth/internal/boltstore/fulldisk"
+	"github.com/berth-dev/berth/internal/testkit/fulldisk"
 )
 
 var bucketData = []byte("data")

@@ -14,9 +14,9 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/internal/config"
-	"github.com/berth-dev/berth/internal/testbus"
-	"github.com/berth-dev/berth/internal/testdocker"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/services/images"
 )
 

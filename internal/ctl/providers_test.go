@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // The check runs in the scheduler with its environment: a key only the

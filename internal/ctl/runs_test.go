@@ -14,8 +14,8 @@ import (
 
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
-	"github.com/berth-dev/berth/internal/testbus"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/services/scheduler"
 )
 

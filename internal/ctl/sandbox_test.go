@@ -14,8 +14,8 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/berth-dev/berth/internal/config"
-	"github.com/berth-dev/berth/internal/testbus"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/container"
 	"github.com/berth-dev/berth/isolation/landlock"

@@ -20,8 +20,8 @@ import (
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/config"
-	"github.com/berth-dev/berth/internal/testbus"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // probeService is a berth service that owns dev.berth.Scheduler1 and whose

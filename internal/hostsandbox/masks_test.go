@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // What a mask would hide of a plan's paths is bound back; a path that is a

@@ -1,7 +1,7 @@
 // Package version is berth's version as the binaries know it. The build
 // stamps it with the linker (-X, see LDFlag): packaging with the package
-// version, internal/devstack with the working tree's version marked as a dev
-// build. The image service puts it into isolation image tags
+// version, internal/testkit/devstack with the working tree's version marked
+// as a dev build. The image service puts it into isolation image tags
 // (berth-isolated:<version>-<hash>).
 package version
 

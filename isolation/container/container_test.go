@@ -17,12 +17,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
 
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/container"
 )

@@ -2,7 +2,7 @@ package container_test
 
 import (
 	"context"
-	"github.com/berth-dev/berth/internal/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	"strings"
 	"testing"
 	"time"

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/mountinfo"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 func TestTheSchedulersCgroupIsFoundUnderTheMountThatShowsIt(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/hostrun"
 	"github.com/berth-dev/berth/isolation/landlock"

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation/hostrun"
 )
 

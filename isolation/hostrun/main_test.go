@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // base is a 0755 directory every test user can enter (t.TempDir's parent is

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/isolation"

@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/berth-dev/berth/internal/cockpittest"
+	"github.com/berth-dev/berth/internal/testkit/cockpittest"
 )
 
 // cockpit drives Debian's Chromium, headless, through berth's Cockpit page

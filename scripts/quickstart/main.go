@@ -30,7 +30,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/imagectl"
-	"github.com/berth-dev/berth/internal/devstack"
+	"github.com/berth-dev/berth/internal/testkit/devstack"
 )
 
 // demoMessage shows the sandbox at work: the offline local provider runs the

@@ -23,7 +23,7 @@ import (
 	agentegress "github.com/berth-dev/berth/agent/egress"
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/egresspolicy"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/services/egress"
 )

@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/hostrun"
 	"github.com/berth-dev/berth/services/egress"

@@ -17,9 +17,9 @@ import (
 	"github.com/berth-dev/berth/imagectl"
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/daemon"
-	"github.com/berth-dev/berth/internal/testbus"
-	"github.com/berth-dev/berth/internal/testdocker"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/internal/version"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/imagectl"
-	"github.com/berth-dev/berth/internal/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	"github.com/berth-dev/berth/services/images"
 )
 

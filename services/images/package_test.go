@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/berth-dev/berth/imagectl"
-	"github.com/berth-dev/berth/internal/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
 )
 
 // The full-suite test of issue 9: a real Debian package on the

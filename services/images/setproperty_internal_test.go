@@ -6,7 +6,7 @@ import (
 	"github.com/godbus/dbus/v5/prop"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/internal/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
 )
 
 func TestAPropertyChangeAfterTheBusIsGoneDoesNotPanic(t *testing.T) {

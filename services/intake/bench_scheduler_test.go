@@ -11,7 +11,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
-	"github.com/berth-dev/berth/internal/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/services/scheduler"
 )

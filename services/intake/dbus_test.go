@@ -18,7 +18,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
-	"github.com/berth-dev/berth/internal/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
 )
 
 func needRoot(t *testing.T) {

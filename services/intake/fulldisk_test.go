@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/boltstore/fulldisk"
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/testkit/fulldisk"
 	"github.com/berth-dev/berth/services/intake/connector"
 )
 

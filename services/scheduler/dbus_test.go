@@ -12,13 +12,13 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 
 	"github.com/godbus/dbus/v5"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/internal/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
 	"github.com/berth-dev/berth/isolation"
 )
 

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/internal/testbus"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // ExplainEgress on the bus decides as the agent's proxy would: by the

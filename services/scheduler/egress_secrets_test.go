@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/berth-dev/berth/internal/config"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/landlock"
 )

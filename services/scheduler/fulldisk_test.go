@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/boltstore/fulldisk"
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/testkit/fulldisk"
 )
 
 type logBuffer struct {

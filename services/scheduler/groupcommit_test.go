@@ -17,8 +17,8 @@ import (
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
-	"github.com/berth-dev/berth/internal/testbus"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // commitGate holds every commit of scheduler.db's committer until the test

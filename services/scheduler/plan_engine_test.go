@@ -2,7 +2,7 @@ package scheduler
 
 import (
 	"context"
-	"github.com/berth-dev/berth/internal/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	"os/exec"
 	"testing"
 	"time"
@@ -12,8 +12,8 @@ import (
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/config"
-	"github.com/berth-dev/berth/internal/testbus"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/container"
 	"github.com/berth-dev/berth/isolation/landlock"

@@ -13,8 +13,8 @@ import (
 	"testing"
 
 	"github.com/berth-dev/berth/internal/config"
-	"github.com/berth-dev/berth/internal/testdocker"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/container"
 	"github.com/berth-dev/berth/isolation/landlock"

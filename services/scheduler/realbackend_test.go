@@ -13,7 +13,7 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/internal/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/landlock"
 )

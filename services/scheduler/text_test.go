@@ -15,8 +15,8 @@ import (
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
-	"github.com/berth-dev/berth/internal/testbus"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 )
 

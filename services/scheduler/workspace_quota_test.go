@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-dev/berth/internal/config"
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/landlock"
 )

@@ -21,7 +21,7 @@ import (
 // scripts/fresh-machine-check.sh proves on a fresh Debian 12.
 func TestTheTestCommandInstallsEveryToolBeforeTheTestsRun(t *testing.T) {
 	t.Parallel()
-	root := filepath.Join("..", "..")
+	root := filepath.Join("..", "..", "..")
 	needs := testCommandNeeds(t, root)
 
 	t.Run("Every_program_run_by_name_in_the_Go_code", func(t *testing.T) {

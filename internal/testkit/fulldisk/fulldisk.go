@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // Mount mounts a tmpfs of size bytes on a fresh directory and returns it;

@@ -22,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // Where Debian's packages put the programs (cockpit-ws is not on PATH).

@@ -45,7 +45,7 @@ type Bus struct {
 // UnitsDir returns the absolute path of the repository's units/ directory.
 func UnitsDir() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "units")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "units")
 }
 
 // Start starts a bus that lives until the test ends.

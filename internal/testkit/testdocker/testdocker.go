@@ -9,7 +9,7 @@ import (
 
 	"github.com/moby/moby/client"
 
-	"github.com/berth-dev/berth/internal/testenv"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // Engine returns a client of the engine DOCKER_HOST (or the default socket)

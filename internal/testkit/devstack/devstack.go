@@ -26,7 +26,7 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/internal/testbus"
+	"github.com/berth-dev/berth/internal/testkit/testbus"
 	"github.com/berth-dev/berth/internal/version"
 )
 
