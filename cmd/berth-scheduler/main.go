@@ -26,10 +26,11 @@ func main() {
 		ConfigFlag: *configFlag, StateFlag: *stateFlag,
 		New: func(env daemon.Env) (*scheduler.Service, error) {
 			return scheduler.New(env.Config, env.StateDir, scheduler.Options{
-				Backends:  backends(env, *unrestrictedFlag),
-				Deliverer: scheduler.BusDeliverer{Conn: env.Bus},
-				Images:    scheduler.BusImages{Conn: env.Bus},
-				Logger:    env.Log,
+				Backends:          backends(env, *unrestrictedFlag),
+				ForceUnrestricted: *unrestrictedFlag,
+				Deliverer:         scheduler.BusDeliverer{Conn: env.Bus},
+				Images:            scheduler.BusImages{Conn: env.Bus},
+				Logger:            env.Log,
 				// Crash tests only: hold a start where the test kills us.
 				Hold: scheduler.HoldAtFiles(os.Getenv("BERTH_TEST_HOLD_DIR")),
 			})
@@ -62,9 +63,8 @@ func backends(env daemon.Env, allUnrestricted bool) map[string]isolation.Backend
 		bs[container.Name] = cb
 	}
 	if allUnrestricted {
+		// scheduler.Options.ForceUnrestricted compiles their plans so.
 		log.Warn("--unrestricted: every landlock agent runs UNRESTRICTED on the host, with no sandbox")
-		// The scheduler sees this and compiles their plans as unrestricted.
-		bs[landlock.Name] = bs[unrestricted.Name]
 	}
 	return bs
 }

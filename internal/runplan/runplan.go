@@ -84,7 +84,8 @@ type Explanation struct {
 
 // Compile returns the plan of a run of agentID. A run that could not start
 // (unknown agent, missing key, provider without network) is refused with an
-// *isolation.RunError.
+// *isolation.RunError; the refused plan still names its Backend (empty for
+// an unknown agent), so the run's record says where it would have run.
 func Compile(cfg *config.Config, agentID, runID string, host HostFacts) (isolation.Plan, error) {
 	return CompileAttempt(cfg, agentID, runID, 0, host)
 }
@@ -95,10 +96,10 @@ func Compile(cfg *config.Config, agentID, runID string, host HostFacts) (isolati
 func CompileAttempt(cfg *config.Config, agentID, runID string, attempt int, host HostFacts) (isolation.Plan, error) {
 	c, err := compile(cfg, agentID, runID, attempt, host)
 	if err != nil {
-		return isolation.Plan{}, err
+		return isolation.Plan{Backend: c.plan.Backend}, err
 	}
 	if len(c.problems) > 0 {
-		return isolation.Plan{}, c.problems[0]
+		return isolation.Plan{Backend: c.plan.Backend}, c.problems[0]
 	}
 	return c.plan, nil
 }
@@ -158,23 +159,24 @@ func compile(cfg *config.Config, agentID, runID string, attempt int, host HostFa
 		RlimitFallback: cfg.Scheduler.AllowRlimitFallback, WorkspaceBytes: int64(a.WorkspaceQuota)}
 	memoryWhy := fmt.Sprintf("memory %s (container_mode.memory_limit, for host runs too), %d processes, 1 CPU", isolation.FormatBytes(memory), DefaultPids)
 
-	switch {
-	case a.Isolation == string(isolation.BackendContainer):
-		p.Backend = isolation.BackendContainer
+	// The one place a run's backend is chosen: the scheduler runs the plan
+	// on the backend it names.
+	p.Backend = backendOf(a, host)
+	switch p.Backend {
+	case isolation.BackendContainer:
 		c.why["backend"] = "container — container_mode.enabled = true: a fresh Docker container per message, removed afterwards"
 		if err := containerPlan(&c, a); err != nil {
-			return compiled{}, err
+			return compiled{plan: isolation.Plan{Backend: p.Backend}}, err
 		}
 		p.Limits.TmpfsBytes = DefaultTmpfs
 		c.why["limits"] = memoryWhy + fmt.Sprintf(", no extra swap; tmpfs %s %s", isolation.ContainerTmp, isolation.FormatBytes(DefaultTmpfs))
 	default:
-		p.Backend = isolation.BackendLandlock
-		c.why["backend"] = "landlock — the default: berth-agent confines itself with Landlock on the host (container_mode.enabled is false)"
-		if a.Isolation == string(isolation.BackendUnrestricted) {
-			p.Backend = isolation.BackendUnrestricted
+		switch {
+		case p.Backend == isolation.BackendLandlock:
+			c.why["backend"] = "landlock — the default: berth-agent confines itself with Landlock on the host (container_mode.enabled is false)"
+		case a.Isolation == string(isolation.BackendUnrestricted):
 			c.why["backend"] = "unrestricted — file_access.unrestricted = true: a plain host process with NO file confinement (logged on every run)"
-		} else if host.ForceUnrestricted {
-			p.Backend = isolation.BackendUnrestricted
+		default:
 			c.why["backend"] = "unrestricted — berth-scheduler runs with --unrestricted: every landlock agent runs with NO file confinement"
 		}
 		fa := a.FileAccess
@@ -634,8 +636,8 @@ func ProtectedPaths(cfg *config.Config, a config.Agent, host HostFacts) []string
 	return protect
 }
 
-// BackendOf is the backend an agent's runs use.
-func BackendOf(a config.Agent, host HostFacts) isolation.BackendKind {
+// backendOf is the backend an agent's runs use.
+func backendOf(a config.Agent, host HostFacts) isolation.BackendKind {
 	switch {
 	case a.Isolation == string(isolation.BackendContainer):
 		return isolation.BackendContainer

@@ -29,13 +29,15 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		return res, "", &isolation.RunError{Reason: isolation.ReasonAgentNotConfigured, Err: err}
 	}
 	host := s.agentFacts(cfg, agent.ID)
-	kind := runplan.BackendOf(agent, host)
-	b := s.opts.Backends[string(kind)]
-	if b == nil {
-		if kind == isolation.BackendContainer {
-			return res, "", &isolation.RunError{Reason: isolation.ReasonContainerUnavailable}
+	// Compile alone chooses the backend; a refused plan still names it, and
+	// a missing backend is said before the plan's own problems.
+	plan, compileErr := runplan.CompileAttempt(cfg, agent.ID, r.ID, r.Attempt, host)
+	b, err := s.backendFor(plan.Backend)
+	if err != nil {
+		if plan.Backend == "" {
+			err = compileErr
 		}
-		return res, "", isolation.Errorf(isolation.ReasonNoBackend, "no backend %q in this scheduler", kind)
+		return res, "", err
 	}
 	backend = b.Name()
 	if host.RunUserErr != nil {
@@ -44,8 +46,7 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 	if err := s.readyWorkspace(ctx, agent, host.RunUser); err != nil {
 		return res, backend, err
 	}
-	plan, err := runplan.CompileAttempt(cfg, agent.ID, r.ID, r.Attempt, host)
-	if err != nil {
+	if err := compileErr; err != nil {
 		if isolation.ReasonOf(err) == "" {
 			err = &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
 		}
@@ -200,14 +201,10 @@ func (s *Service) perAgentUIDs(cfg *config.Config) bool {
 // for provider keys.
 func (s *Service) hostFacts(cfg *config.Config) runplan.HostFacts {
 	host := runplan.HostFacts{
-		StateDir:  s.stateDir,
-		ConfigDir: s.opts.ConfigDir,
-		Getenv:    s.opts.Getenv,
-	}
-	// berth-scheduler --unrestricted serves landlock agents with the
-	// unrestricted backend: their plans must say so.
-	if b := s.opts.Backends[string(isolation.BackendLandlock)]; b != nil && b.Name() == string(isolation.BackendUnrestricted) {
-		host.ForceUnrestricted = true
+		StateDir:          s.stateDir,
+		ConfigDir:         s.opts.ConfigDir,
+		Getenv:            s.opts.Getenv,
+		ForceUnrestricted: s.opts.ForceUnrestricted,
 	}
 	if os.Geteuid() == 0 && cfg.Scheduler.AgentUIDs.Off && cfg.Scheduler.RunAs != "" {
 		host.RunUser, host.RunUserErr = runUsers.Lookup(cfg.Scheduler.RunAs)
@@ -229,6 +226,18 @@ func (s *Service) hostFacts(cfg *config.Config) runplan.HostFacts {
 		host.EgressUser = u
 	}
 	return host
+}
+
+// backendFor is the backend a compiled plan runs on, or why this scheduler
+// has none.
+func (s *Service) backendFor(kind isolation.BackendKind) (isolation.Backend, error) {
+	if b := s.opts.Backends[string(kind)]; b != nil {
+		return b, nil
+	}
+	if kind == isolation.BackendContainer {
+		return nil, &isolation.RunError{Reason: isolation.ReasonContainerUnavailable}
+	}
+	return nil, isolation.Errorf(isolation.ReasonNoBackend, "no backend %q in this scheduler", kind)
 }
 
 // saveHandle records the sandbox handle so a restarted scheduler can kill

@@ -115,10 +115,16 @@ func (s *Service) probeRun(ctx context.Context, cfg *config.Config, agentID stri
 		return nil, err
 	}
 	host := s.agentFacts(cfg, agent.ID)
-	kind := runplan.BackendOf(agent, host)
-	b := s.opts.Backends[string(kind)]
+	now := s.clock.Now()
+	runID := newRunID(now)
+	// As in runOnce: the compiled plan names the backend.
+	plan, compileErr := runplan.Compile(cfg, agent.ID, runID, host)
+	b := s.opts.Backends[string(plan.Backend)]
 	if b == nil {
-		return nil, fmt.Errorf("this scheduler has no %s backend", kind)
+		if plan.Backend == "" {
+			return nil, compileErr
+		}
+		return nil, fmt.Errorf("this scheduler has no %s backend", plan.Backend)
 	}
 	if host.RunUserErr != nil {
 		return nil, host.RunUserErr
@@ -126,11 +132,8 @@ func (s *Service) probeRun(ctx context.Context, cfg *config.Config, agentID stri
 	if err := s.readyWorkspace(ctx, agent, host.RunUser); err != nil {
 		return nil, err
 	}
-	now := s.clock.Now()
-	runID := newRunID(now)
-	plan, err := runplan.Compile(cfg, agent.ID, runID, host)
-	if err != nil {
-		return nil, err
+	if compileErr != nil {
+		return nil, compileErr
 	}
 	if err := s.isolationImage(ctx, &plan); err != nil {
 		return nil, err

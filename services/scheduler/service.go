@@ -58,6 +58,10 @@ type Options struct {
 	// Backends maps an agent's Isolation ("landlock", "unrestricted",
 	// "container") to the backend that runs it.
 	Backends map[string]isolation.Backend
+	// ForceUnrestricted runs every landlock agent on the "unrestricted"
+	// backend, with no sandbox (berth-scheduler --unrestricted): their plans
+	// are compiled so, and say why.
+	ForceUnrestricted bool
 	// Deliverer hands finished runs to intake. Nil keeps them pending (they
 	// are delivered by a later scheduler that has one).
 	Deliverer Deliverer

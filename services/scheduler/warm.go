@@ -58,10 +58,18 @@ func (s *Service) warmPools(ctx context.Context) {
 	}
 	for _, id := range cfg.AgentIDs() {
 		a, err := cfg.Agent(id)
-		kind := runplan.BackendOf(a, host)
-		if err != nil || kind != isolation.BackendContainer || a.Container.Warm == 0 {
+		if err != nil || a.Container.Warm == 0 {
 			continue
 		}
+		// The plan names the backend; the shared facts suffice to tell it,
+		// and allocate no uid for an agent that warms nothing.
+		if e, err := runplan.Explain(cfg, a.ID, host); err != nil || e.Plan.Backend != isolation.BackendContainer {
+			if err != nil {
+				s.log.Warn("cannot warm containers", "agent", a.ID, "err", err)
+			}
+			continue
+		}
+		kind := isolation.BackendContainer
 		w, ok := s.opts.Backends[string(kind)].(Warmer)
 		if !ok {
 			continue
