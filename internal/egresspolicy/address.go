@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -28,7 +29,7 @@ func ranges(why string, prefixes ...string) []internalRange {
 // internalRanges are the special-purpose ranges (IANA's IPv4 and IPv6
 // registries) a tool must not reach through a rule that does not name the
 // host. Forms that embed an IPv4 address are decoded first (embeddedIPv4).
-var internalRanges = concat(
+var internalRanges = slices.Concat(
 	ranges("a loopback address", "127.0.0.0/8", "::1/128"),
 	ranges("an unspecified address", "0.0.0.0/8", "::/128"),
 	ranges("a link-local address (cloud metadata lives there)", "169.254.0.0/16", "fe80::/10"),
@@ -42,14 +43,6 @@ var internalRanges = concat(
 	ranges("a multicast address", "224.0.0.0/4", "ff00::/8"),
 	ranges("a local-use NAT64 address", "64:ff9b:1::/48"),
 )
-
-func concat(lists ...[]internalRange) []internalRange {
-	var out []internalRange
-	for _, l := range lists {
-		out = append(out, l...)
-	}
-	return out
-}
 
 var (
 	nat64     = netip.MustParsePrefix("64:ff9b::/96")
