@@ -209,14 +209,10 @@ func (t *tree) validateValues() Errors {
 			}
 			return ""
 		})
-		for _, key := range []string{"organization", "project"} {
-			v := e.p.Organization
-			if key == "project" {
-				v = e.p.Project
-			}
-			c.str(e.at, key, v, func(s string) string {
+		for _, f := range []struct{ key, value string }{{"organization", e.p.Organization}, {"project", e.p.Project}} {
+			c.str(e.at, f.key, f.value, func(s string) string {
 				if !scopeIDPattern.MatchString(s) {
-					return fmt.Sprintf("%q is not an OpenAI %s id (letters, digits, '-' and '_')", s, key)
+					return fmt.Sprintf("%q is not an OpenAI %s id (letters, digits, '-' and '_')", s, f.key)
 				}
 				return ""
 			})
