@@ -273,7 +273,9 @@ func (s *Server) interceptOne(conn net.Conn, transport *http.Transport, req *htt
 		return req.Body == nil || req.Body == http.NoBody
 	}
 	if n := headerSize(req); n > s.opts.MaxHeaderBytes {
-		return refuse(http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("the request header is %d bytes, over the %d allowed", n, s.opts.MaxHeaderBytes)) && false
+		// Past a header this large the tunnel carries nothing more.
+		refuse(http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("the request header is %d bytes, over the %d allowed", n, s.opts.MaxHeaderBytes))
+		return false
 	}
 	if err := egresspolicy.CheckFronting(host, port, req); err != nil {
 		return refuse(http.StatusForbidden, "secret "+sec.Name+": "+err.Error())
