@@ -104,7 +104,6 @@ type Connector struct {
 	log     *slog.Logger
 	clock   clockwork.Clock
 	api     *slackapi.Client
-	hc      *http.Client
 	tlsConf *tls.Config
 	secrets []string
 
@@ -157,7 +156,6 @@ func New(id string, o Options) (*Connector, error) {
 		o:        o,
 		log:      o.Logger,
 		clock:    o.Clock,
-		hc:       hc,
 		tlsConf:  tlsConf,
 		names:    make(map[string]string),
 		progress: make(map[string]sendProgress),
@@ -167,7 +165,12 @@ func New(id string, o Options) (*Connector, error) {
 			c.secrets = append(c.secrets, s)
 		}
 	}
-	c.api = c.newAPI(hc)
+	c.api = slackapi.New(o.BotToken,
+		slackapi.OptionAPIURL(o.BaseURL),
+		slackapi.OptionAppLevelToken(o.AppToken),
+		slackapi.OptionHTTPClient(hc),
+		slackapi.OptionLog(libraryLog{c}),
+	)
 	state := connector.StateConnecting
 	if o.Mode == ModeEvents {
 		state = connector.StateHTTP
@@ -279,20 +282,6 @@ func tlsConfig(o Options) (*tls.Config, error) {
 	}
 	conf.RootCAs = pool
 	return conf, nil
-}
-
-// httpDoer is what slack-go sends its requests through.
-type httpDoer interface {
-	Do(*http.Request) (*http.Response, error)
-}
-
-func (c *Connector) newAPI(hc httpDoer) *slackapi.Client {
-	return slackapi.New(c.o.BotToken,
-		slackapi.OptionAPIURL(c.o.BaseURL),
-		slackapi.OptionAppLevelToken(c.o.AppToken),
-		slackapi.OptionHTTPClient(hc),
-		slackapi.OptionLog(libraryLog{c}),
-	)
 }
 
 // LongLived reports whether Run holds a connection open: in socket mode.
