@@ -316,8 +316,10 @@ func (c *Connector) dispatch(ctx context.Context, sink connector.Sink, sess *ses
 func (c *Connector) connected(ready *atomic.Bool) {
 	ready.Store(true)
 	c.status.Connected(c.clock.Now())
-	if w := c.status.Snapshot().Warning; w != ContentWarning {
-		c.status.ClearWarning(w) // a refusal of the bot is over once it connects
+	// A refusal of the bot is over once it connects. Cleared by its own text
+	// (never "", which clears any): a ContentWarning set meanwhile stays.
+	if w := c.status.Snapshot().Warning; w != "" && w != ContentWarning {
+		c.status.ClearWarning(w)
 	}
 }
 
