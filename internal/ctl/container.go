@@ -220,7 +220,6 @@ func (c *cli) containerStatus(args []string) error {
 	if err != nil {
 		return fmt.Errorf("berth-imaged is not reachable: %w", err)
 	}
-	building, count := st.Building, st.ImageCount
 	var missing, failed []string
 	for _, img := range list {
 		switch {
@@ -230,7 +229,7 @@ func (c *cli) containerStatus(args []string) error {
 			missing = append(missing, img.Tag)
 		}
 	}
-	fmt.Fprintf(c.out, "berth-imaged: running\nbuilding:     %d\nimages:       %d\n", building, count)
+	fmt.Fprintf(c.out, "berth-imaged: running\nbuilding:     %d\nimages:       %d\n", st.Building, st.ImageCount)
 	if len(missing) > 0 {
 		fmt.Fprintf(c.out, "missing:      %s (removed from the engine; rebuilt on next use)\n", strings.Join(missing, " "))
 	}
