@@ -8,7 +8,4 @@ import "golang.org/x/sys/unix"
 // InstallFilter refuses to run rather than run unfiltered.
 const generatedAuditArch = 0
 
-var (
-	generatedRefused []string
-	generatedProgram []unix.SockFilter
-)
+var generatedProgram []unix.SockFilter

@@ -152,8 +152,9 @@ func sockFilter(insts []bpf.Instruction) ([]unix.SockFilter, error) {
 
 // GoFile is the Go source of package pkg that holds goarch's filter, for a
 // file named zfilter_<goarch>.go: the constant generatedAuditArch and the
-// variables generatedRefused and generatedProgram (Filter's AuditArch,
-// Refused and Program). Plain types only, so that the package still
+// variable generatedProgram (Filter's AuditArch and Program; the names it
+// refuses are written once, by RefusedGoFile, for internal/hostsandbox).
+// Plain types only, so that the package still
 // compiles, and the generator still runs, whatever else changes in it.
 func GoFile(pkg string, refused []string, goarch string) ([]byte, error) {
 	// go-seccomp-bpf lays out 64-bit arguments in the assembling machine's
@@ -170,11 +171,7 @@ func GoFile(pkg string, refused []string, goarch string) ([]byte, error) {
 	b = fmt.Appendf(b, "package %s\n\nimport \"golang.org/x/sys/unix\"\n\n", pkg)
 	b = fmt.Appendf(b, "// The syscall filter of %s, assembled from Refused by syscallfilter.Assemble.\n\n", goarch)
 	b = fmt.Appendf(b, "const generatedAuditArch = %#x\n\n", f.AuditArch)
-	b = fmt.Appendf(b, "var generatedRefused = []string{\n")
-	for _, n := range f.Refused {
-		b = fmt.Appendf(b, "\t%q,\n", n)
-	}
-	b = fmt.Appendf(b, "}\n\nvar generatedProgram = []unix.SockFilter{\n")
+	b = fmt.Appendf(b, "var generatedProgram = []unix.SockFilter{\n")
 	for _, in := range f.Program {
 		b = fmt.Appendf(b, "\t{Code: %#04x, Jt: %d, Jf: %d, K: %#x},\n", in.Code, in.Jt, in.Jf, in.K)
 	}
