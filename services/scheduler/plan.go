@@ -29,30 +29,11 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		return res, "", &isolation.RunError{Reason: isolation.ReasonAgentNotConfigured, Err: err}
 	}
 	host := s.agentFacts(cfg, agent.ID)
-	// Compile alone chooses the backend; a refused plan still names it, and
-	// a missing backend is said before the plan's own problems.
-	plan, compileErr := runplan.CompileAttempt(cfg, agent.ID, r.ID, r.Attempt, host)
-	b, err := s.backendFor(plan.Backend)
+	plan, b, err := s.prepareRun(ctx, cfg, agent, r.ID, r.Attempt, host)
+	if b != nil {
+		backend = b.Name()
+	}
 	if err != nil {
-		if plan.Backend == "" {
-			err = compileErr
-		}
-		return res, "", err
-	}
-	backend = b.Name()
-	if host.RunUserErr != nil {
-		return res, backend, &isolation.RunError{Reason: isolation.ReasonStart, Err: host.RunUserErr}
-	}
-	if err := s.readyWorkspace(ctx, agent, host.RunUser); err != nil {
-		return res, backend, err
-	}
-	if err := compileErr; err != nil {
-		if isolation.ReasonOf(err) == "" {
-			err = &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
-		}
-		return res, backend, err
-	}
-	if err := s.isolationImage(ctx, &plan); err != nil {
 		return res, backend, err
 	}
 	req := agentproto.Request{
@@ -110,6 +91,38 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 	}
 	res, err = b.Run(ctx, spec)
 	return res, backend, err
+}
+
+// prepareRun compiles a run's plan, picks its backend and readies its
+// workspace and image: what a message's run and a provider check's run
+// share. b is set once the backend is known, even when err is not nil.
+func (s *Service) prepareRun(ctx context.Context, cfg *config.Config, agent config.Agent, runID string, attempt int, host runplan.HostFacts) (plan isolation.Plan, b isolation.Backend, err error) {
+	// Compile alone chooses the backend; a refused plan still names it, and
+	// a missing backend is said before the plan's own problems.
+	plan, compileErr := runplan.CompileAttempt(cfg, agent.ID, runID, attempt, host)
+	b, err = s.backendFor(plan.Backend)
+	if err != nil {
+		if plan.Backend == "" {
+			err = compileErr
+		}
+		return plan, nil, err
+	}
+	if host.RunUserErr != nil {
+		return plan, b, &isolation.RunError{Reason: isolation.ReasonStart, Err: host.RunUserErr}
+	}
+	if err := s.readyWorkspace(ctx, agent, host.RunUser); err != nil {
+		return plan, b, err
+	}
+	if err := compileErr; err != nil {
+		if isolation.ReasonOf(err) == "" {
+			err = &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
+		}
+		return plan, b, err
+	}
+	if err := s.isolationImage(ctx, &plan); err != nil {
+		return plan, b, err
+	}
+	return plan, b, nil
 }
 
 // startEgress starts the run's egress proxy as [scheduler] egress_user on

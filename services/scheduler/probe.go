@@ -10,7 +10,6 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/config"
-	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -117,25 +116,8 @@ func (s *Service) probeRun(ctx context.Context, cfg *config.Config, agentID stri
 	host := s.agentFacts(cfg, agent.ID)
 	now := s.clock.Now()
 	runID := newRunID(now)
-	// As in runOnce: the compiled plan names the backend.
-	plan, compileErr := runplan.Compile(cfg, agent.ID, runID, host)
-	b := s.opts.Backends[string(plan.Backend)]
-	if b == nil {
-		if plan.Backend == "" {
-			return nil, compileErr
-		}
-		return nil, fmt.Errorf("this scheduler has no %s backend", plan.Backend)
-	}
-	if host.RunUserErr != nil {
-		return nil, host.RunUserErr
-	}
-	if err := s.readyWorkspace(ctx, agent, host.RunUser); err != nil {
-		return nil, err
-	}
-	if compileErr != nil {
-		return nil, compileErr
-	}
-	if err := s.isolationImage(ctx, &plan); err != nil {
+	plan, b, err := s.prepareRun(ctx, cfg, agent, runID, 0, host)
+	if err != nil {
 		return nil, err
 	}
 	req := agentproto.Request{
