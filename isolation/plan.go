@@ -75,6 +75,16 @@ type Plan struct {
 	KillGrace time.Duration `json:"kill_grace"`
 }
 
+// RequireMemoryLimit refuses a plan without a memory limit, as every
+// backend does before it starts anything: config defaults the limit once,
+// and a plan without one would run unbounded.
+func (p Plan) RequireMemoryLimit() error {
+	if p.Limits.MemoryBytes <= 0 {
+		return Errorf(ReasonStart, "cannot run the plan of run %s (agent %s): it has no memory limit", p.RunID, p.AgentID)
+	}
+	return nil
+}
+
 // AttemptName names what one attempt of a run leaves on the host: its
 // container, transient unit, cgroup and egress directory. A run started again
 // after a crash keeps its id, so only the attempt tells a dead start's

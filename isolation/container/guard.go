@@ -18,9 +18,8 @@ import (
 var forbiddenSources = []string{"/etc", "/proc", "/sys", "/dev", "/run", "/var/run", "/var/lib/docker", "/boot"}
 
 func checkPlan(p isolation.Plan) error {
-	// config defaults the limit once; a plan without one would run unbounded.
-	if p.Limits.MemoryBytes <= 0 {
-		return isolation.Errorf(isolation.ReasonStart, "cannot run the plan of run %s (agent %s): it has no memory limit", p.RunID, p.AgentID)
+	if err := p.RequireMemoryLimit(); err != nil {
+		return err
 	}
 	switch mode := p.Network.Mode; {
 	case mode == "bridge" || mode == "none":

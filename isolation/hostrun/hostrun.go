@@ -66,9 +66,8 @@ func (r Runner) units() bool {
 // run's own or, where the admin accepted them, rlimits (limits.go). Errors are *isolation.RunError; the Result that comes with an
 // error still carries the exit code and stderr tail when there were any.
 func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result, error) {
-	// config defaults the limit once; a plan without one would run unbounded.
-	if spec.Limits.MemoryBytes <= 0 {
-		return isolation.Result{}, isolation.Errorf(isolation.ReasonStart, "cannot run the plan of run %s (agent %s): it has no memory limit", spec.RunID, spec.AgentID)
+	if err := spec.RequireMemoryLimit(); err != nil {
+		return isolation.Result{}, err
 	}
 	if !filepath.IsAbs(spec.AgentBinary) {
 		return isolation.Result{}, isolation.Errorf(isolation.ReasonStart, "agent binary %q is not an absolute path", spec.AgentBinary)
