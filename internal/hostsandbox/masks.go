@@ -307,7 +307,7 @@ func bindBack(path string, fd int, dir, readOnly bool) error {
 		unix.ST_NOSUID: unix.MS_NOSUID, unix.ST_NODEV: unix.MS_NODEV, unix.ST_NOEXEC: unix.MS_NOEXEC,
 		unix.ST_NOATIME: unix.MS_NOATIME, unix.ST_NODIRATIME: unix.MS_NODIRATIME, unix.ST_RELATIME: unix.MS_RELATIME,
 	} {
-		if fs.Flags&st != 0 {
+		if int64(fs.Flags)&st != 0 { // int32 on 32-bit architectures
 			flags |= ms
 		}
 	}
