@@ -51,6 +51,19 @@ func TestQuickstartPrintsTheAgentsReplyAndTheRun(t *testing.T) {
 	}
 }
 
+// The README's demo, as is: the agent reads berth's own config and Landlock
+// refuses it. A config the sandbox cannot even see (one under /tmp, which a
+// host run has of its own) would show "No such file" and demonstrate
+// nothing.
+func TestTheQuickstartsDemoShowsLandlockRefusingBerthsConfig(t *testing.T) {
+	t.Parallel()
+	testenv.NeedRoot(t)
+	s := quickstart(t, nil)
+	if !regexp.MustCompile(`cat: \S+/etc/berth\.toml: Permission denied`).MatchString(s) {
+		t.Fatalf("the demo did not show Landlock refusing berth's config:\n%s", s)
+	}
+}
+
 func TestQuickstartWithContainerIsolationAnswersFromAContainer(t *testing.T) {
 	t.Parallel()
 	testenv.NeedRoot(t)

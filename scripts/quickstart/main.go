@@ -13,6 +13,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -206,15 +207,31 @@ func run() error {
 const egressSocketTail = len("/suite/state/scheduler/egress/") + 36 + len("/egress.sock")
 
 // workDir makes the quickstart's working directory, short enough that the
-// runs' egress socket paths fit a Unix socket address (107 bytes): under
-// $TMPDIR when that leaves room, else under /tmp.
+// runs' egress socket paths fit a Unix socket address (107 bytes), and
+// outside /tmp, /var/tmp and /run: a confined host run has those of its own,
+// so berth's config under them would only be missing from the sandbox, not
+// refused by Landlock as the demo shows. As root under /var/lib, else in
+// the user's cache directory; /tmp only when neither can be used.
 func workDir() (string, error) {
-	work, err := os.MkdirTemp("", "berth-qs-")
-	if err != nil || len(work)+egressSocketTail <= 107 {
-		return work, err
+	var parents []string
+	if os.Geteuid() == 0 {
+		parents = append(parents, "/var/lib")
 	}
-	os.Remove(work)
-	return os.MkdirTemp("/tmp", "berth-qs-")
+	if cache, err := os.UserCacheDir(); err == nil {
+		parents = append(parents, cache)
+	}
+	for _, parent := range append(parents, os.TempDir(), "/tmp") {
+		if len(parent)+len("/berth-qs-1234567890")+egressSocketTail > 107 {
+			continue
+		}
+		if err := os.MkdirAll(parent, 0o755); err != nil {
+			continue
+		}
+		if work, err := os.MkdirTemp(parent, "berth-qs-"); err == nil {
+			return work, nil
+		}
+	}
+	return "", errors.New("cannot make a working directory short enough for the runs' egress sockets under /var/lib, the cache directory or /tmp")
 }
 
 // buildAgentImage builds the berth-agent image offline (FROM scratch, the
