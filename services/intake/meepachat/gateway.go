@@ -405,12 +405,15 @@ func mentions(w wireMessage, bot botUser) bool {
 // any case) from the start of content, with the whitespace around it.
 func stripLeadingMention(content string, bot botUser) string {
 	text := strings.TrimSpace(content)
-	forms := []string{"<@" + bot.ID + ">"}
+	var forms []string
+	if bot.ID != "" {
+		forms = append(forms, "<@"+bot.ID+">")
+	}
 	if bot.Username != "" {
 		forms = append(forms, "@"+bot.Username)
 	}
 	for _, form := range forms {
-		if bot.ID == "" || len(text) < len(form) || !strings.EqualFold(text[:len(form)], form) {
+		if len(text) < len(form) || !strings.EqualFold(text[:len(form)], form) {
 			continue
 		}
 		rest := text[len(form):]
