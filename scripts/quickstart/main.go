@@ -203,8 +203,9 @@ func run() error {
 }
 
 // egressSocketTail is what follows the working directory in a run's egress
-// socket path: /suite/state/scheduler/egress/<36-byte run id>/egress.sock.
-const egressSocketTail = len("/suite/state/scheduler/egress/") + 36 + len("/egress.sock")
+// socket path: /suite/state/scheduler/egress/<36-byte run id>-<attempt>/egress.sock
+// (an attempt of up to two digits).
+const egressSocketTail = len("/suite/state/scheduler/egress/") + 36 + len("-99") + len("/egress.sock")
 
 // workDir makes the quickstart's working directory, short enough that the
 // runs' egress socket paths fit a Unix socket address (107 bytes), and
@@ -221,13 +222,13 @@ func workDir() (string, error) {
 		parents = append(parents, cache)
 	}
 	for _, parent := range append(parents, os.TempDir(), "/tmp") {
-		if len(parent)+len("/berth-qs-1234567890")+egressSocketTail > 107 {
+		if len(parent)+len("/berth-1234567890")+egressSocketTail > 107 {
 			continue
 		}
 		if err := os.MkdirAll(parent, 0o755); err != nil {
 			continue
 		}
-		if work, err := os.MkdirTemp(parent, "berth-qs-"); err == nil {
+		if work, err := os.MkdirTemp(parent, "berth-"); err == nil {
 			return work, nil
 		}
 	}
