@@ -324,6 +324,17 @@ func (p *Proxy) read(stdout io.Reader, ready chan<- error) {
 // connection), removes the socket and returns the run's egress record.
 func (p *Proxy) Stop() Record {
 	p.stdin.Close()
+	// The decisions still in the stdout pipe are read to its end before
+	// Wait, which closes the pipe's reading end and would drop them.
+	select {
+	case <-p.done:
+	case <-time.After(p.timeout):
+		p.cmd.Process.Kill()
+		select {
+		case <-p.done:
+		case <-time.After(p.timeout):
+		}
+	}
 	exited := make(chan struct{})
 	go func() { p.cmd.Wait(); close(exited) }()
 	select {
@@ -331,10 +342,6 @@ func (p *Proxy) Stop() Record {
 	case <-time.After(p.timeout):
 		p.cmd.Process.Kill()
 		<-exited
-	}
-	select {
-	case <-p.done:
-	case <-time.After(p.timeout):
 	}
 	if p.release != nil {
 		p.release()
