@@ -52,7 +52,7 @@ func (s *Service) Deliver(reply busapi.Reply) error {
 	}
 	log.Info("reply stored", "run_state", r.RunState)
 	s.refreshCounters()
-	s.stopTyping(messageKey(r.Connector, r.MessageID))
+	s.stopTyping(busapi.MessageKey(r.Connector, r.MessageID))
 	s.pokeDeliver(r.Connector)
 	return nil
 }

@@ -233,7 +233,7 @@ func (s *Service) submitFailures(connectorID, id string) (int, string) {
 	l := s.forwardLaneOf(connectorID)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := l.waiting[messageKey(connectorID, id)]
+	st := l.waiting[busapi.MessageKey(connectorID, id)]
 	return st.attempts, st.lastErr
 }
 

@@ -146,7 +146,7 @@ func TestAFullStateDiskRefusesNewMessagesWith503AndLosesNoneAccepted(t *testing.
 	// and are retried.
 	close(sub.open)
 	eventually(t, "the messages accepted before the fill were submitted", func() bool {
-		return sub.callsFor(messageKey("hooks", accepted[0])) > 0
+		return sub.callsFor(busapi.MessageKey("hooks", accepted[0])) > 0
 	})
 
 	filler.Free(t)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/boltstore"
+	"github.com/berth-dev/berth/internal/busapi"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -58,9 +59,7 @@ type inboxEntry struct {
 }
 
 // Key is the message's inbox key and the scheduler's idempotency key.
-func (m inboxEntry) Key() string { return messageKey(m.Connector, m.ID) }
-
-func messageKey(connector, id string) string { return connector + "/" + id }
+func (m inboxEntry) Key() string { return busapi.MessageKey(m.Connector, m.ID) }
 
 // outboxEntry is an agent's reply (outbox/replies), waiting to be sent by its
 // connector.
@@ -278,7 +277,7 @@ func (s *store) message(connector, id string) (inboxEntry, bool, error) {
 	var found bool
 	err := s.db.View(func(tx *bolt.Tx) error {
 		messages, _, _ := inboxBuckets(tx)
-		v := messages.Get([]byte(messageKey(connector, id)))
+		v := messages.Get([]byte(busapi.MessageKey(connector, id)))
 		if v == nil {
 			return nil
 		}
