@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -29,15 +30,35 @@ const egressToken = "run-token-do-not-leak-0123456789"
 // starts it) on a socket the run user may connect to, in front of a fake
 // OpenAI server that insists on the real key.
 type egressRun struct {
-	socket string
-	server *egress.Server
+	socket    string
+	decisions *streamedDecisions
+}
+
+// streamedDecisions are what the proxy streams through OnDecision, as
+// berth-egress hands them to the scheduler's record.
+type streamedDecisions struct {
+	mu  sync.Mutex
+	got []isolation.EgressDecision
+}
+
+func (s *streamedDecisions) add(d isolation.EgressDecision) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got = append(s.got, d)
+}
+
+func (s *streamedDecisions) all() []isolation.EgressDecision {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]isolation.EgressDecision(nil), s.got...)
 }
 
 func startEgressRun(t *testing.T, f fixture, model *fakeOpenAI, as runAs) egressRun {
 	t.Helper()
+	decisions := &streamedDecisions{}
 	srv, err := egress.NewServer(egress.Policy{RunID: "run-1", Agent: "alpha", Token: egressToken,
 		Providers: []egress.Provider{{Name: "fake", Kind: "openai", BaseURL: model.srv.URL + "/v1", Model: "gpt-test", Key: providerKey}}},
-		egress.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		egress.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), OnDecision: decisions.add})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +72,7 @@ func startEgressRun(t *testing.T, f fixture, model *fakeOpenAI, as runAs) egress
 	}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
-	return egressRun{socket: socket, server: srv}
+	return egressRun{socket: socket, decisions: decisions}
 }
 
 // request is what the scheduler hands an agent without a network of its
@@ -200,7 +221,7 @@ func TestAnAgentWithoutANetworkReachesItsProviderAndOnlyAllowedHostsThroughTheEg
 			}
 			// runInNamespace fails the test if the key or the token is in
 			// the response (which holds the tool's environment) or the log.
-			decisions, _ := run.server.Decisions()
+			decisions := run.decisions.all()
 			var refused int
 			for _, d := range decisions {
 				if !d.Allowed && d.Host == "files.example" {

@@ -21,8 +21,6 @@ const (
 	// EgressProxyPort is the port berth-agent serves the proxy on, on
 	// 127.0.0.1 of the sandbox's own (empty) network namespace.
 	EgressProxyPort = 3128
-	// MaxEgressDecisions bounds the decisions kept per run.
-	MaxEgressDecisions = 200
 )
 
 // EgressPlan is a run's way out: its socket, the destinations its egress

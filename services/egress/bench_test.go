@@ -209,7 +209,7 @@ func median(ds []time.Duration) time.Duration {
 // inProcess is a proxy in this process (for profiles), with its clients.
 func inProcess(b *testing.B) (*benchEnv, clients) {
 	env := newBenchEnv(b)
-	p := startProxy(b, env.pol, egress.Options{Logger: quiet, MaxDecisions: 1, RootCAs: env.roots.RootCAs})
+	p := startProxy(b, env.pol, egress.Options{Logger: quiet, RootCAs: env.roots.RootCAs})
 	return env, env.clients(b, p.socket)
 }
 

@@ -34,7 +34,6 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/egresspolicy"
-	"github.com/berth-dev/berth/isolation"
 )
 
 // Provider is a provider the run may call, key included.
@@ -142,9 +141,8 @@ type Options struct {
 	// TunnelIdleTimeout closes a tunnel (or an intercepted one) through
 	// which no byte went either way for that long (10 min).
 	TunnelIdleTimeout time.Duration
-	// MaxDecisions bounds the decisions kept (isolation.MaxEgressDecisions).
-	MaxDecisions int
-	// OnDecision sees every decision as it is made.
+	// OnDecision sees every decision as it is made; berth-egress streams
+	// them to the scheduler, which keeps the run's record (record.go).
 	OnDecision func(egresspolicy.Decision)
 	// RootCAs verifies upstream TLS; nil is the system's pool.
 	RootCAs *x509.CertPool
@@ -169,8 +167,6 @@ type Server struct {
 	mu          sync.Mutex
 	closed      bool
 	active      sync.WaitGroup // requests being served
-	decisions   []egresspolicy.Decision
-	dropped     int
 	tunnels     map[net.Conn]struct{}
 	intercepted map[string]*http.Transport // by tunnel target host:port
 }
@@ -218,9 +214,6 @@ func NewServer(pol Policy, opts Options) (*Server, error) {
 	}
 	if opts.TunnelIdleTimeout <= 0 {
 		opts.TunnelIdleTimeout = 10 * time.Minute
-	}
-	if opts.MaxDecisions <= 0 {
-		opts.MaxDecisions = isolation.MaxEgressDecisions
 	}
 	for _, p := range pol.Providers {
 		if _, err := p.BaseURLParsed(); err != nil {
@@ -317,22 +310,8 @@ func (s *Server) Close() error {
 	return err
 }
 
-// Decisions are the decisions kept, oldest first, and how many were left out.
-func (s *Server) Decisions() ([]egresspolicy.Decision, int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]egresspolicy.Decision(nil), s.decisions...), s.dropped
-}
-
 func (s *Server) record(d egresspolicy.Decision) {
 	d.Time = d.Time.UTC()
-	s.mu.Lock()
-	if len(s.decisions) < s.opts.MaxDecisions {
-		s.decisions = append(s.decisions, d)
-	} else {
-		s.dropped++
-	}
-	s.mu.Unlock()
 	if s.opts.OnDecision != nil {
 		// The receiver logs it (the scheduler, with the run's attributes).
 		s.opts.OnDecision(d)

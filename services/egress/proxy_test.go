@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/berth-dev/berth/isolation"
@@ -62,6 +63,25 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 type proxy struct {
 	srv    *egress.Server
 	socket string
+}
+
+// streamed collects the decisions a proxy streams through OnDecision, as
+// berth-egress hands them to the scheduler's record.
+type streamed struct {
+	mu  sync.Mutex
+	got []isolation.EgressDecision
+}
+
+func (s *streamed) add(d isolation.EgressDecision) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got = append(s.got, d)
+}
+
+func (s *streamed) all() []isolation.EgressDecision {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]isolation.EgressDecision(nil), s.got...)
 }
 
 func startProxy(t testing.TB, pol egress.Policy, opts egress.Options) proxy {
@@ -307,15 +327,18 @@ func TestInternalDestinationsAreRefusedAtDialTimeUnlessARuleNamesThem(t *testing
 	}
 }
 
-func TestDecisionsAreRecordedWithBytesAndBounded(t *testing.T) {
+// Every decision is streamed, with its bytes; the record that keeps a
+// bounded part of them is held by TestARecordKeeps* (launch_test.go).
+func TestDecisionsAreStreamedWithBytes(t *testing.T) {
 	t.Parallel()
+	var stream streamed
 	recorded := make(chan struct{}, 3)
 	oa := fakeOpenAI(t)
 	p := startProxy(t, egress.Policy{RunID: "r1", Providers: []egress.Provider{{Name: "openai", Kind: "openai", BaseURL: oa.URL + "/v1", Model: "m", Key: openKey}}},
-		egress.Options{MaxDecisions: 2, OnDecision: func(isolation.EgressDecision) { recorded <- struct{}{} }})
+		egress.Options{OnDecision: func(d isolation.EgressDecision) { stream.add(d); recorded <- struct{}{} }})
 	// A provider call is recorded once its body is copied, which may be
 	// after the client has it: each request waits for its decision, so the
-	// order (and which one is dropped) is the requests'.
+	// order is the requests'.
 	do(t, p.origin(token), "POST", "http://egress/providers/openai/chat/completions", `{"model":"m"}`)
 	<-recorded
 	do(t, p.client(token), "GET", "http://refused.example/a", "")
@@ -323,9 +346,9 @@ func TestDecisionsAreRecordedWithBytesAndBounded(t *testing.T) {
 	do(t, p.client(token), "GET", "http://refused.example/b", "")
 	<-recorded
 	p.srv.Close() // the run ends: every decision is in
-	got, dropped := p.srv.Decisions()
-	if len(got) != 2 || dropped != 1 {
-		t.Fatalf("got %d decisions, %d dropped; want 2 kept, 1 dropped", len(got), dropped)
+	got := stream.all()
+	if len(got) != 3 {
+		t.Fatalf("got %d decisions streamed; want the 3 requests'", len(got))
 	}
 	ok, refused := got[0], got[1]
 	if !ok.Allowed || ok.Rule != "provider openai" || ok.Method != "POST" || ok.Path != "/v1/chat/completions" || ok.BytesUp != int64(len(`{"model":"m"}`)) || ok.BytesDown == 0 || ok.Time.IsZero() {

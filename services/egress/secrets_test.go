@@ -55,9 +55,10 @@ func TestASecretIsAddedForItsHostsOnlyAndNeverReachesTheSandbox(t *testing.T) {
 	}
 	upstreams := ghRoots
 	upstreams.AddCert(other.Certificate())
+	var stream streamed
 	p := startProxy(t, egress.Policy{RunID: "r1", Allow: rules, CA: &ca,
 		Secrets: []egress.Secret{{Name: "github", Hosts: []string{"api.github.test"}, Header: "Authorization", Format: "Bearer {}", Value: githubToken}}},
-		egress.Options{Resolver: resolver{"api.github.test": "127.0.0.1", "files.test": "127.0.0.1"}, RootCAs: upstreams})
+		egress.Options{Resolver: resolver{"api.github.test": "127.0.0.1", "files.test": "127.0.0.1"}, RootCAs: upstreams, OnDecision: stream.add})
 
 	// The sandbox trusts the run's CA only (plus the system's, not here).
 	sandboxRoots := x509.NewCertPool()
@@ -82,7 +83,7 @@ func TestASecretIsAddedForItsHostsOnlyAndNeverReachesTheSandbox(t *testing.T) {
 		t.Fatalf("a host without a secret through a plain tunnel: %d %q", code, body)
 	}
 	p.srv.Close()
-	decisions, _ := p.srv.Decisions()
+	decisions := stream.all()
 	var secretCalls int
 	for _, d := range decisions {
 		if d.Rule == "secret github" && d.Allowed && d.Path == "/user" {
