@@ -62,6 +62,36 @@ type Request struct {
 	// So berthctl providers test proves what runs reach, and the scheduler
 	// links no model SDK.
 	Probe bool `json:"probe,omitempty"`
+	// MCP are the agent's MCP servers; their tools join the run's tool set.
+	// No header value travels here: the egress proxy adds an HTTP server's
+	// headers as an egress secret, so the sandbox never holds them.
+	MCP []MCPServer `json:"mcp,omitempty"`
+	// WebSearch, when set, gives the run the web_search tool.
+	WebSearch *WebSearch `json:"web_search,omitempty"`
+}
+
+// MCPServer is one MCP server of the agent, reached over stdio (Command,
+// started inside the sandbox like a tool) or streamable HTTP (URL, through
+// the egress proxy); exactly one of the two is set.
+type MCPServer struct {
+	// Name makes the server's tools mcp__<Name>__<tool>.
+	Name    string   `json:"name"`
+	Command []string `json:"command,omitempty"`
+	URL     string   `json:"url,omitempty"`
+	// Tools, when set, are the server's tools (bare names) the agent may
+	// call; the others are left out.
+	Tools []string `json:"tools,omitempty"`
+	// TimeoutSeconds bounds the server's start (initialize and tool list)
+	// and each call to it; 0 means the agent's default.
+	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
+}
+
+// WebSearch is the web_search tool's provider: Kind "searxng" (a SearXNG
+// instance's JSON API) or "brave" (the Brave Search API, whose key the
+// egress proxy adds as an egress secret), at BaseURL.
+type WebSearch struct {
+	Kind    string `json:"kind"`
+	BaseURL string `json:"base_url"`
 }
 
 // ProbeResult is what one provider's probe call learned.
@@ -173,6 +203,20 @@ type Response struct {
 	Error     string     `json:"error,omitempty"`
 	// Probes answer a Request with Probe set, one per provider in order.
 	Probes []ProbeResult `json:"probes,omitempty"`
+	// MCP says how each of Request.MCP fared: its tools, or why it gave none.
+	MCP []MCPStatus `json:"mcp,omitempty"`
+}
+
+// MCPStatus is one MCP server in a run's record.
+type MCPStatus struct {
+	Name string `json:"name"`
+	// Transport is "stdio" or "http".
+	Transport string `json:"transport"`
+	// Tools are the names the model was offered (mcp__<name>__<tool>).
+	Tools []string `json:"tools,omitempty"`
+	// Error says why the server gave no tools (it did not start, timed
+	// out, answered garbage, or its entry is invalid).
+	Error string `json:"error,omitempty"`
 }
 
 // ToolCall records one tool invocation of the run.
