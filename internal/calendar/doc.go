@@ -1,0 +1,20 @@
+// Package calendar reads systemd calendar expressions (systemd.time(7),
+// the OnCalendar= of a .timer) and computes when one next elapses, so a
+// scheduled job fires at the same instants whether systemd's timer or
+// berth's own loop drives it.
+//
+// Parse accepts what systemd 252 accepts and nothing else: weekdays
+// (Mon..Fri, lists, the old Mon-Wed ranges), dates ([YEAR-]MONTH-DAY, with
+// ~ counting days from the end of the month), times (HOUR:MINUTE[:SECOND],
+// seconds with up to six decimals), *, lists, ranges and /repetitions in
+// every component, the shorthands (minutely … semiannually), and a time
+// zone at the end: UTC or an IANA name such as Europe/Berlin, and @EPOCH
+// for one instant. Not accepted: the local zone's abbreviation (CET after a
+// time), whose meaning depends on the machine's TZ; name the zone instead.
+//
+// Spec.String is systemd's normalized form, and Spec.Next follows systemd's
+// walk through local time, including its choices in daylight saving
+// changes: a wall time the clocks skip does not elapse that day, and a wall
+// time the clocks repeat elapses once. The tests hold both against
+// `systemd-analyze calendar`.
+package calendar
