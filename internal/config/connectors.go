@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/url"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -17,17 +18,20 @@ import (
 // ConnectorTypes are the values of [[connectors]] type.
 var ConnectorTypes = []string{ConnectorWebhook, ConnectorMeepaChat, ConnectorDiscord, ConnectorSlack}
 
-// connectorKeys are the keys each connector type may set; a key of another
-// type is an error, so a slack option left on a discord connector is not
-// silently ignored.
-var connectorKeys = map[string][]string{
-	ConnectorWebhook:   {"id", "type", "default_agent", "secret", "secret_file", "reply_url"},
-	ConnectorMeepaChat: {"id", "type", "default_agent", "base_url", "gateway_url", "tls_verify", "ca_file", "token", "allow_bots", "trigger"},
-	ConnectorDiscord: {"id", "type", "default_agent", "base_url", "gateway_url", "tls_verify", "ca_file", "token",
-		"public_key", "application_id", "guild_ids", "allow_bots", "trigger"},
-	ConnectorSlack: {"id", "type", "default_agent", "base_url", "tls_verify", "ca_file", "app_token", "bot_token",
-		"signing_secret", "allow_bots", "trigger", "mode"},
-}
+// connectorKeys are the keys each connector type may set (the types= of
+// Connector's tags, in field order); a key of another type is an error, so a
+// slack option left on a discord connector is not silently ignored.
+var connectorKeys = func() map[string][]string {
+	keys := map[string][]string{}
+	for _, f := range specsOf(reflect.TypeFor[Connector]()) {
+		for _, typ := range ConnectorTypes {
+			if len(f.types) == 0 || slices.Contains(f.types, typ) {
+				keys[typ] = append(keys[typ], f.key)
+			}
+		}
+	}
+	return keys
+}()
 
 // snowflakePattern is a Discord id: a decimal 64-bit number.
 var snowflakePattern = regexp.MustCompile(`^[0-9]{1,20}$`)
@@ -73,38 +77,17 @@ func snowflake(s string) string {
 	return ""
 }
 
-// connectorValues checks the values one file sets on a connector.
-func (c *checks) connectorValues(e *connectorEntry) {
-	k := &e.c
-	c.str(e.at, "type", k.Type, oneOf(ConnectorTypes...))
-	c.str(e.at, "secret", k.Secret, nonEmpty)
-	c.str(e.at, "secret_file", k.SecretFile, absolutePath)
-	c.str(e.at, "reply_url", k.ReplyURL, httpURL)
-	c.str(e.at, "base_url", k.BaseURL, httpURL)
-	c.str(e.at, "gateway_url", k.GatewayURL, gatewayURL)
-	c.str(e.at, "ca_file", k.CAFile, caFile)
-	for _, key := range credentialKeys {
-		ref, _ := k.CredentialRef(key)
-		c.str(e.at, key, ref, checkCredentialRef)
-	}
-	c.str(e.at, "public_key", k.PublicKey, ed25519PublicKey)
-	c.str(e.at, "application_id", k.ApplicationID, snowflake)
-	c.strs(e.at, "guild_ids", k.GuildIDs, snowflake)
-	c.str(e.at, "trigger", k.Trigger, oneOf(TriggerMention, TriggerAll))
-	c.str(e.at, "mode", k.Mode, oneOf(SlackSocket, SlackEvents))
-}
-
 // connectorMerged checks what a connector's type asks of the merged
 // connector: only its type's keys, and the keys it needs.
-func (c *checks) connectorMerged(e *connectorEntry) {
-	k := &e.c
+func (c *checks) connectorMerged(e *entry[Connector]) {
+	k := &e.v
 	if _, ok := e.at["type"]; !ok {
 		c.fail(where(e.at, e.self, "type"), "is required: one of %s", strings.Join(ConnectorTypes, ", "))
 		return
 	}
 	allowed, known := connectorKeys[k.Type]
 	if !known {
-		return // reported by connectorValues
+		return // reported by its value check
 	}
 	for _, name := range slices.Sorted(maps.Keys(e.at)) {
 		if !slices.Contains(allowed, name) {

@@ -135,13 +135,3 @@ func CheckRuntime(s string) string {
 	}
 	return ""
 }
-
-func (c *checks) containerValues(a *agentEntry) {
-	cm := &a.s.ContainerMode
-	c.str(a.at, "container_mode.runtime", cm.Runtime, CheckRuntime)
-	if l, ok := a.at["container_mode.warm"]; ok && (*cm.Warm < 0 || *cm.Warm > MaxWarm) {
-		c.fail(l, "must be between 0 and %d, not %d", MaxWarm, *cm.Warm)
-	}
-	c.strs(a.at, "container_mode.binds", cm.Binds, CheckBind)
-	c.strs(a.at, "container_mode.security_opt", cm.SecurityOpt, CheckSecurityOpt)
-}

@@ -55,11 +55,9 @@ func secretLookingName(name string) bool {
 	return false
 }
 
-// imageValues checks the values one file sets in an image_config.
+// imageValues checks the env_vars one file sets in an image_config: a name
+// and its value together.
 func (c *checks) imageValues(at fieldLocs, s *ImageSettings) {
-	c.str(at, "image_config.image", s.Image, imageRef)
-	c.str(at, "image_config.base_image", s.BaseImage, imageRef)
-	c.strs(at, "image_config.packages", s.Packages, debianPackage)
 	for _, name := range slices.Sorted(maps.Keys(s.EnvVars)) {
 		l := at[envVarKey(name)]
 		value := s.EnvVars[name]
@@ -88,8 +86,8 @@ func (t *tree) imageMerged(c *checks, at fieldLocs, s *ImageSettings) {
 
 func (t *tree) apiKeyEnvs() []string {
 	var names []string
-	for _, n := range t.providerNames {
-		if e := t.providers[n].p.APIKeyEnv; e != "" {
+	for _, p := range t.v.Providers.Entries {
+		if e := p.v.APIKeyEnv; e != "" {
 			names = append(names, e)
 		}
 	}

@@ -50,14 +50,15 @@ func (r UIDRange) String() string {
 	return fmt.Sprintf("%d-%d", r.First, r.Last)
 }
 
-// agentUIDsOf is the validated agent_uids, DefaultAgentUIDs when unset.
-func agentUIDsOf(s string) UIDRange {
-	if s == "" {
-		return DefaultAgentUIDs
-	}
-	r, err := ParseUIDRange(s)
+// UnmarshalText reads agent_uids as ParseUIDRange does.
+func (r *UIDRange) UnmarshalText(text []byte) error {
+	parsed, err := ParseUIDRange(string(text))
 	if err != nil {
-		return DefaultAgentUIDs
+		return err
 	}
-	return r
+	*r = parsed
+	return nil
 }
+
+// MarshalText writes the range the way UnmarshalText reads it.
+func (r UIDRange) MarshalText() ([]byte, error) { return []byte(r.String()), nil }

@@ -32,102 +32,102 @@ type Providers struct {
 
 // Provider is one [providers.NAME] table.
 type Provider struct {
-	Name      string
-	Kind      string // "local", "openai", "anthropic"; defaults to Name when that is one of them
-	APIKeyEnv string
-	Model     string
-	BaseURL   string
-	MaxTokens int
+	Name      string `berth:"name"`
+	Kind      string `toml:"kind" berth:"check=providerKind"` // "local", "openai", "anthropic"; defaults to Name when that is one of them
+	APIKeyEnv string `toml:"api_key_env" berth:"check=envName"`
+	Model     string `toml:"model"`
+	BaseURL   string `toml:"base_url" berth:"check=httpURL"`
+	MaxTokens int    `toml:"max_tokens" berth:"check=atLeastOne"`
 	// Endpoints are the API paths under BaseURL that get the key through
 	// the egress proxy; empty is the kind's (egresspolicy.DefaultEndpoints).
-	Endpoints []string
+	Endpoints []string `toml:"endpoints" berth:"check=endpoint"`
 	// APIVersion is anthropic-version for an anthropic provider.
-	APIVersion string
+	APIVersion string `toml:"api_version" berth:"check=apiVersion"`
 	// Organization and Project are OpenAI-Organization and OpenAI-Project
 	// for an openai provider: who pays is the admin's choice, never the
 	// sandbox's.
-	Organization string
-	Project      string
+	Organization string `toml:"organization" berth:"check=openaiOrganization"`
+	Project      string `toml:"project" berth:"check=openaiProject"`
 }
 
 // AgentSettings is [agent_defaults] or one [[agents]] entry, before resolution.
 // Pointers and nil slices mean "not set here".
 type AgentSettings struct {
-	ID            string
-	Name          string
-	Workspace     string
-	Provider      string
-	Model         string
-	MaxIterations *int
-	Tools         ToolsSettings
-	ContainerMode ContainerSettings
-	FileAccess    FileAccessSettings
+	ID            string             `toml:"id" berth:"check=id"`
+	Name          string             `toml:"name"`
+	Workspace     string             `toml:"workspace" berth:"check=absolutePath"`
+	Provider      string             `toml:"provider"`
+	Model         string             `toml:"model"`
+	MaxIterations *int               `toml:"max_iterations" berth:"check=maxIterations"`
+	Tools         ToolsSettings      `toml:"tools"`
+	ContainerMode ContainerSettings  `toml:"container_mode"`
+	FileAccess    FileAccessSettings `toml:"file_access"`
 	// WorkspaceQuota is workspace_quota: "1g", "512m", "0" (no quota).
-	WorkspaceQuota *Bytes
-	ImageConfig    ImageSettings // [agents.image_config]; never set in [agent_defaults]
-	Egress         EgressSettings
+	WorkspaceQuota *Bytes         `toml:"workspace_quota" berth:"check=workspaceQuota"`
+	ImageConfig    ImageSettings  `toml:"image_config"` // [agents.image_config]; never set in [agent_defaults]
+	Egress         EgressSettings `toml:"egress"`
 }
 
 // EgressSecret is one [[egress.secrets]] entry. The value comes from the
 // scheduler's environment (Env) or a file (File: absolute, or relative to
 // $CREDENTIALS_DIRECTORY); it never enters a sandbox.
 type EgressSecret struct {
-	Name   string
-	Env    string
-	File   string
-	Hosts  []string // exact host names
-	Header string   // default "Authorization"
-	Format string   // "{}" is replaced by the value; default "Bearer {}"
+	Name   string   `toml:"name" berth:"check=nonEmpty"`
+	Env    string   `toml:"env" berth:"check=nonEmpty"`
+	File   string   `toml:"file" berth:"check=nonEmpty"`
+	Hosts  []string `toml:"hosts" berth:"check=host"`          // exact host names
+	Header string   `toml:"header" berth:"check=headerName"`   // default "Authorization"
+	Format string   `toml:"format" berth:"check=secretFormat"` // "{}" is replaced by the value; default "Bearer {}"
 	// Ports, Methods and Paths narrow where the secret is added (any, when
 	// empty): a tunnel to another port is not intercepted; a request with
 	// another method, or a path not under one of Paths (prefixes at a
 	// segment boundary), is sent without the secret.
-	Ports   []int
-	Methods []string
-	Paths   []string
+	Ports   []int    `toml:"ports" berth:"check=port"`
+	Methods []string `toml:"methods" berth:"check=tunnelMethod"`
+	Paths   []string `toml:"paths" berth:"check=secretPath"`
 }
 
 // EgressSettings is [agents.egress] (or [agent_defaults.egress]).
 type EgressSettings struct {
 	// Allow are rules "[METHOD[,METHOD…] ]host[:port]", parsed by
 	// egresspolicy.ParseRule.
-	Allow []string
+	Allow []string `toml:"allow" berth:"check=egressRule"`
 }
 
 // ImageSettings is [image_config] or [agents.image_config], before
 // resolution. Nil means "not set here".
 type ImageSettings struct {
-	Enabled   *bool
-	Image     string
-	BaseImage string
-	Packages  []string
-	EnvVars   map[string]string
+	Enabled   *bool             `toml:"enabled"`
+	Image     string            `toml:"image" berth:"check=imageRef"`
+	BaseImage string            `toml:"base_image" berth:"check=imageRef"`
+	Packages  []string          `toml:"packages" berth:"check=debianPackage"`
+	EnvVars   map[string]string `toml:"env_vars"` // checked by checks.imageValues: names and values together
 }
 
 type ToolsSettings struct {
-	Allow []string
-	Deny  []string
+	Allow []string `toml:"allow" berth:"check=nonEmpty"`
+	Deny  []string `toml:"deny" berth:"check=nonEmpty"`
 }
 
 type ContainerSettings struct {
-	Enabled        *bool
-	Image          string
-	MemoryLimit    *Bytes
-	TimeoutSeconds *int
-	Network        string
-	Runtime        string
-	Warm           *int
-	Binds          []string
-	SecurityOpt    []string
+	Enabled        *bool    `toml:"enabled"`
+	Image          string   `toml:"image"`
+	MemoryLimit    *Bytes   `toml:"memory_limit" berth:"check=memoryLimit"`
+	TimeoutSeconds *int     `toml:"timeout_seconds" berth:"check=seconds"`
+	Network        string   `toml:"network" berth:"check=network"`
+	Runtime        string   `toml:"runtime" berth:"check=runtime"`
+	Warm           *int     `toml:"warm" berth:"check=warm"`
+	Binds          []string `toml:"binds" berth:"check=bind"`
+	SecurityOpt    []string `toml:"security_opt" berth:"check=securityOpt"`
 }
 
 type FileAccessSettings struct {
-	Unrestricted      *bool
-	AllowRead         []string
-	AllowReadWrite    []string
-	Deny              []string
-	AllowHomeDotfiles *bool
-	AllowNetwork      *bool
+	Unrestricted      *bool    `toml:"unrestricted"`
+	AllowRead         []string `toml:"allow_read" berth:"check=absolutePath"`
+	AllowReadWrite    []string `toml:"allow_read_write" berth:"check=absolutePath"`
+	Deny              []string `toml:"deny" berth:"check=absolutePath"`
+	AllowHomeDotfiles *bool    `toml:"allow_home_dotfiles"`
+	AllowNetwork      *bool    `toml:"allow_network"`
 }
 
 // Agent is one agent's effective settings: agent → agent_defaults → built-in default.
@@ -197,9 +197,9 @@ type FileAccess struct {
 type Intake struct {
 	// Listen is the HTTP address used when intake is not socket-activated and
 	// no --listen flag is given. Empty means: no HTTP listener of its own.
-	Listen string
+	Listen string `toml:"listen" berth:"check=hostPort"`
 	// DefaultAgent receives messages no binding and no connector default routes.
-	DefaultAgent string
+	DefaultAgent string `toml:"default_agent"`
 }
 
 // Connector types.
@@ -232,47 +232,50 @@ const (
 )
 
 // Connector is one [[connectors]] entry.
+//
+// The order of the fields is the order in which a type's keys are listed
+// when a connector sets a key of another type.
 type Connector struct {
-	ID           string
-	Type         string // "webhook", "meepachat", "discord" or "slack"
-	Secret       string // webhook only; secret: never log
-	SecretFile   string // webhook only; alternative to Secret: file holding the secret
-	ReplyURL     string // webhook only
-	DefaultAgent string
+	ID           string `toml:"id" berth:"check=id"`
+	Type         string `toml:"type" berth:"check=connectorType"` // "webhook", "meepachat", "discord" or "slack"
+	DefaultAgent string `toml:"default_agent"`
+	Secret       string `toml:"secret" berth:"check=nonEmpty,types=webhook"`          // secret: never log
+	SecretFile   string `toml:"secret_file" berth:"check=absolutePath,types=webhook"` // alternative to Secret: file holding the secret
+	ReplyURL     string `toml:"reply_url" berth:"check=httpURL,types=webhook"`
 
 	// BaseURL is the platform's API. Defaults: discord
 	// "https://discord.com/api/v10", slack "https://slack.com/api/";
 	// required for meepachat (self-hosted).
-	BaseURL string
+	BaseURL string `toml:"base_url" berth:"check=httpURL,types=meepachat|discord|slack"`
 	// GatewayURL overrides the WebSocket gateway (discord, meepachat).
-	GatewayURL string
-	TLSVerify  bool   // default true
-	CAFile     string // PEM bundle trusted in addition to the system's; exists when set
+	GatewayURL string `toml:"gateway_url" berth:"check=gatewayURL,types=meepachat|discord"`
+	TLSVerify  bool   `toml:"tls_verify" berth:"types=meepachat|discord|slack"`           // default true
+	CAFile     string `toml:"ca_file" berth:"check=caFile,types=meepachat|discord|slack"` // PEM bundle trusted in addition to the system's; exists when set
 
 	// Credential references (never the secrets themselves): "$VAR" reads the
 	// service's environment, a bare name reads $CREDENTIALS_DIRECTORY/name
 	// (systemd LoadCredential=), an absolute path is read as is. Resolve
 	// them with Credential.
-	Token         string // meepachat, discord
-	AppToken      string // slack, socket mode
-	BotToken      string // slack
-	SigningSecret string // slack, events mode
+	Token         string `toml:"token" berth:"check=credential,types=meepachat|discord"`
+	AppToken      string `toml:"app_token" berth:"check=credential,types=slack"` // socket mode
+	BotToken      string `toml:"bot_token" berth:"check=credential,types=slack"`
+	SigningSecret string `toml:"signing_secret" berth:"check=credential,types=slack"` // events mode
 
-	PublicKey     string   // discord application public key, hex (not a secret)
-	ApplicationID string   // discord
-	GuildIDs      []string // discord: only these guilds; empty means all
-	AllowBots     bool     // handle messages of other bots; default false
-	Trigger       string   // TriggerMention (default) or TriggerAll; not webhook
-	Mode          string   // slack: SlackSocket (default) or SlackEvents
+	PublicKey     string   `toml:"public_key" berth:"check=ed25519PublicKey,types=discord"` // application public key, hex (not a secret)
+	ApplicationID string   `toml:"application_id" berth:"check=snowflake,types=discord"`
+	GuildIDs      []string `toml:"guild_ids" berth:"check=snowflake,types=discord"`             // only these guilds; empty means all
+	AllowBots     bool     `toml:"allow_bots" berth:"types=meepachat|discord|slack"`            // handle messages of other bots; default false
+	Trigger       string   `toml:"trigger" berth:"check=trigger,types=meepachat|discord|slack"` // TriggerMention (default) or TriggerAll
+	Mode          string   `toml:"mode" berth:"check=slackMode,types=slack"`                    // SlackSocket (default) or SlackEvents
 }
 
 // Binding is one [[bindings]] entry: routes a connector's channel to an agent.
 type Binding struct {
-	Connector   string // empty matches every connector
-	ChannelID   string // exact match
-	ChannelName string // glob (path.Match syntax)
-	ServerID    string // exact match: MeepaChat server, Discord guild, Slack team
-	Agent       string
+	Connector   string `toml:"connector"`                         // empty matches every connector
+	ChannelID   string `toml:"channel_id" berth:"check=nonEmpty"` // exact match
+	ChannelName string `toml:"channel_name" berth:"check=glob"`   // glob (path.Match syntax)
+	ServerID    string `toml:"server_id" berth:"check=nonEmpty"`  // exact match: MeepaChat server, Discord guild, Slack team
+	Agent       string `toml:"agent"`
 }
 
 // Scheduler is the [scheduler] table.

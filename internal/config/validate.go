@@ -49,27 +49,10 @@ func where(at fieldLocs, self loc, name string) loc {
 	return l
 }
 
-func (c *checks) str(at fieldLocs, name, value string, check func(string) string) {
-	if l, ok := at[name]; ok {
-		if msg := check(value); msg != "" {
-			c.fail(l, "%s", msg)
-		}
-	}
-}
-
-func (c *checks) strs(at fieldLocs, name string, values []string, check func(string) string) {
-	if l, ok := at[name]; ok {
-		for i, v := range values {
-			if msg := check(v); msg != "" {
-				c.fail(l.elem(i), "%s", msg)
-			}
-		}
-	}
-}
-
-// egressSecret checks one [[egress.secrets]] entry.
-func (c *checks) egressSecret(e *secretEntry, seen map[string]loc) {
-	s := &e.s
+// egressSecret checks what one [[egress.secrets]] entry needs beyond its
+// values: a unique name, one source and at least one host.
+func (c *checks) egressSecret(e *entry[EgressSecret], seen map[string]loc) {
+	s := &e.v
 	if _, ok := e.at["name"]; !ok {
 		c.fail(where(e.at, e.self, "name"), "is required")
 	} else if first, dup := seen[s.Name]; dup {
@@ -77,63 +60,24 @@ func (c *checks) egressSecret(e *secretEntry, seen map[string]loc) {
 	} else {
 		seen[s.Name] = e.at["name"]
 	}
-	c.str(e.at, "name", s.Name, nonEmpty)
 	_, hasEnv := e.at["env"]
 	_, hasFile := e.at["file"]
 	if hasEnv == hasFile {
 		c.fail(e.self, "set exactly one of env and file (where the secret's value is read)")
 	}
-	c.str(e.at, "env", s.Env, nonEmpty)
-	c.str(e.at, "file", s.File, nonEmpty)
 	if _, ok := e.at["hosts"]; !ok || len(s.Hosts) == 0 {
 		c.fail(where(e.at, e.self, "hosts"), "name at least one host the secret is for")
 	}
-	c.strs(e.at, "hosts", s.Hosts, func(h string) string {
-		if _, err := egresspolicy.ParseHost(h); err != nil {
-			return err.Error()
-		}
-		return ""
-	})
-	if l, ok := e.at["ports"]; ok {
-		if len(s.Ports) == 0 {
-			c.fail(l, "name at least one port, or leave ports out (any port)")
-		}
-		for i, p := range s.Ports {
-			if p < 1 || p > 65535 {
-				c.fail(l.elem(i), "port %d is not 1-65535", p)
-			}
-		}
+	c.notEmptyList(e.at, "ports", len(s.Ports), "name at least one port, or leave ports out (any port)")
+	c.notEmptyList(e.at, "methods", len(s.Methods), "name at least one method, or leave methods out (any method)")
+	c.notEmptyList(e.at, "paths", len(s.Paths), "name at least one path prefix, or leave paths out (any path)")
+}
+
+// notEmptyList refuses a list key that is set to [].
+func (c *checks) notEmptyList(at fieldLocs, name string, n int, msg string) {
+	if l, ok := at[name]; ok && n == 0 {
+		c.fail(l, "%s", msg)
 	}
-	if l, ok := e.at["methods"]; ok && len(s.Methods) == 0 {
-		c.fail(l, "name at least one method, or leave methods out (any method)")
-	}
-	c.strs(e.at, "methods", s.Methods, func(m string) string {
-		if m = strings.ToUpper(m); m == "CONNECT" || !slices.Contains(egresspolicy.HTTPMethods, m) {
-			return fmt.Sprintf("%q is not the method of a request inside a tunnel (GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS)", m)
-		}
-		return ""
-	})
-	if l, ok := e.at["paths"]; ok && len(s.Paths) == 0 {
-		c.fail(l, "name at least one path prefix, or leave paths out (any path)")
-	}
-	c.strs(e.at, "paths", s.Paths, func(p string) string {
-		if err := egresspolicy.CheckSecretPath(p); err != nil {
-			return err.Error()
-		}
-		return ""
-	})
-	c.str(e.at, "header", s.Header, func(h string) string {
-		if h == "" || strings.ContainsAny(h, " :\r\n") {
-			return fmt.Sprintf("%q is not a header name", h)
-		}
-		return ""
-	})
-	c.str(e.at, "format", s.Format, func(f string) string {
-		if strings.Count(f, "{}") != 1 || strings.ContainsAny(f, "\r\n") {
-			return fmt.Sprintf("%q must hold \"{}\" once, where the value goes", f)
-		}
-		return ""
-	})
 }
 
 func nonEmpty(s string) string {
@@ -176,110 +120,112 @@ func httpURL(s string) string {
 	return ""
 }
 
-// validateValues checks the values one file sets, on their own.
-func (t *tree) validateValues() Errors {
-	var c checks
-	c.str(t.at, "providers.primary", t.primary, nonEmpty)
-	c.strs(t.at, "providers.fallback", t.fallback, nonEmpty)
-	for _, name := range t.providerNames {
-		e := t.providers[name]
-		c.str(e.at, "kind", e.p.Kind, oneOf(providerKinds...))
-		c.str(e.at, "api_key_env", e.p.APIKeyEnv, func(s string) string {
-			if !envNamePattern.MatchString(s) {
-				return fmt.Sprintf("%q is not an environment variable name", s)
-			}
-			return ""
-		})
-		c.str(e.at, "base_url", e.p.BaseURL, httpURL)
-		if l, ok := e.at["max_tokens"]; ok && e.p.MaxTokens < 1 {
-			c.fail(l, "must be at least 1, not %d", e.p.MaxTokens)
+// valueChecks are the checks a field's tag names (berth:"check=NAME"),
+// each run on a value (each element of a list) as it is read: a
+// func(string) string or func(int) string returns what is wrong, or ""; a
+// sizeRule reads a size.
+var valueChecks = map[string]any{
+	"nonEmpty":     nonEmpty,
+	"id":           validID,
+	"absolutePath": absolutePath,
+	"httpURL":      httpURL,
+	"atLeastOne":   atLeast(1),
+	"seconds": func(n int) string {
+		if n < 1 || n > maxTimeoutSeconds {
+			return fmt.Sprintf("must be a number of seconds greater than 0, not %d", n)
 		}
-		if l, ok := e.at["endpoints"]; ok && len(e.p.Endpoints) == 0 {
-			c.fail(l, "name at least one endpoint, or leave endpoints out (the kind's own)")
+		return ""
+	},
+	"glob": func(s string) string {
+		if _, err := path.Match(s, ""); err != nil {
+			return fmt.Sprintf("%q is not a valid glob pattern", s)
 		}
-		c.strs(e.at, "endpoints", e.p.Endpoints, func(s string) string {
-			if err := egresspolicy.CheckEndpoint(s); err != nil {
-				return err.Error()
-			}
-			return ""
-		})
-		c.str(e.at, "api_version", e.p.APIVersion, func(s string) string {
-			if !apiVersionPattern.MatchString(s) {
-				return fmt.Sprintf("%q is not an anthropic-version date (YYYY-MM-DD)", s)
-			}
-			return ""
-		})
-		for _, f := range []struct{ key, value string }{{"organization", e.p.Organization}, {"project", e.p.Project}} {
-			c.str(e.at, f.key, f.value, func(s string) string {
-				if !scopeIDPattern.MatchString(s) {
-					return fmt.Sprintf("%q is not an OpenAI %s id (letters, digits, '-' and '_')", s, f.key)
-				}
-				return ""
-			})
-		}
-	}
-
-	c.agentValues(&t.defaults)
-	c.imageValues(t.at, &t.image)
-	seen := map[string]loc{}
-	for _, a := range t.agents {
-		c.agentValues(a)
-		c.imageValues(a.at, &a.s.ImageConfig)
-		if _, ok := a.at["id"]; !ok {
-			c.fail(where(a.at, a.self, "id"), "is required")
-			continue
-		}
-		c.str(a.at, "id", a.s.ID, validID)
-		if first, dup := seen[a.s.ID]; dup {
-			c.fail(a.at["id"], "agent %q is already defined on line %d", a.s.ID, first.line)
-		}
-		seen[a.s.ID] = a.at["id"]
-	}
-
-	c.str(t.at, "intake.listen", t.intake.Listen, func(s string) string {
+		return ""
+	},
+	"hostPort": func(s string) string {
 		if _, _, err := net.SplitHostPort(s); err != nil {
 			return fmt.Sprintf("%q is not a host:port address", s)
 		}
 		return ""
-	})
-
-	seen = map[string]loc{}
-	for _, e := range t.connectors {
-		if _, ok := e.at["id"]; !ok {
-			c.fail(where(e.at, e.self, "id"), "is required")
-		} else {
-			c.str(e.at, "id", e.c.ID, validID)
-			if first, dup := seen[e.c.ID]; dup {
-				c.fail(e.at["id"], "connector %q is already defined on line %d", e.c.ID, first.line)
-			}
-			seen[e.c.ID] = e.at["id"]
+	},
+	"envName": func(s string) string {
+		if !envNamePattern.MatchString(s) {
+			return fmt.Sprintf("%q is not an environment variable name", s)
 		}
-		c.connectorValues(e)
-	}
+		return ""
+	},
 
-	seenSecret := map[string]loc{}
-	for _, e := range t.secrets {
-		c.egressSecret(e, seenSecret)
-	}
+	// [providers.NAME]
+	"providerKind": oneOf(providerKinds...),
+	"endpoint":     errorText(egresspolicy.CheckEndpoint),
+	"apiVersion": func(s string) string {
+		if !apiVersionPattern.MatchString(s) {
+			return fmt.Sprintf("%q is not an anthropic-version date (YYYY-MM-DD)", s)
+		}
+		return ""
+	},
+	"openaiOrganization": openAIScopeID("organization"),
+	"openaiProject":      openAIScopeID("project"),
 
-	for _, b := range t.bindings {
-		c.str(b.at, "server_id", b.b.ServerID, nonEmpty)
-		c.str(b.at, "channel_id", b.b.ChannelID, nonEmpty)
-		c.str(b.at, "channel_name", b.b.ChannelName, func(s string) string {
-			if _, err := path.Match(s, ""); err != nil {
-				return fmt.Sprintf("%q is not a valid glob pattern", s)
-			}
-			return ""
-		})
-	}
+	// agents
+	"maxIterations":  between(1, 1000),
+	"memoryLimit":    memoryLimitRule,
+	"workspaceQuota": workspaceQuotaRule,
+	"network":        CheckNetwork,
+	"runtime":        CheckRuntime,
+	"warm":           between(0, MaxWarm),
+	"bind":           CheckBind,
+	"securityOpt":    CheckSecurityOpt,
+	"egressRule": errorText(func(s string) error {
+		_, err := egresspolicy.ParseRule(s)
+		return err
+	}),
+	"imageRef":      imageRef,
+	"debianPackage": debianPackage,
 
-	if l, ok := t.at["scheduler.max_concurrent_runs"]; ok && t.maxConcurrentRuns < 1 {
-		c.fail(l, "must be at least 1, not %d", t.maxConcurrentRuns)
-	}
-	if l, ok := t.at["scheduler.default_timeout_seconds"]; ok {
-		c.timeout(l, t.defaultTimeoutSeconds)
-	}
-	c.str(t.at, "scheduler.run_as", t.runAs, func(s string) string {
+	// [[connectors]]
+	"connectorType":    oneOf(ConnectorTypes...),
+	"gatewayURL":       gatewayURL,
+	"caFile":           caFile,
+	"credential":       checkCredentialRef,
+	"ed25519PublicKey": ed25519PublicKey,
+	"snowflake":        snowflake,
+	"trigger":          oneOf(TriggerMention, TriggerAll),
+	"slackMode":        oneOf(SlackSocket, SlackEvents),
+
+	// [[egress.secrets]]
+	"host": errorText(func(h string) error {
+		_, err := egresspolicy.ParseHost(h)
+		return err
+	}),
+	"port": func(p int) string {
+		if p < 1 || p > 65535 {
+			return fmt.Sprintf("port %d is not 1-65535", p)
+		}
+		return ""
+	},
+	"tunnelMethod": func(m string) string {
+		if m = strings.ToUpper(m); m == "CONNECT" || !slices.Contains(egresspolicy.HTTPMethods, m) {
+			return fmt.Sprintf("%q is not the method of a request inside a tunnel (GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS)", m)
+		}
+		return ""
+	},
+	"secretPath": errorText(egresspolicy.CheckSecretPath),
+	"headerName": func(h string) string {
+		if h == "" || strings.ContainsAny(h, " :\r\n") {
+			return fmt.Sprintf("%q is not a header name", h)
+		}
+		return ""
+	},
+	"secretFormat": func(f string) string {
+		if strings.Count(f, "{}") != 1 || strings.ContainsAny(f, "\r\n") {
+			return fmt.Sprintf("%q must hold \"{}\" once, where the value goes", f)
+		}
+		return ""
+	},
+
+	// [scheduler]
+	"runAs": func(s string) string {
 		switch s {
 		case "":
 			return "must not be empty"
@@ -287,28 +233,71 @@ func (t *tree) validateValues() Errors {
 			return "agents must not run as root"
 		}
 		return ""
-	})
-	c.str(t.at, "scheduler.agent_binary", t.agentBinary, absolutePath)
-	c.str(t.at, "scheduler.agent_uids", t.agentUIDs, func(v string) string {
-		if _, err := ParseUIDRange(v); err != nil {
-			return err.Error()
-		}
-		return ""
-	})
-	c.str(t.at, "scheduler.egress_binary", t.egressBinary, absolutePath)
-	c.str(t.at, "scheduler.egress_user", t.egressUser, func(v string) string {
+	},
+	"egressUser": func(v string) string {
 		if v == "root" || v == "0" {
 			return "must not be root: the egress proxy parses what sandboxes send"
 		}
 		return nonEmpty(v)
-	})
+	},
 
-	c.within(t.at, "retention.finished_runs_days", t.finishedRunsDays, 1, maxRetentionDays, "")
-	c.within(t.at, "retention.runs_per_agent", t.runsPerAgent, 1, maxRunsPerAgent, "")
-	c.within(t.at, "retention.delivered_hours", t.deliveredHours, minDeliveredHours, maxRetentionDays*24,
-		": a platform may redeliver an event for a day, and a message id forgotten sooner would run it twice")
-	c.within(t.at, "retention.idle_conversation_days", t.idleConversationDays, 1, maxRetentionDays, "")
-	return c.errs
+	// [retention]
+	"retentionDays": within(1, maxRetentionDays, ""),
+	"runsPerAgent":  within(1, maxRunsPerAgent, ""),
+	"deliveredHours": within(minDeliveredHours, maxRetentionDays*24,
+		": a platform may redeliver an event for a day, and a message id forgotten sooner would run it twice"),
+}
+
+// errorText turns a check that returns an error into one that returns its
+// text.
+func errorText(check func(string) error) func(string) string {
+	return func(s string) string {
+		if err := check(s); err != nil {
+			return err.Error()
+		}
+		return ""
+	}
+}
+
+func atLeast(lo int) func(int) string {
+	return func(n int) string {
+		if n < lo {
+			return fmt.Sprintf("must be at least %d, not %d", lo, n)
+		}
+		return ""
+	}
+}
+
+func between(lo, hi int) func(int) string {
+	return func(n int) string {
+		if n < lo || n > hi {
+			return fmt.Sprintf("must be between %d and %d, not %d", lo, hi, n)
+		}
+		return ""
+	}
+}
+
+// within checks that an integer is between lo and hi; why explains the
+// lower bound.
+func within(lo, hi int, why string) func(int) string {
+	return func(n int) string {
+		switch {
+		case n < lo:
+			return fmt.Sprintf("must be at least %d, not %d%s", lo, n, why)
+		case n > hi:
+			return fmt.Sprintf("must be at most %d, not %d", hi, n)
+		}
+		return ""
+	}
+}
+
+func openAIScopeID(key string) func(string) string {
+	return func(s string) string {
+		if !scopeIDPattern.MatchString(s) {
+			return fmt.Sprintf("%q is not an OpenAI %s id (letters, digits, '-' and '_')", s, key)
+		}
+		return ""
+	}
 }
 
 // Upper bounds of [retention], far from overflowing time.Duration.
@@ -317,50 +306,49 @@ const (
 	maxRunsPerAgent  = 1 << 30
 )
 
-// within checks that an integer key, when set, is between lo and hi; why
-// explains the lower bound.
-func (c *checks) within(at fieldLocs, name string, v, lo, hi int, why string) {
-	l, ok := at[name]
-	switch {
-	case !ok:
-	case v < lo:
-		c.fail(l, "must be at least %d, not %d%s", lo, v, why)
-	case v > hi:
-		c.fail(l, "must be at most %d, not %d", hi, v)
-	}
-}
-
 // maxTimeoutSeconds keeps timeouts far from overflowing time.Duration.
 const maxTimeoutSeconds = 1 << 31
 
-func (c *checks) timeout(l loc, seconds int) {
-	if seconds < 1 || seconds > maxTimeoutSeconds {
-		c.fail(l, "must be a number of seconds greater than 0, not %d", seconds)
+// validateValues checks what one file asks beyond each value on its own
+// (the tags' checks ran while it was decoded): required keys, unique ids,
+// lists that must not be empty.
+func (t *tree) validateValues() Errors {
+	var c checks
+	for _, e := range t.v.Providers.Entries {
+		c.notEmptyList(e.at, "endpoints", len(e.v.Endpoints), "name at least one endpoint, or leave endpoints out (the kind's own)")
 	}
-}
 
-func (c *checks) agentValues(a *agentEntry) {
-	s := &a.s
-	c.str(a.at, "workspace", s.Workspace, absolutePath)
-	if l, ok := a.at["max_iterations"]; ok && (*s.MaxIterations < 1 || *s.MaxIterations > 1000) {
-		c.fail(l, "must be between 1 and 1000, not %d", *s.MaxIterations)
-	}
-	c.strs(a.at, "tools.allow", s.Tools.Allow, nonEmpty)
-	c.strs(a.at, "tools.deny", s.Tools.Deny, nonEmpty)
-	if l, ok := a.at["container_mode.timeout_seconds"]; ok {
-		c.timeout(l, *s.ContainerMode.TimeoutSeconds)
-	}
-	c.str(a.at, "container_mode.network", s.ContainerMode.Network, CheckNetwork)
-	c.containerValues(a)
-	c.strs(a.at, "egress.allow", s.Egress.Allow, func(v string) string {
-		if _, err := egresspolicy.ParseRule(v); err != nil {
-			return err.Error()
+	c.imageValues(t.at, &t.v.ImageConfig)
+	seen := map[string]loc{}
+	for _, a := range t.v.Agents {
+		c.imageValues(a.at, &a.v.ImageConfig)
+		if _, ok := a.at["id"]; !ok {
+			c.fail(where(a.at, a.self, "id"), "is required")
+			continue
 		}
-		return ""
-	})
-	c.strs(a.at, "file_access.allow_read", s.FileAccess.AllowRead, absolutePath)
-	c.strs(a.at, "file_access.allow_read_write", s.FileAccess.AllowReadWrite, absolutePath)
-	c.strs(a.at, "file_access.deny", s.FileAccess.Deny, absolutePath)
+		if first, dup := seen[a.v.ID]; dup {
+			c.fail(a.at["id"], "agent %q is already defined on line %d", a.v.ID, first.line)
+		}
+		seen[a.v.ID] = a.at["id"]
+	}
+
+	seen = map[string]loc{}
+	for _, e := range t.v.Connectors {
+		if _, ok := e.at["id"]; !ok {
+			c.fail(where(e.at, e.self, "id"), "is required")
+			continue
+		}
+		if first, dup := seen[e.v.ID]; dup {
+			c.fail(e.at["id"], "connector %q is already defined on line %d", e.v.ID, first.line)
+		}
+		seen[e.v.ID] = e.at["id"]
+	}
+
+	seenSecret := map[string]loc{}
+	for _, e := range t.v.Egress.Secrets {
+		c.egressSecret(e, seenSecret)
+	}
+	return c.errs
 }
 
 // validateMerged checks what only the merged configuration can tell:
@@ -368,7 +356,7 @@ func (c *checks) agentValues(a *agentEntry) {
 func (t *tree) validateMerged() Errors {
 	var c checks
 	providerExists := func(name string) bool {
-		_, ok := t.providers[name]
+		_, ok := t.provider(name)
 		return ok || name == localProvider
 	}
 	checkProvider := func(at fieldLocs, self loc, name, value string) {
@@ -376,17 +364,17 @@ func (t *tree) validateMerged() Errors {
 			c.fail(where(at, self, name), "provider %q is not defined (defined: %s)", value, strings.Join(t.knownProviders(), ", "))
 		}
 	}
-	checkProvider(t.at, loc{}, "providers.primary", t.primary)
+	checkProvider(t.at, loc{}, "providers.primary", t.v.Providers.Primary)
 	if l, ok := t.at["providers.fallback"]; ok {
-		for i, name := range t.fallback {
+		for i, name := range t.v.Providers.Fallback {
 			if name != "" && !providerExists(name) {
 				c.fail(l.elem(i), "provider %q is not defined (defined: %s)", name, strings.Join(t.knownProviders(), ", "))
 			}
 		}
 	}
-	for _, name := range t.providerNames {
-		e := t.providers[name]
-		kind := e.p.Kind
+	for _, e := range t.v.Providers.Entries {
+		name := e.v.Name
+		kind := e.v.Kind
 		if _, set := e.at["kind"]; !set {
 			if oneOf(providerKinds...)(name) != "" {
 				c.fail(where(e.at, e.self, "kind"), "is required: one of %s", strings.Join(providerKinds, ", "))
@@ -405,14 +393,14 @@ func (t *tree) validateMerged() Errors {
 		if _, set := e.at["endpoints"]; set && kind == "local" {
 			c.fail(e.at["endpoints"], "is for a provider reached through the egress proxy, not a local one")
 		}
-		if kind != "local" && e.p.APIKeyEnv == "" && e.p.BaseURL == "" {
+		if kind != "local" && e.v.APIKeyEnv == "" && e.v.BaseURL == "" {
 			c.fail(where(e.at, e.self, "api_key_env"), "is required for a %s provider without base_url", kind)
 		}
 	}
 
 	agentExists := func(id string) bool {
-		for _, a := range t.agents {
-			if a.s.ID == id {
+		for _, a := range t.v.Agents {
+			if a.v.ID == id {
 				return true
 			}
 		}
@@ -423,34 +411,35 @@ func (t *tree) validateMerged() Errors {
 			c.fail(where(at, self, name), "agent %q is not defined (defined: %s)", id, strings.Join(t.agentIDs(), ", "))
 		}
 	}
-	checkProvider(t.defaults.at, t.defaults.self, "provider", t.defaults.s.Provider)
-	t.imageMerged(&c, t.at, &t.image)
-	for _, a := range t.agents {
-		checkProvider(a.at, a.self, "provider", a.s.Provider)
-		t.imageMerged(&c, a.at, &a.s.ImageConfig)
+	d := t.v.AgentDefaults
+	checkProvider(d.at, d.self, "provider", d.v.Provider)
+	t.imageMerged(&c, t.at, &t.v.ImageConfig)
+	for _, a := range t.v.Agents {
+		checkProvider(a.at, a.self, "provider", a.v.Provider)
+		t.imageMerged(&c, a.at, &a.v.ImageConfig)
 	}
 
 	connectorExists := func(id string) bool {
-		for _, e := range t.connectors {
-			if e.c.ID == id {
+		for _, e := range t.v.Connectors {
+			if e.v.ID == id {
 				return true
 			}
 		}
 		return false
 	}
-	for _, e := range t.connectors {
+	for _, e := range t.v.Connectors {
 		c.connectorMerged(e)
-		checkAgent(e.at, e.self, "default_agent", e.c.DefaultAgent)
+		checkAgent(e.at, e.self, "default_agent", e.v.DefaultAgent)
 	}
 
-	for _, b := range t.bindings {
+	for _, b := range t.v.Bindings {
 		if _, ok := b.at["agent"]; !ok {
 			c.fail(where(b.at, b.self, "agent"), "is required")
 		} else {
-			checkAgent(b.at, b.self, "agent", b.b.Agent)
+			checkAgent(b.at, b.self, "agent", b.v.Agent)
 		}
-		if l, ok := b.at["connector"]; ok && !connectorExists(b.b.Connector) {
-			c.fail(l, "connector %q is not defined", b.b.Connector)
+		if l, ok := b.at["connector"]; ok && !connectorExists(b.v.Connector) {
+			c.fail(l, "connector %q is not defined", b.v.Connector)
 		}
 		_, hasID := b.at["channel_id"]
 		_, hasName := b.at["channel_name"]
@@ -459,24 +448,24 @@ func (t *tree) validateMerged() Errors {
 			c.fail(b.self, "a binding needs channel_id, channel_name or server_id")
 		}
 	}
-	checkAgent(t.at, loc{}, "intake.default_agent", t.intake.DefaultAgent)
+	checkAgent(t.at, loc{}, "intake.default_agent", t.v.Intake.DefaultAgent)
 	return c.errs
 }
 
 func (t *tree) knownProviders() []string {
 	names := []string{localProvider}
-	for _, n := range t.providerNames {
-		if n != localProvider {
-			names = append(names, n)
+	for _, e := range t.v.Providers.Entries {
+		if e.v.Name != localProvider {
+			names = append(names, e.v.Name)
 		}
 	}
 	return names
 }
 
 func (t *tree) agentIDs() []string {
-	ids := make([]string, 0, len(t.agents))
-	for _, a := range t.agents {
-		ids = append(ids, a.s.ID)
+	ids := make([]string, 0, len(t.v.Agents))
+	for _, a := range t.v.Agents {
+		ids = append(ids, a.v.ID)
 	}
 	if len(ids) == 0 {
 		return []string{"none"}
