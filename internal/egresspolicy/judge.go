@@ -13,12 +13,14 @@ import (
 
 // Decision is one request the proxy decided.
 type Decision struct {
-	Time    time.Time `json:"time"`
-	Method  string    `json:"method"`
-	Host    string    `json:"host"`
-	Port    int       `json:"port"`
-	Path    string    `json:"path,omitempty"`
-	Allowed bool      `json:"allowed"`
+	Time   time.Time `json:"time"`
+	Method string    `json:"method"`
+	Host   string    `json:"host"`
+	Port   int       `json:"port"`
+	Path   string    `json:"path,omitempty"`
+	// Ref is the ref a git push would update (one decision per ref).
+	Ref     string `json:"ref,omitempty"`
+	Allowed bool   `json:"allowed"`
 	// Rule is the rule or provider that allowed it; Reason why it was refused.
 	Rule      string `json:"rule,omitempty"`
 	Reason    string `json:"reason,omitempty"`
@@ -38,6 +40,10 @@ type Judge struct {
 	Allow     []Rule
 	Providers []Provider
 	Secrets   []Secret
+	// Agent names the agent in git's reasons; Git are its git rules
+	// (git.go): their hosts are reached for git only, unless a rule allows more.
+	Agent string
+	Git   []GitRule
 	// Resolver resolves names a rule could allow; nil leaves the address
 	// undecided (explain without a resolver says so in its note).
 	Resolver Resolver
@@ -70,6 +76,9 @@ func (j *Judge) Destination(ctx context.Context, method, host string, port int) 
 		return Destination{}, refused(http.StatusBadRequest, "port %d is not 1-65535", port)
 	}
 	rule, ok := MatchRule(j.Allow, method, host, port)
+	if !ok {
+		rule, ok = j.gitHostRule(method, host, port)
+	}
 	if !ok {
 		return Destination{}, refused(http.StatusForbidden, "%s", NoRule(method, host, port))
 	}
@@ -109,7 +118,8 @@ func (j *Judge) Destination(ctx context.Context, method, host string, port int) 
 // SecretFor is the secret a tunnel to host:port is intercepted for, if any.
 func (j *Judge) SecretFor(host string, port int) *Secret {
 	for i := range j.Secrets {
-		if j.Secrets[i].For(host, port) {
+		// A git rule's credential goes to its repositories only (git.go).
+		if j.Secrets[i].For(host, port) && !j.GitCredential(j.Secrets[i].Name) {
 			return &j.Secrets[i]
 		}
 	}
