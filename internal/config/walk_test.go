@@ -1,0 +1,238 @@
+package config
+
+import (
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/BurntSushi/toml"
+)
+
+// walkDoc is a table of every kind the walker knows, so its tests do not
+// depend on berth.toml's own keys.
+type walkDoc struct {
+	Name    string             `toml:"name" berth:"check=nonEmpty"`
+	Size    *Bytes             `toml:"size" berth:"check=memoryLimit"`
+	UIDs    *UIDRange          `toml:"uids"`
+	Tags    []string           `toml:"tags" berth:"check=nonEmpty"`
+	Ports   []int              `toml:"ports" berth:"check=port"`
+	Vars    map[string]string  `toml:"vars"`
+	Inner   walkInner          `toml:"inner"`
+	Default *entry[walkItem]   `toml:"default" berth:"omit=id"`
+	Items   []*entry[walkItem] `toml:"items" berth:"merge=id"`
+	Log     []*entry[walkItem] `toml:"log"`
+	Named   walkNamed          `toml:"named"`
+}
+
+type walkInner struct {
+	N    *int  `toml:"n" berth:"check=atLeastOne"`
+	Flag *bool `toml:"flag"`
+}
+
+type walkNamed struct {
+	Own  string             `toml:"own"`
+	Rest []*entry[walkItem] `berth:"rest=widget"`
+}
+
+type walkItem struct {
+	Label string `berth:"name"`
+	ID    string `toml:"id"`
+	Value string `toml:"value"`
+}
+
+// decodeWalkDoc decodes one file's text into a walkDoc entry.
+func decodeWalkDoc(t *testing.T, file, text string) (*entry[walkDoc], Errors) {
+	t.Helper()
+	var raw map[string]any
+	if _, err := toml.Decode(text, &raw); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	e := newEntry(reflect.TypeFor[*entry[walkDoc]](), loc{}).(*entry[walkDoc])
+	allocateEntries(e.value())
+	d := &decoder{file: file, lines: keyLines(text)}
+	d.decodeTable(keyPath{}, raw, e.value(), e.at, "", nil)
+	return e, d.errs
+}
+
+func TestWalkerMergesWhatALaterFileSetsAndKeepsWhereItCameFrom(t *testing.T) {
+	t.Parallel()
+	first, errs := decodeWalkDoc(t, "a.toml", `name = "first"
+size = "1g"
+tags = ["x", "y"]
+vars = { A = "1", B = "2" }
+[inner]
+n = 3
+[default]
+value = "d1"
+[[items]]
+id = "x"
+value = "1"
+[[log]]
+value = "one"
+[named.one]
+value = "n1"
+`)
+	if len(errs) > 0 {
+		t.Fatalf("a.toml: %v", errs)
+	}
+	second, errs := decodeWalkDoc(t, "b.toml", `name = "second"
+uids = "200000-200009"
+vars = { C = "3" }
+[inner]
+flag = true
+[[items]]
+id = "x"
+value = "2"
+[[items]]
+id = "y"
+[[log]]
+value = "two"
+[named.one]
+id = "late"
+[named.two]
+value = "n2"
+`)
+	if len(errs) > 0 {
+		t.Fatalf("b.toml: %v", errs)
+	}
+	merged := newEntry(reflect.TypeFor[*entry[walkDoc]](), loc{}).(*entry[walkDoc])
+	allocateEntries(merged.value())
+	mergeEntry(merged, first)
+	mergeEntry(merged, second)
+
+	m := &merged.v
+	if m.Name != "second" || m.Size == nil || *m.Size != 1<<30 || m.UIDs == nil || *m.UIDs != (UIDRange{First: 200000, Last: 200009}) {
+		t.Errorf("scalars: name %q size %v uids %v; want the later name, the earlier size and the later range", m.Name, m.Size, m.UIDs)
+	}
+	if !reflect.DeepEqual(m.Tags, []string{"x", "y"}) || !reflect.DeepEqual(m.Vars, map[string]string{"C": "3"}) {
+		t.Errorf("tags %q vars %v; want the earlier tags and the later vars only (a table of strings is replaced whole)", m.Tags, m.Vars)
+	}
+	if m.Inner.N == nil || *m.Inner.N != 3 || m.Inner.Flag == nil || !*m.Inner.Flag {
+		t.Errorf("inner = %+v; want n from a.toml and flag from b.toml", m.Inner)
+	}
+	if m.Default.v.Value != "d1" || m.Default.self.file != "a.toml" {
+		t.Errorf("default = %+v at %+v; want a.toml's", m.Default.v, m.Default.self)
+	}
+	var items []string
+	for _, e := range m.Items {
+		items = append(items, e.v.ID+"="+e.v.Value+"@"+e.self.file)
+	}
+	if want := []string{"x=2@a.toml", "y=@b.toml"}; !reflect.DeepEqual(items, want) {
+		t.Errorf("items = %q, want %q (merged by id, each where it was first defined)", items, want)
+	}
+	if len(m.Log) != 2 || m.Log[1].v.Value != "two" {
+		t.Errorf("log has %d entries, want both files' (a list without merge= appends)", len(m.Log))
+	}
+	var named []string
+	for _, e := range m.Named.Rest {
+		named = append(named, e.v.Label+":"+e.v.ID+"/"+e.v.Value)
+	}
+	if want := []string{"one:late/n1", "two:/n2"}; !reflect.DeepEqual(named, want) {
+		t.Errorf("named = %q, want %q (merged by name)", named, want)
+	}
+
+	for key, want := range map[string]string{
+		"name": "b.toml:1", "size": "a.toml:2", "uids": "b.toml:2", "tags": "a.toml:3",
+		"vars": "b.toml:3", "vars.C": "b.toml:3", "inner.n": "a.toml:6", "inner.flag": "b.toml:5",
+	} {
+		l, ok := merged.at[key]
+		if got := l.file + ":" + strconv.Itoa(l.line); !ok || got != want {
+			t.Errorf("location of %s = %s (set: %v), want %s", key, got, ok, want)
+		}
+	}
+	for _, gone := range []string{"vars.A", "vars.B", "ports"} {
+		if l, ok := merged.at[gone]; ok {
+			t.Errorf("%s is located at %+v, want it unset", gone, l)
+		}
+	}
+	if l := m.Items[0].at["value"]; l.file != "b.toml" || l.line != 8 || l.key != "items[0].value" {
+		t.Errorf("items[0].value is at %+v, want b.toml:8 under its key in b.toml", l)
+	}
+}
+
+func TestWalkerReportsEachBadKeyAtItsFileLineAndKey(t *testing.T) {
+	t.Parallel()
+	_, errs := decodeWalkDoc(t, "a.toml", `name = ""
+size = "1k"
+uids = "5-1"
+tags = ["ok", 7]
+ports = [80, 70000]
+vars = { A = 1 }
+[inner]
+n = 0
+typo = 1
+[default]
+id = "x"
+[[items]]
+value = true
+[named]
+own = "fine"
+stray = 1
+[named.one]
+bogus = "x"
+`)
+	want := []string{
+		`a.toml:1: name: must not be empty`,
+		`a.toml:2: size: "1k" is below the minimum of 6m`,
+		`a.toml:3: uids: invalid uid range "5-1": 5 is above 1`,
+		`a.toml:4: tags[1]: must be a string, not an integer`,
+		`a.toml:5: ports[1]: port 70000 is not 1-65535`,
+		`a.toml:6: vars.A: must be a string, not an integer`,
+		`a.toml:8: inner.n: must be at least 1, not 0`,
+		`a.toml:9: inner.typo: unknown key (known keys: flag, n)`,
+		`a.toml:11: default.id: unknown key (known keys: value)`,
+		`a.toml:13: items[0].value: must be a string, not a boolean`,
+		`a.toml:16: named.stray: unknown key (known keys: own; a widget is a table, [named.stray])`,
+		`a.toml:18: named.one.bogus: unknown key (known keys: id, value)`,
+	}
+	sortErrors(errs, []string{"a.toml"})
+	var got []string
+	for _, e := range errs {
+		got = append(got, e.Error())
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("errors:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestEveryTableIsWalkable reads the tags of every table of berth.toml, so a
+// tag naming a check that does not exist, or a field of a kind the walker
+// cannot decode, fails here rather than on an admin's machine.
+func TestEveryTableIsWalkable(t *testing.T) {
+	t.Parallel()
+	seen := map[reflect.Type]bool{}
+	var walk func(reflect.Type)
+	walk = func(typ reflect.Type) {
+		if seen[typ] {
+			return
+		}
+		seen[typ] = true
+		for _, f := range specsOf(typ) {
+			ft := f.typ
+			switch f.kind {
+			case kindSection:
+				walk(ft)
+			case kindEntry:
+				walk(ft.Elem().Field(0).Type)
+			case kindEntries:
+				walk(ft.Elem().Elem().Field(0).Type)
+			case kindLeaf, kindList:
+				if ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
+					ft = ft.Elem()
+				}
+				if _, ok := tomlWants[ft.Kind()]; !ok && !reflect.PointerTo(ft).Implements(textUnmarshalerType) {
+					t.Errorf("%s.%s: the walker decodes no TOML value into %s", typ.Name(), f.key, ft)
+				}
+			case kindStrings:
+				if ft != reflect.TypeFor[map[string]string]() {
+					t.Errorf("%s.%s: a table of strings must be map[string]string, not %s", typ.Name(), f.key, ft)
+				}
+			}
+		}
+	}
+	walk(reflect.TypeFor[document]())
+	if !seen[reflect.TypeFor[ContainerSettings]()] || !seen[reflect.TypeFor[EgressSecret]()] {
+		t.Errorf("the walk missed tables; saw %v", seen)
+	}
+}
