@@ -31,6 +31,7 @@ type report struct {
 	Workspace    string   `json:"workspace"`
 	Unrestricted bool     `json:"unrestricted"`
 	Interfaces   []string `json:"interfaces"`
+	NetNS        string   `json:"netns"`
 }
 
 func spec(t *testing.T, text string) isolation.Spec {
@@ -260,8 +261,9 @@ func TestRunCutsTheNetworkUnlessAllowed(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run failed: %v", err)
 	}
-	if got := whoami(t, res).Interfaces; !slices.Equal(got, []string{"lo"}) {
-		t.Errorf("interfaces without network: %q, want only lo", got)
+	hostNS := hostNetNamespace(t)
+	if got := whoami(t, res); !slices.Equal(got.Interfaces, []string{"lo"}) || got.NetNS == hostNS {
+		t.Errorf("without network: interfaces %q in %s, want only lo in a namespace other than the host's %s", got.Interfaces, got.NetNS, hostNS)
 	}
 
 	s = spec(t, "whoami")
@@ -270,9 +272,10 @@ func TestRunCutsTheNetworkUnlessAllowed(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run failed: %v", err)
 	}
-	hostIfaces := hostInterfaces(t)
-	if got := whoami(t, res).Interfaces; !slices.Equal(got, hostIfaces) {
-		t.Errorf("interfaces with network: %q, want the host's %q", got, hostIfaces)
+	// The namespace, not its interfaces: other tests' containers add and
+	// remove veths on the host while this one runs.
+	if got := whoami(t, res).NetNS; got != hostNS {
+		t.Errorf("network namespace with network: %s, want the host's %s", got, hostNS)
 	}
 }
 
@@ -365,19 +368,14 @@ func waitGone(t *testing.T, pid int) {
 	t.Fatalf("child %d of the agent outlived the run", pid)
 }
 
-func hostInterfaces(t *testing.T) []string {
+// hostNetNamespace names the test's own (the host's) network namespace.
+func hostNetNamespace(t *testing.T) string {
 	t.Helper()
-	data, err := os.ReadFile("/proc/self/net/dev")
+	ns, err := os.Readlink("/proc/self/ns/net")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	for _, line := range strings.Split(string(data), "\n") {
-		if name, _, ok := strings.Cut(line, ":"); ok {
-			names = append(names, strings.TrimSpace(name))
-		}
-	}
-	return names
+	return ns
 }
 
 // A run whose handle cannot be recorded could not be killed after a

@@ -27,6 +27,8 @@ type Report struct {
 	Workspace    string   `json:"workspace"`
 	Unrestricted bool     `json:"unrestricted"`
 	Interfaces   []string `json:"interfaces"`
+	// NetNS names the process's network namespace (net:[inode]).
+	NetNS string `json:"netns"`
 }
 
 func main() {
@@ -53,7 +55,7 @@ func main() {
 			UID: os.Getuid(), GID: os.Getgid(), Groups: groups,
 			Env: os.Environ(), Args: os.Args, Cwd: cwd,
 			Workspace: req.Workspace, Unrestricted: req.Policy.Unrestricted,
-			Interfaces: interfaces(),
+			Interfaces: interfaces(), NetNS: netNamespace(),
 		}
 		b, _ := json.Marshal(r)
 		resp.Reply = string(b)
@@ -97,6 +99,16 @@ func main() {
 		os.Exit(agentproto.ExitInternal)
 	}
 	os.Exit(code)
+}
+
+// netNamespace names the process's network namespace, the way the kernel
+// does (net:[inode]); two processes share a namespace when the names match.
+func netNamespace() string {
+	ns, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return ns
 }
 
 // interfaces lists the network interfaces of the process's own namespace.
