@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -113,13 +114,13 @@ func checkMCPEntry(e agentproto.MCPServer, seen map[string]bool) error {
 	case !mcpServerName.MatchString(e.Name) || len(e.Name) > 32:
 		return fmt.Errorf("MCP server name %q is not 1 to 32 letters, digits, '-' or single '_'", e.Name)
 	case seen[e.Name]:
-		return fmt.Errorf("MCP server %q is configured twice", e.Name)
+		return fmt.Errorf("MCP server %s is configured twice", e.Name)
 	case (len(e.Command) > 0) == (e.URL != ""):
-		return fmt.Errorf("MCP server %q needs exactly one of command and url", e.Name)
+		return fmt.Errorf("MCP server %s needs exactly one of command and url", e.Name)
 	case len(e.Command) > 0 && e.Command[0] == "":
-		return fmt.Errorf("MCP server %q has an empty command", e.Name)
+		return fmt.Errorf("MCP server %s has an empty command", e.Name)
 	case e.TimeoutSeconds < 0:
-		return fmt.Errorf("MCP server %q has a negative timeout", e.Name)
+		return fmt.Errorf("MCP server %s has a negative timeout", e.Name)
 	}
 	return nil
 }
@@ -239,7 +240,7 @@ func (s *mcpServer) connect(ctx context.Context, env Env, log *slog.Logger) {
 // and a stdio server's exit with its status and stderr.
 func (s *mcpServer) failure(ctx context.Context, what string, err error) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		err = fmt.Errorf("no answer within %s", s.timeout)
+		return fmt.Errorf("MCP server %s %s: no answer within %s", s.entry.Name, what, s.timeout)
 	}
 	if s.proc != nil {
 		if exit := s.proc.exitReason(mcpStopGrace); exit != "" {
@@ -416,6 +417,10 @@ type stdioProcess struct {
 	stderr lockedCapped
 	done   chan struct{}
 	once   sync.Once
+	// ended is set when the server's stdout ended before the agent closed
+	// it: the server exited (or closed it) on its own, which explains a
+	// failure, unlike an exit after the agent gave up on it.
+	ended atomic.Bool
 }
 
 func (p *stdioProcess) start(env Env, path string, argv []string) error {
@@ -455,7 +460,14 @@ func (p *stdioProcess) start(env Env, path string, argv []string) error {
 	return nil
 }
 
-func (p *stdioProcess) Read(b []byte) (int, error)  { return p.stdout.Read(b) }
+func (p *stdioProcess) Read(b []byte) (int, error) {
+	n, err := p.stdout.Read(b)
+	if errors.Is(err, io.EOF) {
+		p.ended.Store(true)
+	}
+	return n, err
+}
+
 func (p *stdioProcess) Write(b []byte) (int, error) { return p.stdin.Write(b) }
 
 // Close closes the server's stdin, gives it mcpStopGrace to exit and then
@@ -481,7 +493,7 @@ func (p *stdioProcess) Close() error {
 // up to wait for its end (its stdout may close a moment before); "" while
 // it runs.
 func (p *stdioProcess) exitReason(wait time.Duration) string {
-	if p.done == nil {
+	if p.done == nil || !p.ended.Load() {
 		return ""
 	}
 	select {
