@@ -113,13 +113,17 @@ func TestAServerThatFailsGivesAToolErrorAndARecordLineInBoundedTime(t *testing.T
 			maxTime: 20 * time.Second,
 		},
 		{
-			name:   "A_command_that_does_not_exist",
-			entry:  func(string) agentproto.MCPServer { return agentproto.MCPServer{Command: []string{"no-such-mcp-server"}} },
+			name: "A_command_that_does_not_exist",
+			entry: func(string) agentproto.MCPServer {
+				return agentproto.MCPServer{Command: []string{"no-such-mcp-server"}}
+			},
 			errHas: []string{"cannot find no-such-mcp-server in " + ShellPath},
 		},
 		{
-			name:   "An_entry_with_a_command_and_a_url",
-			entry:  func(bin string) agentproto.MCPServer { return agentproto.MCPServer{Command: []string{bin}, URL: "https://x.test/mcp"} },
+			name: "An_entry_with_a_command_and_a_url",
+			entry: func(bin string) agentproto.MCPServer {
+				return agentproto.MCPServer{Command: []string{bin}, URL: "https://x.test/mcp"}
+			},
 			errHas: []string{"needs exactly one of command and url"},
 		},
 		{
