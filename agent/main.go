@@ -45,43 +45,11 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 		return agentproto.ExitBadRequest
 	}
 	log = log.With("run_id", req.RunID, "agent", req.Agent.ID)
-	// The run's rlimits hold before anything of it happens.
-	if err := hostsandbox.ApplyRlimits(req.Rlimits); err != nil {
-		log.Error("refusing to run: confinement failed", "reason", err.Error())
+	launcher, release, ok := confineFor(req, log)
+	if !ok {
 		return agentproto.ExitConfinement
 	}
-	// Before anything binds or starts: the host's sockets leave the view.
-	if masked, err := confine.MaskSelf(req); err != nil {
-		log.Error("refusing to run: confinement failed", "reason", err.Error())
-		return agentproto.ExitConfinement
-	} else if len(masked) > 0 {
-		log.Info("masked the host's socket directories", "masked", masked)
-	}
-
-	if req.Egress != nil {
-		// Bound before Landlock forbids binds; served until the run ends.
-		proxy, err := serveEgress(*req.Egress, log)
-		if err != nil {
-			log.Error("refusing to run: no way out through the egress proxy", "reason", err.Error())
-			return agentproto.ExitConfinement
-		}
-		defer proxy.Close()
-	}
-
-	var launcher *confine.Launcher
-	if req.Policy.Unrestricted {
-		log.Warn("running UNRESTRICTED: no Landlock confinement, as the admin configured")
-	} else {
-		abi, err := confine.EffectiveABI()
-		if err == nil {
-			// Landlock and the syscall filter, before any tool runs.
-			launcher, err = confine.Enforce(req.Policy, abi, log)
-		}
-		if err != nil {
-			log.Error("refusing to run: confinement failed", "reason", err.Error())
-			return agentproto.ExitConfinement
-		}
-	}
+	defer release()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -94,6 +62,52 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 		return agentproto.ExitInternal
 	}
 	return code
+}
+
+// confineFor confines this process as req says, in the order that matters:
+// rlimits, the host's sockets masked, the egress proxy bound, then Landlock
+// and the syscall filter. ok false means it refused (the reason is logged);
+// release stops the egress proxy.
+func confineFor(req agentproto.Request, log *slog.Logger) (launcher *confine.Launcher, release func(), ok bool) {
+	release = func() {}
+	// The run's rlimits hold before anything of it happens.
+	if err := hostsandbox.ApplyRlimits(req.Rlimits); err != nil {
+		log.Error("refusing to run: confinement failed", "reason", err.Error())
+		return nil, release, false
+	}
+	// Before anything binds or starts: the host's sockets leave the view.
+	if masked, err := confine.MaskSelf(req); err != nil {
+		log.Error("refusing to run: confinement failed", "reason", err.Error())
+		return nil, release, false
+	} else if len(masked) > 0 {
+		log.Info("masked the host's socket directories", "masked", masked)
+	}
+
+	if req.Egress != nil {
+		// Bound before Landlock forbids binds; served until the run ends.
+		proxy, err := serveEgress(*req.Egress, log)
+		if err != nil {
+			log.Error("refusing to run: no way out through the egress proxy", "reason", err.Error())
+			return nil, release, false
+		}
+		release = func() { proxy.Close() }
+	}
+
+	if req.Policy.Unrestricted {
+		log.Warn("running UNRESTRICTED: no Landlock confinement, as the admin configured")
+		return nil, release, true
+	}
+	abi, err := confine.EffectiveABI()
+	if err == nil {
+		// Landlock and the syscall filter, before any tool runs.
+		launcher, err = confine.Enforce(req.Policy, abi, log)
+	}
+	if err != nil {
+		log.Error("refusing to run: confinement failed", "reason", err.Error())
+		release()
+		return nil, func() {}, false
+	}
+	return launcher, release, true
 }
 
 // serveEgress starts the in-sandbox egress proxy on the request's loopback

@@ -15,5 +15,8 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == confine.ToolLauncherArg {
 		os.Exit(confine.LaunchTool(os.Args[2:], os.Stderr))
 	}
+	if len(os.Args) > 1 && os.Args[1] == agent.ServeArg {
+		os.Exit(agent.Serve(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	os.Exit(agent.Main(os.Stdin, os.Stdout, os.Stderr))
 }

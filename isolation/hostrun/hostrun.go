@@ -123,6 +123,22 @@ func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result,
 
 // startProcess starts the agent as a child process in a session of its own.
 func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, lim runLimits, stdout, stderr io.Writer, inNamespace *bool) (isolation.Sandbox, error) {
+	p, stdinW, err := launchAgent(spec, nil, cred, lim, stdout, stderr, inNamespace)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		// An agent that ends before reading all of it makes this fail
+		// (EPIPE); its exit says why.
+		_, _ = stdinW.Write(input)
+		stdinW.Close()
+	}()
+	return p, nil
+}
+
+// launchAgent starts the agent with args in its limits and namespaces and
+// returns it with the write end of its stdin, on which nothing was written.
+func launchAgent(spec isolation.Spec, args []string, cred *syscall.Credential, lim runLimits, stdout, stderr io.Writer, inNamespace *bool) (*process, *os.File, error) {
 	grace := spec.KillGrace
 	if grace <= 0 {
 		grace = isolation.DefaultKillGrace
@@ -131,12 +147,12 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, l
 	// its limits (started): nothing it could fork runs outside them.
 	stdinR, stdinW, err := os.Pipe()
 	if err != nil {
-		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot make the agent's stdin", Err: err}
+		return nil, nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot make the agent's stdin", Err: err}
 	}
 	defer stdinR.Close()
 	cmd := &exec.Cmd{
 		Path:   spec.AgentBinary,
-		Args:   []string{spec.AgentBinary},
+		Args:   append([]string{spec.AgentBinary}, args...),
 		Env:    Environment(spec.Workspace),
 		Dir:    spec.Workspace,
 		Stdin:  stdinR,
@@ -159,7 +175,7 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, l
 		*inNamespace = true
 		if err := enterMaskedNamespaces(spec.Plan); err != nil {
 			stdinW.Close()
-			return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot hide the host's sockets from the run", Err: err}
+			return nil, nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot hide the host's sockets from the run", Err: err}
 		}
 	}
 	if !spec.Policy.Network {
@@ -169,7 +185,7 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, l
 			*inNamespace = true
 			if err := enterNamespaceWithLoopback(); err != nil {
 				stdinW.Close()
-				return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot cut network", Err: err}
+				return nil, nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot cut network", Err: err}
 			}
 		} else {
 			cutNetwork(cmd.SysProcAttr, spec.Egress != nil)
@@ -186,15 +202,15 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, l
 		lim.release()
 		// Where the cgroups were found may have changed: look again.
 		forgetCgroups()
-		return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot limit the agent", Err: err}
+		return nil, nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot limit the agent", Err: err}
 	}
 	if err := cmd.Start(); err != nil {
 		stdinW.Close()
 		lim.release()
 		if cmd.SysProcAttr.Cloneflags != 0 && isNamespaceError(err) {
-			return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot make the run's namespaces (network, mount, IPC)", Err: err}
+			return nil, nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot make the run's namespaces (network, mount, IPC)", Err: err}
 		}
-		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start " + spec.AgentBinary, Err: err}
+		return nil, nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot start " + spec.AgentBinary, Err: err}
 	}
 	p := &process{cmd: cmd, pid: cmd.Process.Pid, lim: lim, drained: make(chan struct{})}
 	// A start time that cannot be read makes a handle Kill never matches:
@@ -206,15 +222,9 @@ func startProcess(spec isolation.Spec, input []byte, cred *syscall.Credential, l
 		killSession(p.pid, p.started)
 		_ = cmd.Wait()
 		lim.release()
-		return nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot limit the agent", Err: err}
+		return nil, nil, &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot limit the agent", Err: err}
 	}
-	go func() {
-		// An agent that ends before reading all of it makes this fail
-		// (EPIPE); its exit says why.
-		_, _ = stdinW.Write(input)
-		stdinW.Close()
-	}()
-	return p, nil
+	return p, stdinW, nil
 }
 
 // process is a running agent child process.
@@ -411,6 +421,9 @@ func Handle(pid int, startTime uint64) string {
 func Kill(ctx context.Context, handle string) error {
 	if strings.HasPrefix(handle, unitHandlePrefix) {
 		return killUnit(ctx, handle)
+	}
+	if strings.HasPrefix(handle, keptHandlePrefix) {
+		return killKept(handle)
 	}
 	pid, want, err := parseHandle(handle)
 	if err != nil {

@@ -21,6 +21,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(runHelper())
 	}
+	if os.Getenv(keepHelperEnv) != "" {
+		os.Exit(runKeepHelper())
+	}
 	var err error
 	base, err = os.MkdirTemp("", "berth-hostrun-")
 	if err == nil {

@@ -39,6 +39,17 @@ func (b *Backend) Run(ctx context.Context, spec isolation.Spec) (isolation.Resul
 	return b.runner.Run(ctx, spec)
 }
 
+// Start opens a kept sandbox (isolation.Keeper) under the plan's policy,
+// which must not be unrestricted.
+func (b *Backend) Start(ctx context.Context, spec isolation.Spec) (isolation.Kept, error) {
+	if spec.Policy.Unrestricted {
+		return nil, isolation.Errorf(isolation.ReasonConfinement, "the landlock backend never runs an agent unconfined (policy is unrestricted)")
+	}
+	return b.runner.Start(ctx, spec)
+}
+
+var _ isolation.Keeper = (*Backend)(nil)
+
 // Explain says which limits hold for p on this host.
 func (b *Backend) Explain(p isolation.Plan) isolation.Confinement { return b.runner.Explain(p) }
 

@@ -47,6 +47,19 @@ func (b *Backend) Run(ctx context.Context, spec isolation.Spec) (isolation.Resul
 	return b.runner.Run(ctx, spec)
 }
 
+// Start opens a kept sandbox (isolation.Keeper) without file confinement;
+// the plan must say so, as for Run.
+func (b *Backend) Start(ctx context.Context, spec isolation.Spec) (isolation.Kept, error) {
+	if !spec.Policy.Unrestricted {
+		return nil, isolation.Errorf(isolation.ReasonStart, "the unrestricted backend runs only plans without file confinement (policy.unrestricted); this one is confined")
+	}
+	b.log.Warn("keeping an UNRESTRICTED agent sandbox on the host: no file confinement",
+		"agent", spec.AgentID, "sandbox", spec.RunID, "backend", Name, "run_as", spec.RunAs)
+	return b.runner.Start(ctx, spec)
+}
+
+var _ isolation.Keeper = (*Backend)(nil)
+
 // Explain says which limits hold for p on this host.
 func (b *Backend) Explain(p isolation.Plan) isolation.Confinement { return b.runner.Explain(p) }
 
