@@ -62,6 +62,16 @@ func TestEveryPackageIsOnTheMap(t *testing.T) {
 	}
 }
 
+// TestTheSchedulerOnlySchedules holds the run preparation in internal/runprep:
+// the scheduler itself reaches no backend package and no egress proxy.
+func TestTheSchedulerOnlySchedules(t *testing.T) {
+	for _, imp := range goList(t, "-f", `{{join .Imports " "}}`, "./services/scheduler") {
+		if strings.HasPrefix(imp, module+"/isolation/") || imp == module+"/services/egress" {
+			t.Errorf("services/scheduler imports %s: a run's preparation (users, workspaces, images, egress proxies) belongs to internal/runprep", imp)
+		}
+	}
+}
+
 // TestImportRulesHold checks the import rules docs/architecture.md states as
 // held today.
 func TestImportRulesHold(t *testing.T) {

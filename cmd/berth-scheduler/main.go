@@ -7,6 +7,7 @@ import (
 	"flag"
 	"os"
 
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/container"
@@ -29,7 +30,7 @@ func main() {
 				Backends:          backends(env, *unrestrictedFlag),
 				ForceUnrestricted: *unrestrictedFlag,
 				Deliverer:         scheduler.BusDeliverer{Conn: env.Bus},
-				Images:            scheduler.BusImages{Conn: env.Bus},
+				Images:            busapi.NewImages(env.Bus),
 				Logger:            env.Log,
 				// Crash tests only: hold a start where the test kills us.
 				Hold: scheduler.HoldAtFiles(os.Getenv("BERTH_TEST_HOLD_DIR")),

@@ -161,7 +161,7 @@ func compile(cfg *config.Config, agentID, runID string, attempt int, host HostFa
 
 	// The one place a run's backend is chosen: the scheduler runs the plan
 	// on the backend it names.
-	p.Backend = backendOf(a, host)
+	p.Backend = BackendOf(a, host.ForceUnrestricted)
 	switch p.Backend {
 	case isolation.BackendContainer:
 		c.why["backend"] = "container — container_mode.enabled = true: a fresh Docker container per message, removed afterwards"
@@ -636,12 +636,13 @@ func ProtectedPaths(cfg *config.Config, a config.Agent, host HostFacts) []string
 	return protect
 }
 
-// backendOf is the backend an agent's runs use.
-func backendOf(a config.Agent, host HostFacts) isolation.BackendKind {
+// BackendOf is the backend an agent's runs use, as Compile chooses it (the
+// one place it is chosen), for callers that need no whole plan (warm pools).
+func BackendOf(a config.Agent, forceUnrestricted bool) isolation.BackendKind {
 	switch {
 	case a.Isolation == string(isolation.BackendContainer):
 		return isolation.BackendContainer
-	case a.Isolation == string(isolation.BackendUnrestricted) || host.ForceUnrestricted:
+	case a.Isolation == string(isolation.BackendUnrestricted) || forceUnrestricted:
 		return isolation.BackendUnrestricted
 	}
 	return isolation.BackendLandlock

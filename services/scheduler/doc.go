@@ -77,8 +77,9 @@
 //	                 that could not be decoded, as found
 //	agent_uids/    (created by the first allocation, in its own transaction)
 //	  <agent id>   → uint32 big-endian: the agent's own uid and gid, from
-//	                 [scheduler] agent_uids (uids.go); kept after the agent
-//	                 is removed, so no uid ever passes to another agent
+//	                 [scheduler] agent_uids (internal/runprep owns it); kept
+//	                 after the agent is removed, so no uid ever passes to
+//	                 another agent
 //
 // A run is in queue/ exactly while its state is queued, in deliveries/
 // exactly while it is finished and not delivered, and in summaries/,

@@ -26,7 +26,7 @@ func TestEgressDirectoriesOfACrashedSchedulerAreRemovedAtStart(t *testing.T) {
 	s.mu.Unlock()
 	live := filepath.Join(state, "egress", "live-run")
 	os.MkdirAll(live, 0o755)
-	s.sweepEgressDirs()
+	s.sweepOrphans(t.Context())
 	if _, err := os.Stat(stale); !os.IsNotExist(err) {
 		t.Errorf("the dead scheduler's egress directory is still there: %v", err)
 	}

@@ -6,28 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"time"
-
-	"github.com/berth-dev/berth/isolation"
 )
 
-// Sweeper is a backend that finds its sandboxes by itself (containers carry
-// their run id and attempt in labels), so it can remove what a crashed
-// scheduler left behind even when no handle was recorded for it.
-type Sweeper interface {
-	// Sweep removes the sandboxes whose run and attempt live does not claim
-	// and returns their run ids.
-	Sweep(ctx context.Context, live func(runID string, attempt int) bool) ([]string, error)
-}
-
-const (
-	// sweepTimeout bounds one sweep of one backend.
-	sweepTimeout = 30 * time.Second
-	// sweepInterval is how often the sweep runs again after the one at
-	// start: it finds what that one could not remove (an engine that was
-	// down) or could not see yet (a create the engine finished after the
-	// crash).
-	sweepInterval = 2 * time.Minute
-)
+// sweepInterval is how often the sweep runs again after the one at start:
+// it finds what that one could not remove (an engine that was down) or
+// could not see yet (a create the engine finished after the crash).
+const sweepInterval = 2 * time.Minute
 
 // sweepLoop sweeps once after reconcile and then every sweepInterval until
 // ctx is done. Dispatch does not wait for it: a sweep never takes what this
@@ -48,53 +32,10 @@ func (s *Service) sweepLoop(ctx context.Context) {
 	}
 }
 
-// sweepOrphans is one pass over the egress directories and every sweeping
-// backend. Each backend is bounded by sweepTimeout, so an engine that does
-// not answer holds up nothing but its own sweep.
+// sweepOrphans is one pass of the run preparation's sweep
+// (runprep.Preparer.Sweep) over what is not of a live attempt.
 func (s *Service) sweepOrphans(ctx context.Context) {
-	s.sweepEgressDirs()
-	swept := map[isolation.Backend]bool{}
-	for name, b := range s.opts.Backends {
-		sw, ok := b.(Sweeper)
-		if !ok || swept[b] {
-			continue
-		}
-		swept[b] = true
-		s.sweep(ctx, name, sw)
-	}
-}
-
-func (s *Service) sweep(ctx context.Context, name string, sw Sweeper) {
-	sweepCtx, cancel := context.WithTimeout(ctx, sweepTimeout)
-	removed, err := sw.Sweep(sweepCtx, s.isLiveAttempt)
-	cancel()
-	for _, run := range removed {
-		s.log.Warn("removed a sandbox left behind by an earlier attempt or scheduler", "backend", name, "run_id", run)
-	}
-	if err != nil && ctx.Err() == nil { // not a stop
-		// Some were not removed: they keep running (and using the agent's
-		// workspace) until a later sweep removes them.
-		s.log.Error("cannot remove every sandbox left behind by an earlier attempt or scheduler; the next sweep tries again", "backend", name, "removed", len(removed), "err", err)
-	}
-}
-
-// sweepEgressDirs removes the egress socket directories that are not of a
-// live attempt (named isolation.AttemptName): a crashed scheduler's proxies
-// ended with it (their stdin closed), their directories did not.
-func (s *Service) sweepEgressDirs() {
-	root := filepath.Join(s.stateDir, "egress")
-	entries, err := os.ReadDir(root)
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		if !e.IsDir() || s.isLiveAttempt(isolation.ParseAttemptName(e.Name())) {
-			continue
-		}
-		if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
-			s.log.Warn("cannot remove an egress directory left behind", "directory", e.Name(), "err", err)
-		}
-	}
+	s.prep.Sweep(ctx, s.isLiveAttempt)
 }
 
 // isLiveAttempt reports whether this process runs attempt of runID.

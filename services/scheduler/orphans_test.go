@@ -92,7 +92,7 @@ func TestEgressDirectoryOfADeadAttemptGoesWhileTheLiveAttemptKeepsItsOwn(t *test
 			t.Fatal(err)
 		}
 	}
-	s.sweepEgressDirs()
+	s.sweepOrphans(t.Context())
 	if _, err := os.Stat(dead); !os.IsNotExist(err) {
 		t.Errorf("the dead attempt's egress directory is still there: %v", err)
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/config"
-	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/internal/runprep"
 )
 
 // A provider check is a run: berth-agent, started by the agent's backend
@@ -104,22 +104,19 @@ func (s *Service) probeProviders(cfg *config.Config, names []string) map[string]
 	return out
 }
 
-// probeRun starts one run of agentID that only probes names, as runOnce
-// starts a message's run: the agent's backend, workspace, user, image and
-// egress proxy.
+// probeRun starts one run of agentID that only probes names, prepared as
+// runOnce's runs are (runprep.Preparer.Prepare): the agent's backend,
+// workspace, user, image and egress proxy.
 func (s *Service) probeRun(ctx context.Context, cfg *config.Config, agentID string, names []string) ([]agentproto.ProbeResult, error) {
 	cfg = probeConfig(cfg, agentID, names)
-	agent, err := cfg.Agent(agentID)
-	if err != nil {
-		return nil, err
-	}
-	host := s.agentFacts(cfg, agent.ID)
 	now := s.clock.Now()
 	runID := newRunID(now)
-	plan, b, err := s.prepareRun(ctx, cfg, agent, runID, 0, host)
+	prep, err := s.prep.Prepare(ctx, runprep.Input{Config: cfg, Agent: agentID, RunID: runID})
 	if err != nil {
 		return nil, err
 	}
+	defer prep.Finish()
+	agent, plan := prep.Agent, prep.Plan
 	req := agentproto.Request{
 		Version:   agentproto.Version,
 		RunID:     runID,
@@ -131,17 +128,8 @@ func (s *Service) probeRun(ctx context.Context, cfg *config.Config, agentID stri
 		Workspace: plan.SandboxWorkspace,
 		Probe:     true,
 	}
-	spec := isolation.Spec{Plan: plan, Request: req}
-	if plan.Egress != nil {
-		proxy, token, err := s.startEgress(ctx, plan, host)
-		if err != nil {
-			return nil, err
-		}
-		spec.EgressToken = token
-		defer proxy.Stop()
-	}
-	s.log.Info("provider check run started", "run_id", runID, "agent", agent.ID, "backend", b.Name(), "providers", names)
-	res, err := b.Run(ctx, spec)
+	s.log.Info("provider check run started", "run_id", runID, "agent", agent.ID, "backend", prep.Backend.Name(), "providers", names)
+	res, err := prep.Backend.Run(ctx, prep.Spec(req, nil))
 	if err != nil {
 		return nil, err
 	}

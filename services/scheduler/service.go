@@ -24,6 +24,7 @@ import (
 	"github.com/berth-dev/berth/internal/boltstore"
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/runprep"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -75,7 +76,7 @@ type Options struct {
 	// Images gives container runs their isolation image (berth-imaged).
 	// Nil: the container backend builds the default agent image itself,
 	// for tests and hosts without the image service.
-	Images ImageEnsurer
+	Images runprep.ImageEnsurer
 	// Clock is the time of everything the scheduler times: run records,
 	// retries, retention, the dispatcher's pace. Nil means the real clock.
 	Clock clockwork.Clock
@@ -88,6 +89,8 @@ type Options struct {
 	Resolver interface {
 		LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 	}
+	// quotaRefusal is runprep.Options.QuotaRefusal, for tests.
+	quotaRefusal error
 }
 
 // Service is berth-scheduler: the store, the dispatcher, the deliveries and
@@ -97,11 +100,11 @@ type Service struct {
 	stateDir string
 	store    *store
 	cfg      atomic.Pointer[config.Config]
-	// workspacesSweptFor is the config the workspace images were last swept
-	// for (sweepWorkspacesOnce).
-	workspacesSweptFor atomic.Pointer[config.Config]
-	log                *slog.Logger
-	clock              clockwork.Clock
+	// prep readies each run for its backend (internal/runprep); the
+	// Backends, Images, Getenv and ConfigDir options are its.
+	prep  *runprep.Preparer
+	log   *slog.Logger
+	clock clockwork.Clock
 
 	// mu guards active and stopping only: it is never held across a
 	// transaction, a backend call or a bus call.
@@ -162,9 +165,20 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 	// The committer logs a full disk (once a minute while it lasts) and its end.
 	st.w.SetLogger(opts.Logger.With("db", DBName))
 	s := &Service{
-		opts:         opts,
-		stateDir:     stateDir,
-		store:        st,
+		opts:     opts,
+		stateDir: stateDir,
+		store:    st,
+		prep: runprep.New(runprep.Options{
+			StateDir:          stateDir,
+			Backends:          opts.Backends,
+			ForceUnrestricted: opts.ForceUnrestricted,
+			ConfigDir:         opts.ConfigDir,
+			Getenv:            opts.Getenv,
+			Images:            opts.Images,
+			UIDs:              uidStore{st},
+			Logger:            opts.Logger,
+			QuotaRefusal:      opts.quotaRefusal,
+		}),
 		log:          opts.Logger,
 		clock:        opts.Clock,
 		active:       make(map[string]*activeRun),
@@ -195,7 +209,7 @@ func (s *Service) Reload(cfg *config.Config) {
 func (s *Service) Close() error {
 	// Without systemd the scheduler mounted its agents' workspace images
 	// itself; under systemd they are units and stay.
-	if err := s.releaseWorkspaces(); err != nil {
+	if err := s.prep.ReleaseWorkspaces(); err != nil {
 		s.log.Warn("cannot unmount workspace images", "err", err)
 	}
 	if err := s.store.close(); err != nil {

@@ -31,9 +31,6 @@ var (
 	bucketByState    = []byte("by_state")
 	bucketByAgent    = []byte("by_agent")
 	bucketQuarantine = []byte("quarantine")
-	// agent_uids/ is created by the first allocation (uids.go); no
-	// migration: an older file simply has no allocation yet.
-	bucketAgentUIDs = []byte("agent_uids")
 
 	keyVersion = []byte("version") // written by boltstore
 )

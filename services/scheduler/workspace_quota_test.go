@@ -55,10 +55,6 @@ func quotaServiceWith(t *testing.T, quota string, refusal error, with func(*conf
 	_, err := os.Stat("/dev/loop-control")
 	testenv.Need(t, err == nil, "no loop devices")
 	stateDir := sharedStateDir(t)
-	if refusal != nil {
-		workspaceRefusals.Store(stateDir, refusal)
-		t.Cleanup(func() { workspaceRefusals.Delete(stateDir) })
-	}
 	cfg := testConfig(4)
 	cfg.Scheduler.AgentBinary = quotaAgent(t)
 	cfg.Scheduler.AgentUIDs = config.DefaultAgentUIDs
@@ -75,14 +71,16 @@ func quotaServiceWith(t *testing.T, quota string, refusal error, with func(*conf
 		Backends: map[string]isolation.Backend{landlock.Name: landlock.New()},
 		Getenv:   func(string) string { return "" },
 		Logger:   quietLog,
+		// Why this host cannot enforce quotas, when the test says so.
+		quotaRefusal: refusal,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
 	t.Cleanup(func() {
-		if err := s.releaseWorkspaces(); err != nil {
-			t.Errorf("releaseWorkspaces: %v", err)
+		if err := s.prep.ReleaseWorkspaces(); err != nil {
+			t.Errorf("ReleaseWorkspaces: %v", err)
 		}
 	})
 	start(t, s)

@@ -1,10 +1,12 @@
-package scheduler
+package runprep
 
 import (
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/berth-dev/berth/internal/config"
 )
 
 func TestPrepareWorkspaceSetsTheModesBackWhateverTheyBecame(t *testing.T) {
@@ -23,12 +25,9 @@ func TestPrepareWorkspaceSetsTheModesBackWhateverTheyBecame(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			s := newTestService(t, testConfig(4), "", newGateBackend("landlock"), nil)
-			a, err := s.cfg.Load().Agent("alpha")
-			if err != nil {
-				t.Fatal(err)
-			}
-			ws, err := s.prepareWorkspace(a, nil)
+			p := New(Options{StateDir: t.TempDir(), Logger: quietLog})
+			a := config.Agent{ID: "alpha"}
+			ws, err := p.prepareWorkspace(a, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -38,7 +37,7 @@ func TestPrepareWorkspaceSetsTheModesBackWhateverTheyBecame(t *testing.T) {
 			if err := os.Chmod(filepath.Dir(ws), tc.agentsDir); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.prepareWorkspace(a, nil); err != nil {
+			if _, err := p.prepareWorkspace(a, nil); err != nil {
 				t.Fatal(err)
 			}
 			for dir, want := range map[string]uint32{ws: 0o700, filepath.Dir(ws): 0o755} {

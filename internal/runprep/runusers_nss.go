@@ -1,6 +1,6 @@
 //go:build cgo && !osusergo
 
-package scheduler
+package runprep
 
 // usersFromFilesOnly: os/user asks NSS, whose sources may be anything.
 const usersFromFilesOnly = false

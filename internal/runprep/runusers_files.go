@@ -1,6 +1,6 @@
 //go:build !cgo || osusergo
 
-package scheduler
+package runprep
 
 // usersFromFilesOnly: os/user reads /etc/passwd and /etc/group itself.
 const usersFromFilesOnly = true

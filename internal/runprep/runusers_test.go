@@ -1,4 +1,4 @@
-package scheduler
+package runprep
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package scheduler
+package runprep
 
 import (
 	"encoding/binary"
@@ -12,10 +12,14 @@ import (
 )
 
 // Each agent runs as a uid of its own, allocated from [scheduler] agent_uids
-// the first time the agent is run or explained, and kept in agent_uids/ for
-// good (docs/adr/0014-per-agent-uids.md): a uid is never given to another
-// agent, not even after its agent was removed, because that agent's
-// workspace (and whatever else it left) is still owned by it.
+// the first time the agent is run or explained, and kept in agent_uids/ (of
+// Options.UIDs) for good (docs/adr/0014-per-agent-uids.md): a uid is never
+// given to another agent, not even after its agent was removed, because
+// that agent's workspace (and whatever else it left) is still owned by it.
+
+// bucketAgentUIDs is agent_uids/; no migration creates it: an older file
+// simply has no allocation yet.
+var bucketAgentUIDs = []byte("agent_uids")
 
 // uidTaken says whether the host's user or group database already names
 // id: such an id belongs to someone else and is never allocated.
@@ -47,10 +51,13 @@ func storedAgentUID(tx *bolt.Tx, agent string) (uid uint32, ok bool) {
 // removed) holds and the host's user and group databases do not name,
 // which is then recorded. An exhausted range fails the run with an error
 // naming agent_uids.
-func (s *Service) agentUID(agent string, r config.UIDRange) (uint32, error) {
+func (p *Preparer) agentUID(agent string, r config.UIDRange) (uint32, error) {
+	if p.opts.UIDs == nil {
+		return 0, fmt.Errorf("cannot allocate a uid for agent %s: this scheduler keeps no uids", agent)
+	}
 	var uid uint32
 	var found bool
-	if err := s.store.db.View(func(tx *bolt.Tx) error {
+	if err := p.opts.UIDs.View(func(tx *bolt.Tx) error {
 		uid, found = storedAgentUID(tx, agent)
 		return nil
 	}); err != nil {
@@ -61,7 +68,7 @@ func (s *Service) agentUID(agent string, r config.UIDRange) (uint32, error) {
 	}
 	var previous uint32
 	var moved bool
-	err := s.store.update(func(tx *bolt.Tx) error {
+	err := p.opts.UIDs.Update(func(tx *bolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists(bucketAgentUIDs)
 		if err != nil {
 			return err
@@ -100,10 +107,10 @@ func (s *Service) agentUID(agent string, r config.UIDRange) (uint32, error) {
 		return 0, fmt.Errorf("cannot allocate a uid for agent %s from [scheduler] agent_uids: %w", agent, err)
 	}
 	if moved && previous != uid {
-		s.log.Warn("agent's uid is outside [scheduler] agent_uids: it gets a new one, and its workspace is handed to it",
+		p.log.Warn("agent's uid is outside [scheduler] agent_uids: it gets a new one, and its workspace is handed to it",
 			"agent", agent, "old_uid", previous, "uid", uid, "agent_uids", r.String())
 	} else {
-		s.log.Info("agent has its own uid now", "agent", agent, "uid", uid, "agent_uids", r.String())
+		p.log.Info("agent has its own uid now", "agent", agent, "uid", uid, "agent_uids", r.String())
 	}
 	return uid, nil
 }

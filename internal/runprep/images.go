@@ -1,0 +1,37 @@
+package runprep
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/berth-dev/berth/isolation"
+)
+
+// ImageEnsurer gives the tag of an agent's isolation image, building it first
+// when the engine lacks it. berth-imaged answers it over D-Bus
+// (busapi.Images).
+type ImageEnsurer interface {
+	EnsureIsolationImage(ctx context.Context, agent string) (string, error)
+}
+
+// isolationImage fills in the image of a container plan that names none
+// (container_mode.image unset) with the isolation image berth-imaged makes
+// for the agent, waiting for a build within the run's timeout. Without an
+// ImageEnsurer the container backend builds its default image itself.
+func (p *Preparer) isolationImage(ctx context.Context, plan *isolation.Plan) error {
+	if plan.Backend != isolation.BackendContainer || plan.Container.Image != "" || p.opts.Images == nil {
+		return nil
+	}
+	if plan.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, plan.Timeout)
+		defer cancel()
+	}
+	tag, err := p.opts.Images.EnsureIsolationImage(ctx, plan.AgentID)
+	if err != nil {
+		err = fmt.Errorf("cannot get the isolation image of agent %s from berth-imaged: %w", plan.AgentID, err)
+		return &isolation.RunError{Reason: isolation.ReasonImageBuildFailed, Err: err}
+	}
+	plan.Container.Image = tag
+	return nil
+}
