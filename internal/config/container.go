@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -28,6 +29,19 @@ const (
 var forbiddenBindSources = []string{"/etc", "/proc", "/sys", "/dev", "/run", "/var/run", "/var/lib/docker", "/boot"}
 
 var runtimePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$`)
+
+// NetworkMode is container_mode.network, read once: "bridge" or "none";
+// anything else is refused with CheckNetwork's reason.
+type NetworkMode string
+
+// UnmarshalText accepts only the modes CheckNetwork allows.
+func (m *NetworkMode) UnmarshalText(text []byte) error {
+	if msg := CheckNetwork(string(text)); msg != "" {
+		return errors.New(msg)
+	}
+	*m = NetworkMode(text)
+	return nil
+}
 
 // CheckNetwork explains why a container_mode.network value is refused, or
 // returns "".

@@ -20,7 +20,7 @@ const DefaultPath = "/etc/berth/berth.toml"
 // [scheduler] table says otherwise.
 const (
 	defaultMaxIterations     = 10
-	defaultNetwork           = "bridge"
+	defaultNetwork           = NetworkMode("bridge")
 	defaultMaxConcurrentRuns = 4
 	defaultTimeout           = 300 * time.Second
 	defaultRunAs             = "berth-agent"

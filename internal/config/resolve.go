@@ -61,7 +61,7 @@ func (c *Config) Agent(id string) (Agent, error) {
 			Enabled:     firstSet(false, sc.Enabled, dc.Enabled),
 			Image:       first(sc.Image, dc.Image),
 			MemoryLimit: firstSet(DefaultMemoryLimit, sc.MemoryLimit, dc.MemoryLimit),
-			Network:     first(sc.Network, dc.Network, defaultNetwork),
+			Network:     string(first(sc.Network, dc.Network, defaultNetwork)),
 			Runtime:     first(sc.Runtime, dc.Runtime),
 			Warm:        firstSet(0, sc.Warm, dc.Warm),
 			Binds:       firstList(sc.Binds, dc.Binds),
@@ -112,7 +112,7 @@ func (c *Config) image(s *ImageSettings) ImageConfig {
 }
 
 // first returns the first non-empty string.
-func first(values ...string) string {
+func first[S ~string](values ...S) S {
 	for _, v := range values {
 		if v != "" {
 			return v

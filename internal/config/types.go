@@ -110,15 +110,15 @@ type ToolsSettings struct {
 }
 
 type ContainerSettings struct {
-	Enabled        *bool    `toml:"enabled"`
-	Image          string   `toml:"image"`
-	MemoryLimit    *Bytes   `toml:"memory_limit" berth:"check=memoryLimit"`
-	TimeoutSeconds *int     `toml:"timeout_seconds" berth:"check=seconds"`
-	Network        string   `toml:"network" berth:"check=network"`
-	Runtime        string   `toml:"runtime" berth:"check=runtime"`
-	Warm           *int     `toml:"warm" berth:"check=warm"`
-	Binds          []string `toml:"binds" berth:"check=bind"`
-	SecurityOpt    []string `toml:"security_opt" berth:"check=securityOpt"`
+	Enabled        *bool       `toml:"enabled"`
+	Image          string      `toml:"image"`
+	MemoryLimit    *Bytes      `toml:"memory_limit" berth:"check=memoryLimit"`
+	TimeoutSeconds *int        `toml:"timeout_seconds" berth:"check=seconds"`
+	Network        NetworkMode `toml:"network"`
+	Runtime        string      `toml:"runtime" berth:"check=runtime"`
+	Warm           *int        `toml:"warm" berth:"check=warm"`
+	Binds          []string    `toml:"binds" berth:"check=bind"`
+	SecurityOpt    []string    `toml:"security_opt" berth:"check=securityOpt"`
 }
 
 type FileAccessSettings struct {

@@ -122,8 +122,8 @@ func httpURL(s string) string {
 
 // valueChecks are the checks a field's tag names (berth:"check=NAME"),
 // each run on a value (each element of a list) as it is read: a
-// func(string) string or func(int) string returns what is wrong, or ""; a
-// sizeRule reads a size.
+// func(string) string, func(int) string or func(Duration) string returns
+// what is wrong, or ""; a sizeRule reads a size.
 var valueChecks = map[string]any{
 	"nonEmpty":     nonEmpty,
 	"id":           validID,
@@ -171,7 +171,6 @@ var valueChecks = map[string]any{
 	"maxIterations":  between(1, 1000),
 	"memoryLimit":    memoryLimitRule,
 	"workspaceQuota": workspaceQuotaRule,
-	"network":        CheckNetwork,
 	"runtime":        CheckRuntime,
 	"warm":           between(0, MaxWarm),
 	"bind":           CheckBind,

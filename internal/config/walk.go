@@ -40,6 +40,7 @@ const (
 	kindSection                  // a struct: a sub-table whose keys share the parent's fieldLocs
 	kindEntry                    // *entry[T]: a table with its own fieldLocs
 	kindEntries                  // []*entry[T]: an array of tables (or, with rest, named tables)
+	kindTables                   // []T of structs: an array of tables inside a table, keys in its fieldLocs
 	kindName                     // receives a rest entry's key; no TOML key of its own
 )
 
@@ -116,6 +117,8 @@ func kindOf(t reflect.Type) fieldKind {
 		return kindEntry
 	case t.Kind() == reflect.Slice && t.Elem().Implements(entryValueType):
 		return kindEntries
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct && !reflect.PointerTo(t.Elem()).Implements(textUnmarshalerType):
+		return kindTables
 	case t.Kind() == reflect.Slice:
 		return kindList
 	case t.Kind() == reflect.Map:
@@ -218,6 +221,8 @@ func (d *decoder) decodeField(p keyPath, raw any, dst reflect.Value, at fieldLoc
 		default:
 			d.wrongType(p, "an array of tables", raw)
 		}
+	case kindTables:
+		d.decodeTables(p, raw, dst, at, rel)
 	case kindStrings:
 		d.decodeStrings(p, raw, dst, at, rel)
 	case kindList:
@@ -320,6 +325,34 @@ func (d *decoder) decodeList(p keyPath, raw any, dst reflect.Value, at fieldLocs
 	}
 }
 
+// decodeTables reads an array of tables inside a table ([[agents.mcp]]):
+// element i's keys are located as rel[i].KEY in the enclosing table's
+// fieldLocs, and a later file replaces the array as a whole.
+func (d *decoder) decodeTables(p keyPath, raw any, dst reflect.Value, at fieldLocs, rel string) {
+	var elems []any
+	switch vs := raw.(type) {
+	case []map[string]any:
+		for _, v := range vs {
+			elems = append(elems, v)
+		}
+	case []any:
+		elems = vs
+	default:
+		d.wrongType(p, "an array of tables", raw)
+		return
+	}
+	out := reflect.MakeSlice(dst.Type(), len(elems), len(elems))
+	l := d.loc(p)
+	for i, v := range elems {
+		ep := d.elem(p, i)
+		d.decodeTable(ep, v, out.Index(i), at, indexKey(rel, i), nil)
+		at[indexKey(rel, i)] = d.loc(ep)
+		l.elems = append(l.elems, ep.line)
+	}
+	dst.Set(out)
+	at[rel] = l
+}
+
 // decodeStrings reads a table of strings; each entry gets its own location
 // (rel.NAME), so a check can point at the entry's line.
 func (d *decoder) decodeStrings(p keyPath, raw any, dst reflect.Value, at fieldLocs, rel string) {
@@ -351,6 +384,8 @@ func (d *decoder) checkValue(p keyPath, f *fieldSpec, v reflect.Value) {
 		msg = check(v.String())
 	case func(int) string:
 		msg = check(int(v.Int()))
+	case func(Duration) string:
+		msg = check(Duration(v.Int()))
 	}
 	if msg != "" {
 		d.fail(p, "%s", msg)
@@ -376,6 +411,21 @@ func mergeTable(dst, src reflect.Value, dstAt, srcAt fieldLocs, prefix string) {
 				}
 				for _, k := range sf.MapKeys() {
 					dstAt[joinKey(rel, k.String())] = srcAt[joinKey(rel, k.String())]
+				}
+				df.Set(sf)
+				dstAt[rel] = l
+			}
+		case kindTables:
+			if l, ok := srcAt[rel]; ok {
+				for key := range dstAt {
+					if strings.HasPrefix(key, rel+"[") {
+						delete(dstAt, key)
+					}
+				}
+				for key, el := range srcAt {
+					if strings.HasPrefix(key, rel+"[") {
+						dstAt[key] = el
+					}
 				}
 				df.Set(sf)
 				dstAt[rel] = l

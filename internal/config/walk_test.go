@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
@@ -18,6 +19,9 @@ type walkDoc struct {
 	Tags    []string           `toml:"tags" berth:"check=nonEmpty"`
 	Ports   []int              `toml:"ports" berth:"check=port"`
 	Vars    map[string]string  `toml:"vars"`
+	Wait    *Duration          `toml:"wait"`
+	Mode    NetworkMode        `toml:"mode"`
+	Steps   []walkStep         `toml:"steps"`
 	Inner   walkInner          `toml:"inner"`
 	Default *entry[walkItem]   `toml:"default" berth:"omit=id"`
 	Items   []*entry[walkItem] `toml:"items" berth:"merge=id"`
@@ -33,6 +37,12 @@ type walkInner struct {
 type walkNamed struct {
 	Own  string             `toml:"own"`
 	Rest []*entry[walkItem] `berth:"rest=widget"`
+}
+
+type walkStep struct {
+	Run  string            `toml:"run" berth:"check=nonEmpty"`
+	Env  map[string]string `toml:"env"`
+	Tags []string          `toml:"tags"`
 }
 
 type walkItem struct {
@@ -61,6 +71,13 @@ func TestWalkerMergesWhatALaterFileSetsAndKeepsWhereItCameFrom(t *testing.T) {
 size = "1g"
 tags = ["x", "y"]
 vars = { A = "1", B = "2" }
+wait = "90s"
+mode = "none"
+[[steps]]
+run = "one"
+env = { X = "1" }
+[[steps]]
+run = "two"
 [inner]
 n = 3
 [default]
@@ -79,6 +96,7 @@ value = "n1"
 	second, errs := decodeWalkDoc(t, "b.toml", `name = "second"
 uids = "200000-200009"
 vars = { C = "3" }
+steps = [{ run = "only", tags = ["t"] }]
 [inner]
 flag = true
 [[items]]
@@ -108,6 +126,12 @@ value = "n2"
 	if !reflect.DeepEqual(m.Tags, []string{"x", "y"}) || !reflect.DeepEqual(m.Vars, map[string]string{"C": "3"}) {
 		t.Errorf("tags %q vars %v; want the earlier tags and the later vars only (a table of strings is replaced whole)", m.Tags, m.Vars)
 	}
+	if m.Wait == nil || *m.Wait != Duration(90*time.Second) || m.Mode != "none" {
+		t.Errorf("wait %v mode %q; want a.toml's 90s and none", m.Wait, m.Mode)
+	}
+	if want := []walkStep{{Run: "only", Tags: []string{"t"}}}; !reflect.DeepEqual(m.Steps, want) {
+		t.Errorf("steps = %+v, want %+v (an array of tables inside a table is replaced whole)", m.Steps, want)
+	}
 	if m.Inner.N == nil || *m.Inner.N != 3 || m.Inner.Flag == nil || !*m.Inner.Flag {
 		t.Errorf("inner = %+v; want n from a.toml and flag from b.toml", m.Inner)
 	}
@@ -134,20 +158,21 @@ value = "n2"
 
 	for key, want := range map[string]string{
 		"name": "b.toml:1", "size": "a.toml:2", "uids": "b.toml:2", "tags": "a.toml:3",
-		"vars": "b.toml:3", "vars.C": "b.toml:3", "inner.n": "a.toml:6", "inner.flag": "b.toml:5",
+		"vars": "b.toml:3", "vars.C": "b.toml:3", "inner.n": "a.toml:13", "inner.flag": "b.toml:6",
+		"wait": "a.toml:5", "steps": "b.toml:4", "steps[0].run": "b.toml:4", "steps[0].tags": "b.toml:4",
 	} {
 		l, ok := merged.at[key]
 		if got := l.file + ":" + strconv.Itoa(l.line); !ok || got != want {
 			t.Errorf("location of %s = %s (set: %v), want %s", key, got, ok, want)
 		}
 	}
-	for _, gone := range []string{"vars.A", "vars.B", "ports"} {
+	for _, gone := range []string{"vars.A", "vars.B", "ports", "steps[1]", "steps[1].run", "steps[0].env", "steps[0].env.X"} {
 		if l, ok := merged.at[gone]; ok {
 			t.Errorf("%s is located at %+v, want it unset", gone, l)
 		}
 	}
-	if l := m.Items[0].at["value"]; l.file != "b.toml" || l.line != 8 || l.key != "items[0].value" {
-		t.Errorf("items[0].value is at %+v, want b.toml:8 under its key in b.toml", l)
+	if l := m.Items[0].at["value"]; l.file != "b.toml" || l.line != 9 || l.key != "items[0].value" {
+		t.Errorf("items[0].value is at %+v, want b.toml:9 under its key in b.toml", l)
 	}
 }
 
@@ -159,6 +184,12 @@ uids = "5-1"
 tags = ["ok", 7]
 ports = [80, 70000]
 vars = { A = 1 }
+wait = "-5s"
+mode = "host"
+[[steps]]
+run = ""
+[[steps]]
+bogus = 1
 [inner]
 n = 0
 typo = 1
@@ -179,12 +210,16 @@ bogus = "x"
 		`a.toml:4: tags[1]: must be a string, not an integer`,
 		`a.toml:5: ports[1]: port 70000 is not 1-65535`,
 		`a.toml:6: vars.A: must be a string, not an integer`,
-		`a.toml:8: inner.n: must be at least 1, not 0`,
-		`a.toml:9: inner.typo: unknown key (known keys: flag, n)`,
-		`a.toml:11: default.id: unknown key (known keys: value)`,
-		`a.toml:13: items[0].value: must be a string, not a boolean`,
-		`a.toml:16: named.stray: unknown key (known keys: own; a widget is a table, [named.stray])`,
-		`a.toml:18: named.one.bogus: unknown key (known keys: id, value)`,
+		`a.toml:7: wait: invalid duration "-5s": want a number with a unit s, m or h, like 30m or 1h30m`,
+		`a.toml:8: mode: "host" would share the host's network stack (and its local services) with the agent; use "bridge" or "none"`,
+		`a.toml:10: steps[0].run: must not be empty`,
+		`a.toml:12: steps[1].bogus: unknown key (known keys: env, run, tags)`,
+		`a.toml:14: inner.n: must be at least 1, not 0`,
+		`a.toml:15: inner.typo: unknown key (known keys: flag, n)`,
+		`a.toml:17: default.id: unknown key (known keys: value)`,
+		`a.toml:19: items[0].value: must be a string, not a boolean`,
+		`a.toml:22: named.stray: unknown key (known keys: own; a widget is a table, [named.stray])`,
+		`a.toml:24: named.one.bogus: unknown key (known keys: id, value)`,
 	}
 	sortErrors(errs, []string{"a.toml"})
 	var got []string
@@ -213,6 +248,8 @@ func TestEveryTableIsWalkable(t *testing.T) {
 			switch f.kind {
 			case kindSection:
 				walk(ft)
+			case kindTables:
+				walk(ft.Elem())
 			case kindEntry:
 				walk(ft.Elem().Field(0).Type)
 			case kindEntries:
