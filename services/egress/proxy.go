@@ -51,11 +51,20 @@ type Policy struct {
 	// intercepts with CA (see secrets.go); other hosts are never intercepted.
 	Secrets []Secret
 	CA      *CA
+	// Git are the agent's git rules, GitHubApps the apps their credentials
+	// may name (git.go, githubapp.go).
+	Git        []egresspolicy.GitRule
+	GitHubApps []GitHubApp
 }
 
 type wireProvider struct {
 	egresspolicy.Provider
 	Key string `json:"key"`
+}
+
+type wireGitHubApp struct {
+	egresspolicy.GitHubApp
+	PrivateKey string `json:"private_key"`
 }
 
 type wireSecret struct {
@@ -64,18 +73,23 @@ type wireSecret struct {
 }
 
 type wirePolicy struct {
-	RunID     string              `json:"run_id"`
-	Agent     string              `json:"agent"`
-	Token     string              `json:"token"`
-	Providers []wireProvider      `json:"providers,omitempty"`
-	Allow     []egresspolicy.Rule `json:"allow,omitempty"`
-	Secrets   []wireSecret        `json:"secrets,omitempty"`
-	CA        *CA                 `json:"ca,omitempty"`
+	RunID     string                 `json:"run_id"`
+	Agent     string                 `json:"agent"`
+	Token     string                 `json:"token"`
+	Providers []wireProvider         `json:"providers,omitempty"`
+	Allow     []egresspolicy.Rule    `json:"allow,omitempty"`
+	Secrets   []wireSecret           `json:"secrets,omitempty"`
+	CA        *CA                    `json:"ca,omitempty"`
+	Git       []egresspolicy.GitRule `json:"git,omitempty"`
+	Apps      []wireGitHubApp        `json:"github_apps,omitempty"`
 }
 
 // MarshalJSON writes the policy with its keys, for the proxy's stdin only.
 func (p Policy) MarshalJSON() ([]byte, error) {
-	w := wirePolicy{RunID: p.RunID, Agent: p.Agent, Token: p.Token, Allow: p.Allow, CA: p.CA}
+	w := wirePolicy{RunID: p.RunID, Agent: p.Agent, Token: p.Token, Allow: p.Allow, CA: p.CA, Git: p.Git}
+	for _, a := range p.GitHubApps {
+		w.Apps = append(w.Apps, wireGitHubApp{GitHubApp: a, PrivateKey: a.PrivateKey})
+	}
 	for _, pr := range p.Providers {
 		w.Providers = append(w.Providers, wireProvider{Provider: pr, Key: pr.Key})
 	}
@@ -91,7 +105,11 @@ func (p *Policy) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &w); err != nil {
 		return err
 	}
-	*p = Policy{RunID: w.RunID, Agent: w.Agent, Token: w.Token, Allow: w.Allow, CA: w.CA}
+	*p = Policy{RunID: w.RunID, Agent: w.Agent, Token: w.Token, Allow: w.Allow, CA: w.CA, Git: w.Git}
+	for _, a := range w.Apps {
+		a.GitHubApp.PrivateKey = a.PrivateKey
+		p.GitHubApps = append(p.GitHubApps, a.GitHubApp)
+	}
 	for _, pr := range w.Providers {
 		pr.Provider.Key = pr.Key
 		p.Providers = append(p.Providers, pr.Provider)
@@ -160,6 +178,7 @@ type Server struct {
 	providers *http.Transport
 	tools     *http.Transport
 	icpt      *interceptor
+	git       *gitState
 	idle      idleConns // getSpliced's connections between requests
 	revoked   atomic.Bool
 	budget    byteBudget
@@ -236,7 +255,7 @@ func NewServer(pol Policy, opts Options) (*Server, error) {
 	s := &Server{pol: pol, opts: opts, tunnels: map[net.Conn]struct{}{}, intercepted: map[string]*http.Transport{},
 		log:    opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent),
 		budget: byteBudget{max: opts.MaxProviderBuffer}}
-	s.judge = &egresspolicy.Judge{Allow: pol.Allow, Providers: pol.Providers, Secrets: pol.Secrets, Resolver: opts.Resolver, Addresses: opts.Addresses}
+	s.judge = &egresspolicy.Judge{Allow: pol.Allow, Providers: pol.Providers, Secrets: pol.Secrets, Agent: pol.Agent, Git: pol.Git, Resolver: opts.Resolver, Addresses: opts.Addresses}
 	if pol.CA != nil {
 		icpt, err := newInterceptor(*pol.CA)
 		if err != nil {
@@ -246,6 +265,12 @@ func NewServer(pol Policy, opts Options) (*Server, error) {
 	}
 	s.providers = s.newTransport(s.dialProvider, "")
 	s.tools = s.newTransport(dialJudged, "")
+	// The forge's API is the admin's endpoint, reached like a provider's.
+	git, err := newGitState(pol, &http.Client{Transport: s.newTransport(s.dialProvider, "")}, opts.DialTimeout)
+	if err != nil {
+		return nil, err
+	}
+	s.git = git
 	s.http = &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -299,6 +324,7 @@ func (s *Server) Close() error {
 	}
 	s.mu.Unlock()
 	s.active.Wait()
+	s.git.close(s.log)
 	s.providers.CloseIdleConnections()
 	s.tools.CloseIdleConnections()
 	s.idle.close()
@@ -330,6 +356,9 @@ func logDecision(log *slog.Logger, d egresspolicy.Decision) {
 		level = slog.LevelWarn
 	}
 	attrs := []any{"method", d.Method, "host", d.Host, "port", d.Port, "path", d.Path, "allowed", d.Allowed}
+	if d.Ref != "" {
+		attrs = append(attrs, "ref", d.Ref)
+	}
 	if d.Rule != "" {
 		attrs = append(attrs, "rule", d.Rule)
 	}
@@ -439,8 +468,8 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, d egresspolicy.D
 	}
 	// A secret's host, where a rule allows it, is always reached through
 	// the interceptor, which adds the secret and judges each request.
-	if sec := s.judge.SecretFor(d.Host, d.Port); sec != nil {
-		d.Rule = "secret " + sec.Name
+	if sec := s.judge.SecretFor(d.Host, d.Port); sec != nil || s.judge.GitHost(d.Host, d.Port) {
+		d.Rule = interceptRule(sec)
 		s.intercept(w, r, d, sec)
 		return
 	}

@@ -200,14 +200,23 @@ func (s *Server) interceptTransport(host string, port int) *http.Transport {
 	return t
 }
 
-// intercept serves a CONNECT to a secret's host: TLS with the run's CA
-// towards the sandbox, each request judged again (its Host must be the
+// interceptRule names what a tunnel is intercepted for: a secret, or the
+// agent's git rules when sec is nil.
+func interceptRule(sec *Secret) string {
+	if sec == nil {
+		return "git"
+	}
+	return "secret " + sec.Name
+}
+
+// intercept serves a CONNECT to a secret's or a git rule's host: TLS
+// with the run's CA towards the sandbox, each request judged again (its Host must be the
 // tunnel's, its destination address allowed), the secret's header set when
 // the request is in its scope, and sent over the proxy's own TLS. d is the
 // CONNECT's decision.
 func (s *Server) intercept(w http.ResponseWriter, r *http.Request, d egresspolicy.Decision, sec *Secret) {
 	if s.icpt == nil {
-		s.refuse(w, d, http.StatusInternalServerError, "secret "+sec.Name+": the run has no CA to intercept with")
+		s.refuse(w, d, http.StatusInternalServerError, interceptRule(sec)+": the run has no CA to intercept with")
 		return
 	}
 	hj, ok := w.(http.Hijacker)
@@ -264,7 +273,7 @@ func (s *Server) intercept(w http.ResponseWriter, r *http.Request, d egresspolic
 // says whether the tunnel may carry another.
 func (s *Server) interceptOne(conn net.Conn, transport *http.Transport, req *http.Request, ctx context.Context, host string, port int, sec *Secret) bool {
 	escaped := requestPath(req)
-	rd := egresspolicy.Decision{Time: time.Now(), Method: req.Method, Host: host, Port: port, Path: req.URL.Path, Rule: "secret " + sec.Name}
+	rd := egresspolicy.Decision{Time: time.Now(), Method: req.Method, Host: host, Port: port, Path: req.URL.Path, Rule: interceptRule(sec)}
 	refuse := func(code int, reason string) bool {
 		rd.Allowed, rd.Reason = false, reason
 		s.record(rd)
@@ -278,7 +287,7 @@ func (s *Server) interceptOne(conn net.Conn, transport *http.Transport, req *htt
 		return false
 	}
 	if err := egresspolicy.CheckFronting(host, port, req); err != nil {
-		return refuse(http.StatusForbidden, "secret "+sec.Name+": "+err.Error())
+		return refuse(http.StatusForbidden, interceptRule(sec)+": "+err.Error())
 	}
 	dest, ref := s.destination(ctx, http.MethodConnect, host, port)
 	if ref != nil {
@@ -291,30 +300,24 @@ func (s *Server) interceptOne(conn net.Conn, transport *http.Transport, req *htt
 	}
 	req.RequestURI = ""
 	stripHopHeaders(req.Header)
-	if ok, why := sec.Covers(req.Method, escaped); ok {
-		req.Header.Set(sec.Header, strings.ReplaceAll(sec.Format, "{}", sec.Value))
-	} else {
-		rd.Rule, rd.Reason = "secret "+sec.Name+" (not added)", why
+	// Git's smart HTTP on a git rule's host is judged by the git rules,
+	// whatever secret the host has (git.go).
+	if s.judge.GitHost(host, port) {
+		if g, isGit, err := egresspolicy.ParseGitRequest(req.Method, escaped, req.URL.RawQuery); isGit {
+			return s.gitOne(conn, transport, req, ctx, rd, g, err)
+		}
+		if _, ok := egresspolicy.MatchRule(s.pol.Allow, http.MethodConnect, host, port); !ok {
+			return refuse(http.StatusForbidden, "only git's smart HTTP for the repositories of the agent's [[agents.egress.git]] rules goes to "+host+" (no allow rule names it)")
+		}
 	}
-	var up countingReader
-	if req.Body != nil && req.Body != http.NoBody {
-		up.r = req.Body
-		req.Body = io.NopCloser(&up)
+	if sec != nil {
+		if ok, why := sec.Covers(req.Method, escaped); ok {
+			req.Header.Set(sec.Header, strings.ReplaceAll(sec.Format, "{}", sec.Value))
+		} else {
+			rd.Rule, rd.Reason = "secret "+sec.Name+" (not added)", why
+		}
 	}
-	resp, err := transport.RoundTrip(req.WithContext(context.WithoutCancel(ctx)))
-	if err != nil {
-		rd.BytesUp = up.n
-		return refuse(http.StatusBadGateway, "cannot reach the destination: "+err.Error())
-	}
-	stripHopHeaders(resp.Header)
-	var down countingReader
-	down.r = resp.Body
-	resp.Body = io.NopCloser(&down)
-	err = resp.Write(conn)
-	resp.Body.Close()
-	rd.Allowed, rd.BytesUp, rd.BytesDown = true, up.n, down.n
-	s.record(rd)
-	return err == nil && !req.Close && !resp.Close
+	return s.sendIntercepted(conn, transport, req, ctx, rd)
 }
 
 // requestPath is the path of r's request-target as sent (still

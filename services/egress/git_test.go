@@ -1,0 +1,702 @@
+package egress_test
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/cgi"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	agentegress "github.com/berth-dev/berth/agent/egress"
+	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/egresspolicy"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
+	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/services/egress"
+)
+
+// fakeGitHubApp speaks the part of GitHub's API a run's proxy uses:
+// installation tokens (created with the app's RS256 JWT, revoked with
+// DELETE /installation/token) and compare, which it answers from the
+// forge's own repositories with git merge-base.
+type fakeGitHubApp struct {
+	srv   *httptest.Server
+	url   string
+	key   *rsa.PrivateKey
+	appID int64
+	inst  int64
+	repos string // the forge's repositories
+	// firstLifetime is the first token's lifetime (an hour when zero).
+	firstLifetime time.Duration
+
+	mu       sync.Mutex
+	minted   []string
+	revoked  map[string]bool
+	asked    []string // each token request's body
+	compares int
+}
+
+func newFakeGitHubApp(t *testing.T, repos string, local bool) *fakeGitHubApp {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeGitHubApp{key: key, appID: 4242, inst: 77, repos: repos, revoked: map[string]bool{}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /app/installations/{id}/access_tokens", f.createToken)
+	mux.HandleFunc("DELETE /installation/token", f.revokeToken)
+	mux.HandleFunc("GET /repos/{owner}/{repo}/compare/{range}", f.compare)
+	f.srv = serveTLS(t, "api.github.test", local, mux)
+	f.url = tlsURL(f.srv, "api.github.test", local)
+	return f
+}
+
+func (f *fakeGitHubApp) privateKeyPEM() string {
+	return string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(f.key)}))
+}
+
+func githubError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]string{"message": msg, "documentation_url": "https://docs.github.com/rest"})
+}
+
+func (f *fakeGitHubApp) createToken(w http.ResponseWriter, r *http.Request) {
+	signed, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	var claims jwt.RegisteredClaims
+	_, err := jwt.ParseWithClaims(signed, &claims, func(*jwt.Token) (any, error) { return &f.key.PublicKey, nil },
+		jwt.WithValidMethods([]string{"RS256"}), jwt.WithIssuedAt(), jwt.WithExpirationRequired())
+	if !ok || err != nil || claims.Issuer != strconv.FormatInt(f.appID, 10) {
+		githubError(w, http.StatusUnauthorized, "A JSON web token could not be decoded")
+		return
+	}
+	if r.PathValue("id") != strconv.FormatInt(f.inst, 10) {
+		githubError(w, http.StatusNotFound, "Not Found")
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	b := make([]byte, 18)
+	rand.Read(b)
+	tok := "ghs_" + hex.EncodeToString(b)
+	f.mu.Lock()
+	lifetime := time.Hour
+	if len(f.minted) == 0 && f.firstLifetime > 0 {
+		lifetime = f.firstLifetime
+	}
+	f.minted = append(f.minted, tok)
+	f.asked = append(f.asked, string(body))
+	f.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	json.NewEncoder(w).Encode(map[string]any{"token": tok, "expires_at": time.Now().Add(lifetime).UTC().Format(time.RFC3339),
+		"permissions": map[string]string{"contents": "write"}, "repository_selection": "selected"})
+}
+
+// valid says whether tok is one the fake minted and has not revoked.
+func (f *fakeGitHubApp) valid(tok string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range f.minted {
+		if m == tok {
+			return !f.revoked[tok]
+		}
+	}
+	return false
+}
+
+func (f *fakeGitHubApp) tokenOf(r *http.Request) (string, bool) {
+	auth := r.Header.Get("Authorization")
+	tok, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok {
+		tok, ok = strings.CutPrefix(auth, "token ")
+	}
+	return tok, ok && f.valid(tok)
+}
+
+func (f *fakeGitHubApp) revokeToken(w http.ResponseWriter, r *http.Request) {
+	tok, ok := f.tokenOf(r)
+	if !ok {
+		githubError(w, http.StatusUnauthorized, "Bad credentials")
+		return
+	}
+	f.mu.Lock()
+	f.revoked[tok] = true
+	f.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (f *fakeGitHubApp) compare(w http.ResponseWriter, r *http.Request) {
+	if _, ok := f.tokenOf(r); !ok {
+		githubError(w, http.StatusUnauthorized, "Bad credentials")
+		return
+	}
+	f.mu.Lock()
+	f.compares++
+	f.mu.Unlock()
+	base, head, ok := strings.Cut(r.PathValue("range"), "...")
+	repo := filepath.Join(f.repos, r.PathValue("owner"), r.PathValue("repo")+".git")
+	isAncestor := func(a, b string) (bool, bool) {
+		err := exec.Command("git", "-C", repo, "merge-base", "--is-ancestor", a, b).Run()
+		if exit, isExit := err.(*exec.ExitError); isExit && exit.ExitCode() == 1 {
+			return false, true
+		}
+		return err == nil, err == nil
+	}
+	ahead, known1 := isAncestor(base, head)
+	behind, known2 := isAncestor(head, base)
+	if !ok || !known1 || !known2 {
+		githubError(w, http.StatusNotFound, "Not Found")
+		return
+	}
+	status := "diverged"
+	switch {
+	case ahead && behind:
+		status = "identical"
+	case ahead:
+		status = "ahead"
+	case behind:
+		status = "behind"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"url": r.URL.String(), "status": status, "ahead_by": 1, "behind_by": 0, "files": []any{}})
+}
+
+// forgeRequest is one request the forge received.
+type forgeRequest struct {
+	Path, Query, Auth, Protocol string
+}
+
+// gitEnv is a forge serving real repositories with git http-backend over
+// TLS as forge.test, a fake GitHub App API, one run's proxy in front of
+// them with the git rules of agent web, and the relay a sandbox's git
+// talks to.
+type gitEnv struct {
+	t        *testing.T
+	repos    string
+	forge    string // https://forge.test:<port>
+	app      *fakeGitHubApp
+	proxy    proxy
+	relay    *agentegress.Proxy
+	ca       egress.CA
+	caFile   string
+	home     string
+	log      *lockedBuffer
+	stream   streamed
+	launched *egress.Proxy   // the berth-egress process, when launched
+	outputs  strings.Builder // everything the sandbox's git printed
+	mu       sync.Mutex
+	received []forgeRequest
+}
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// gitEnvOptions: launched runs berth-egress as its own process (root
+// needed), its forge and API on 127.0.0.1 (the process resolves names
+// with the system's resolver); firstLifetime is the first token's.
+type gitEnvOptions struct {
+	launched      bool
+	firstLifetime time.Duration
+}
+
+func newGitEnv(t *testing.T, o gitEnvOptions) *gitEnv {
+	t.Helper()
+	gitPath, err := exec.LookPath("git")
+	testenv.Need(t, err == nil, "this test needs git")
+	execPath, err := exec.Command(gitPath, "--exec-path").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
+	e := &gitEnv{t: t, repos: t.TempDir(), home: t.TempDir(), log: &lockedBuffer{}}
+	os.WriteFile(filepath.Join(e.home, ".gitconfig"), []byte("[user]\n\tname = agent\n\temail = agent@berth.test\n[init]\n\tdefaultBranch = main\n[advice]\n\tdetachedHead = false\n"), 0o644)
+	e.app = newFakeGitHubApp(t, e.repos, o.launched)
+	e.app.firstLifetime = o.firstLifetime
+	for _, repo := range []string{"acme/web", "acme/other"} {
+		e.seed(repo)
+	}
+	cgiHost := &cgi.Handler{Path: backend, Env: []string{"GIT_PROJECT_ROOT=" + e.repos, "GIT_HTTP_EXPORT_ALL=1", "HOME=" + e.home, "PATH=" + os.Getenv("PATH")}}
+	forge := serveTLS(t, "forge.test", o.launched, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.mu.Lock()
+		e.received = append(e.received, forgeRequest{Path: r.URL.Path, Query: r.URL.RawQuery, Auth: r.Header.Get("Authorization"), Protocol: r.Header.Get("Git-Protocol")})
+		e.mu.Unlock()
+		// Private repositories: only a live installation token reads them.
+		if user, pass, ok := r.BasicAuth(); !ok || user != "x-access-token" || !e.app.valid(pass) {
+			w.Header().Set("WWW-Authenticate", `Basic realm="forge"`)
+			http.Error(w, "Authentication required", http.StatusUnauthorized)
+			return
+		}
+		cgiHost.ServeHTTP(w, r)
+	}))
+	e.forge = tlsURL(forge, "forge.test", o.launched)
+	forgeHost, _ := url.Parse(e.forge)
+	e.ca, err = egress.NewCA("git-run", []string{forgeHost.Hostname()}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.caFile = filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(e.caFile, []byte(e.ca.CertPEM), 0o644)
+	pol := egress.Policy{RunID: "git-run", Agent: "web", CA: &e.ca,
+		Git: []egresspolicy.GitRule{{Remote: e.forge + "/acme/web.git", Fetch: true, Push: []string{"berth/*"}, Credential: "acme-bot"}},
+		GitHubApps: []egress.GitHubApp{{Name: "acme-bot", AppID: e.app.appID, InstallationID: e.app.inst,
+			APIBaseURL: e.app.url, PrivateKey: e.app.privateKeyPEM()}}}
+	upstreams := x509.NewCertPool()
+	upstreams.AddCert(forge.Certificate())
+	upstreams.AddCert(e.app.srv.Certificate())
+	if o.launched {
+		testenv.NeedRoot(t)
+		nobody, err := isolation.LookupRunUser("nobody")
+		if err != nil {
+			t.Fatal(err)
+		}
+		root := t.TempDir()
+		os.Chmod(root, 0o755)
+		e.proxy.socket = filepath.Join(root, "egress", pol.RunID, isolation.EgressSocketName)
+		pol.Token = token
+		roots := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: forge.Certificate().Raw})
+		roots = append(roots, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: e.app.srv.Certificate().Raw})...)
+		e.launched, err = egress.Launch(t.Context(), pol, egress.LaunchOptions{Logger: slog.New(slog.NewTextHandler(e.log, nil)),
+			Binary: proxyBinary, User: nobody, Client: nobody, Socket: e.proxy.socket, RootCAsPEM: roots})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.launched.Stop() })
+	} else {
+		e.proxy = startProxy(t, pol, egress.Options{Resolver: resolver{"forge.test": "127.0.0.1", "api.github.test": "127.0.0.1"},
+			RootCAs: upstreams, OnDecision: e.stream.add})
+	}
+	e.relay, err = agentegress.Listen(agentproto.Egress{ProxyAddr: "127.0.0.1:0", Socket: e.proxy.socket, Token: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go e.relay.Serve()
+	t.Cleanup(func() { e.relay.Close() })
+	return e
+}
+
+// seed makes a bare repository on the forge with one commit on main.
+func (e *gitEnv) seed(repo string) {
+	bare := filepath.Join(e.repos, repo+".git")
+	work := e.t.TempDir()
+	e.admin("", "init", "-q", "--bare", bare)
+	e.admin(bare, "config", "http.receivepack", "true")
+	e.admin(work, "init", "-q")
+	os.WriteFile(filepath.Join(work, "README"), []byte("the "+repo+" repository\n"), 0o644)
+	e.admin(work, "add", "README")
+	e.admin(work, "commit", "-q", "-m", "first")
+	e.admin(work, "push", "-q", bare, "main")
+}
+
+// admin runs git as the forge's admin: no proxy, the repositories' files.
+func (e *gitEnv) admin(dir string, args ...string) string {
+	e.t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = []string{"HOME=" + e.home, "PATH=" + os.Getenv("PATH"), "GIT_CONFIG_NOSYSTEM=1"}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		e.t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// sandboxEnv is a sandboxed tool's environment: the relay as its proxy
+// and the run's CA, nothing else (no credential of any kind).
+func (e *gitEnv) sandboxEnv() []string {
+	proxy := "http://" + e.relay.Addr()
+	return []string{"HOME=" + e.home, "PATH=" + os.Getenv("PATH"), "GIT_CONFIG_NOSYSTEM=1", "GIT_TERMINAL_PROMPT=0",
+		"GIT_SSL_CAINFO=" + e.caFile, "https_proxy=" + proxy, "http_proxy=" + proxy, "HTTPS_PROXY=" + proxy}
+}
+
+// git runs the sandbox's git through the proxy.
+func (e *gitEnv) git(dir string, args ...string) (string, error) {
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = e.sandboxEnv()
+	out, err := cmd.CombinedOutput()
+	e.mu.Lock()
+	e.outputs.Write(out)
+	e.mu.Unlock()
+	return string(out), err
+}
+
+func (e *gitEnv) mustGit(dir string, args ...string) string {
+	e.t.Helper()
+	out, err := e.git(dir, args...)
+	if err != nil {
+		e.t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// forgeRef is ref's id in the forge's repository ("" when it has none).
+func (e *gitEnv) forgeRef(repo, ref string) string {
+	cmd := exec.Command("git", "-C", filepath.Join(e.repos, repo+".git"), "rev-parse", "--verify", "-q", ref)
+	out, _ := cmd.Output()
+	return strings.TrimSpace(string(out))
+}
+
+func (e *gitEnv) forgeReceived() []forgeRequest {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]forgeRequest(nil), e.received...)
+}
+
+func (e *gitEnv) clone(repo string) string {
+	e.t.Helper()
+	dir := filepath.Join(e.t.TempDir(), "clone")
+	e.mustGit("", "clone", "-q", e.forge+"/"+repo+".git", dir)
+	return dir
+}
+
+func (e *gitEnv) commit(dir, file, text string) string {
+	e.t.Helper()
+	os.WriteFile(filepath.Join(dir, file), []byte(text), 0o644)
+	e.mustGit(dir, "add", file)
+	e.mustGit(dir, "commit", "-q", "-m", "change "+file)
+	return strings.TrimSpace(e.mustGit(dir, "rev-parse", "HEAD"))
+}
+
+func (e *gitEnv) decisions() []egresspolicy.Decision {
+	return e.stream.all()
+}
+
+// serveTLS serves h over TLS: with a certificate for name, or for
+// 127.0.0.1 (httptest's) when local.
+func serveTLS(t *testing.T, name string, local bool, h http.Handler) *httptest.Server {
+	if !local {
+		srv, _ := tlsServerFor(t, name, h)
+		return srv
+	}
+	srv := httptest.NewTLSServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func tlsURL(srv *httptest.Server, name string, local bool) string {
+	if local {
+		return srv.URL
+	}
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	return "https://" + name + ":" + port
+}
+
+func (e *gitEnv) refusedWith(reason string) bool {
+	for _, d := range e.decisions() {
+		if !d.Allowed && strings.Contains(d.Reason, reason) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestGitFetchesTheNamedRepositoryOnlyWithProtocolV0AndV2(t *testing.T) {
+	t.Parallel()
+	e := newGitEnv(t, gitEnvOptions{})
+	for _, version := range []string{"0", "2"} {
+		t.Run("protocol_v"+version, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "web")
+			e.mustGit("", "-c", "protocol.version="+version, "clone", "-q", e.forge+"/acme/web.git", dir)
+			if readme, err := os.ReadFile(filepath.Join(dir, "README")); err != nil || string(readme) != "the acme/web repository\n" {
+				t.Fatalf("the clone holds %q, %v", readme, err)
+			}
+			e.mustGit(dir, "-c", "protocol.version="+version, "fetch", "-q", "origin")
+			out, err := e.git("", "-c", "protocol.version="+version, "clone", "-q", e.forge+"/acme/other.git", filepath.Join(t.TempDir(), "other"))
+			if err == nil || !strings.Contains(out, "403") {
+				t.Fatalf("a clone of another repository: %v\n%s; want it refused (403)", err, out)
+			}
+			out, err = e.git("", "-c", "protocol.version="+version, "ls-remote", e.forge+"/acme/other")
+			if err == nil {
+				t.Fatalf("ls-remote of another repository worked:\n%s", out)
+			}
+		})
+	}
+	var v2, v0 bool
+	for _, r := range e.forgeReceived() {
+		if !strings.HasPrefix(r.Path, "/acme/web.git/") {
+			t.Errorf("the forge received %s: only the named repository's requests may reach it", r.Path)
+		}
+		if r.Auth == "" {
+			t.Errorf("%s reached the forge without the credential", r.Path)
+		}
+		if strings.Contains(r.Protocol, "version=2") {
+			v2 = true
+		} else if r.Query == "service=git-upload-pack" {
+			v0 = true
+		}
+	}
+	if !v2 || !v0 {
+		t.Errorf("the forge saw protocol v2 %v, v0 %v; want both", v2, v0)
+	}
+	if !e.refusedWith("no [[agents.egress.git]] rule of agent web names " + e.forge + "/acme/other") {
+		t.Errorf("decisions %+v; want the other repository's fetch refused with its reason", e.decisions())
+	}
+	// The forge's host is reached for git only.
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM([]byte(e.ca.CertPEM))
+	relayURL, _ := url.Parse("http://" + e.relay.Addr())
+	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(relayURL), TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	code, body := do(t, c, "GET", e.forge+"/acme/web.git/HEAD", "")
+	if code != http.StatusForbidden || !strings.Contains(body, "only git's smart HTTP") {
+		t.Errorf("a request on the forge's host that is not git's: %d %q; want 403", code, body)
+	}
+}
+
+func TestGitPushesAreJudgedRefByRefBeforeAnythingIsForwarded(t *testing.T) {
+	t.Parallel()
+	e := newGitEnv(t, gitEnvOptions{})
+	dir := e.clone("acme/web")
+	first := e.forgeRef("acme/web", "main")
+	c1 := e.commit(dir, "a.txt", "one\n")
+
+	e.mustGit(dir, "push", "-q", "origin", "HEAD:berth/x")
+	if got := e.forgeRef("acme/web", "berth/x"); got != c1 {
+		t.Fatalf("berth/x on the forge is %q after the push, want %s", got, c1)
+	}
+
+	out, err := e.git(dir, "push", "origin", "HEAD:main")
+	want := "! [remote rejected] HEAD -> main (berth: push to main is not allowed for agent web; allowed: berth/*)"
+	if err == nil || !strings.Contains(out, want) {
+		t.Fatalf("push to main: %v\n%s\nwant %q", err, out, want)
+	}
+	if got := e.forgeRef("acme/web", "main"); got != first {
+		t.Fatalf("main moved to %s", got)
+	}
+
+	// A fast-forward the pushed commits prove.
+	c2 := e.commit(dir, "a.txt", "two\n")
+	e.mustGit(dir, "push", "-q", "origin", "HEAD:berth/x")
+	if got := e.forgeRef("acme/web", "berth/x"); got != c2 {
+		t.Fatalf("berth/x is %s after a fast-forward, want %s", got, c2)
+	}
+
+	// A rewritten berth/x, force-pushed.
+	e.mustGit(dir, "commit", "-q", "--amend", "-m", "rewritten")
+	out, err = e.git(dir, "push", "--force", "origin", "HEAD:berth/x")
+	if err == nil || !strings.Contains(out, "! [remote rejected] HEAD -> berth/x (berth: berth/x: a non-fast-forward update is not allowed for agent web (force = false)") {
+		t.Fatalf("force-push of a rewritten berth/x: %v\n%s", err, out)
+	}
+	if got := e.forgeRef("acme/web", "berth/x"); got != c2 {
+		t.Fatalf("berth/x moved to %s by a force-push", got)
+	}
+
+	out, err = e.git(dir, "push", "origin", ":berth/x")
+	if err == nil || !strings.Contains(out, "(berth: deleting berth/x is not allowed for agent web (delete = false))") {
+		t.Fatalf("deleting berth/x: %v\n%s", err, out)
+	}
+	if e.forgeRef("acme/web", "berth/x") != c2 {
+		t.Fatal("berth/x was deleted")
+	}
+
+	e.mustGit(dir, "tag", "berth/v1")
+	out, err = e.git(dir, "push", "origin", "refs/tags/berth/v1")
+	if err == nil || !strings.Contains(out, "(berth: pushing tag berth/v1 is not allowed for agent web") || e.forgeRef("acme/web", "refs/tags/berth/v1") != "" {
+		t.Fatalf("pushing a tag: %v\n%s", err, out)
+	}
+
+	// One refused ref refuses the whole push: nothing of it is forwarded.
+	c3 := e.commit(dir, "b.txt", "three\n")
+	out, err = e.git(dir, "push", "origin", "HEAD:berth/y", "HEAD:main")
+	if err == nil || !strings.Contains(out, "berth/y (berth: not pushed: another ref of this push was refused)") || e.forgeRef("acme/web", "berth/y") != "" {
+		t.Fatalf("a push of an allowed and a refused ref: %v\n%s", err, out)
+	}
+
+	// The forge's ancestry, where the pushed commits do not reach old:
+	// main moved on (the admin), an agent branch at its old tip is moved
+	// to main's new tip, which the push does not carry.
+	admin := t.TempDir()
+	bare := filepath.Join(e.repos, "acme/web.git")
+	e.admin(bare, "branch", "berth/base", first)
+	e.admin("", "clone", "-q", bare, admin)
+	os.WriteFile(filepath.Join(admin, "c.txt"), []byte("admin\n"), 0o644)
+	e.admin(admin, "add", "c.txt")
+	e.admin(admin, "commit", "-q", "-m", "admin")
+	e.admin(admin, "push", "-q", "origin", "main")
+	mainTip := e.forgeRef("acme/web", "main")
+	e.mustGit(dir, "fetch", "-q", "origin")
+	before := e.app.comparesAsked()
+	e.mustGit(dir, "push", "-q", "origin", "origin/main:refs/heads/berth/base")
+	if e.forgeRef("acme/web", "berth/base") != mainTip || e.app.comparesAsked() == before {
+		t.Fatalf("berth/base is %s, want %s by the forge's ancestry (compare asked %d times)", e.forgeRef("acme/web", "berth/base"), mainTip, e.app.comparesAsked()-before)
+	}
+	// And back: the forge says first is behind, so it is refused.
+	out, err = e.git(dir, "push", "--force", "origin", first+":refs/heads/berth/base")
+	if err == nil || !strings.Contains(out, "non-fast-forward update is not allowed") || e.forgeRef("acme/web", "berth/base") != mainTip {
+		t.Fatalf("moving berth/base back: %v\n%s", err, out)
+	}
+	_ = c3
+
+	var refs []string
+	for _, d := range e.decisions() {
+		if d.Ref != "" {
+			refs = append(refs, fmt.Sprintf("%s %v %s", d.Ref, d.Allowed, d.Reason))
+		}
+	}
+	joined := strings.Join(refs, "\n")
+	for _, want := range []string{"refs/heads/berth/x true ", "refs/heads/main false push to main is not allowed for agent web; allowed: berth/*", "refs/heads/berth/x false deleting berth/x"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("the record's ref decisions:\n%s\nwant %q", joined, want)
+		}
+	}
+}
+
+func (f *fakeGitHubApp) comparesAsked() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.compares
+}
+
+// pktLine is one pkt-line of git's protocol.
+func pktLine(s string) string { return fmt.Sprintf("%04x%s", len(s)+4, s) }
+
+func TestGitForgedFastForwardClaimIsRefused(t *testing.T) {
+	t.Parallel()
+	e := newGitEnv(t, gitEnvOptions{})
+	dir := e.clone("acme/web")
+	first := e.forgeRef("acme/web", "main")
+	tip := e.commit(dir, "a.txt", "one\n")
+	e.mustGit(dir, "push", "-q", "origin", "HEAD:berth/x")
+	// A decoy that does build on berth/x, and the rewrite the command
+	// names: the pack carries both, the client says old..new is all fine.
+	decoy := e.commit(dir, "a.txt", "decoy\n")
+	e.mustGit(dir, "reset", "-q", "--hard", first)
+	rewritten := e.commit(dir, "a.txt", "rewritten\n")
+	packer := exec.Command("git", "pack-objects", "--stdout", "--revs")
+	packer.Dir, packer.Env = dir, e.sandboxEnv()
+	packer.Stdin = strings.NewReader(rewritten + "\n" + decoy + "\n^" + first + "\n")
+	pack, err := packer.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := pktLine(tip+" "+rewritten+" refs/heads/berth/x\x00report-status side-band-64k object-format=sha1 agent=forger\n") + "0000" + string(pack)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM([]byte(e.ca.CertPEM))
+	relayURL, _ := url.Parse("http://" + e.relay.Addr())
+	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(relayURL), TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	receivePacks := func() (n int) {
+		for _, r := range e.forgeReceived() {
+			if strings.HasSuffix(r.Path, "/git-receive-pack") {
+				n++
+			}
+		}
+		return n
+	}
+	before := receivePacks()
+	code, answer := do(t, c, "POST", e.forge+"/acme/web.git/git-receive-pack", body, "Content-Type", "application/x-git-receive-pack-request")
+	if code != 200 || !strings.Contains(answer, "ng refs/heads/berth/x berth: berth/x: a non-fast-forward update is not allowed") {
+		t.Fatalf("a forged fast-forward: %d %q", code, answer)
+	}
+	if e.forgeRef("acme/web", "berth/x") != tip || receivePacks() != before {
+		t.Fatal("the forged push reached the forge")
+	}
+	// The same pack naming the decoy is a fast-forward, and goes through.
+	body = pktLine(tip+" "+decoy+" refs/heads/berth/x\x00report-status object-format=sha1 agent=forger\n") + "0000" + string(pack)
+	code, answer = do(t, c, "POST", e.forge+"/acme/web.git/git-receive-pack", body, "Content-Type", "application/x-git-receive-pack-request")
+	if code != 200 || !strings.Contains(answer, "ok refs/heads/berth/x") || e.forgeRef("acme/web", "berth/x") != decoy {
+		t.Fatalf("a real fast-forward by hand: %d %q", code, answer)
+	}
+}
+
+func TestGitAppTokensAreScopedRefreshedRevokedAndNeverInside(t *testing.T) {
+	t.Parallel()
+	// berth-egress as its own process, as the scheduler starts it; the
+	// first token is inside the refresh margin: the next use mints anew.
+	e := newGitEnv(t, gitEnvOptions{launched: true, firstLifetime: 5 * time.Minute})
+	dir := e.clone("acme/web")
+	e.mustGit(dir, "fetch", "-q", "origin")
+	e.commit(dir, "a.txt", "one\n")
+	e.mustGit(dir, "push", "-q", "origin", "HEAD:berth/x")
+	out, err := e.git(dir, "push", "origin", "HEAD:main")
+	if err == nil || !strings.Contains(out, "(berth: push to main is not allowed for agent web; allowed: berth/*)") {
+		t.Fatalf("push to main through berth-egress: %v\n%s", err, out)
+	}
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", e.launched.Pid()))
+	environ, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", e.launched.Pid()))
+
+	e.app.mu.Lock()
+	minted, asked := append([]string(nil), e.app.minted...), append([]string(nil), e.app.asked...)
+	e.app.mu.Unlock()
+	if len(minted) < 2 {
+		t.Fatalf("%d tokens minted; want a fresh one once the first was about to expire", len(minted))
+	}
+	for _, a := range asked {
+		if a != `{"repositories":["web"],"permissions":{"contents":"write"}}` {
+			t.Errorf("token request %s; want it restricted to the rule's repository and contents write", a)
+		}
+	}
+	record := e.launched.Stop()
+	for _, tok := range minted {
+		if e.app.valid(tok) {
+			t.Errorf("token %s… still valid after the run", tok[:8])
+		}
+	}
+	if strings.Contains(string(cmdline)+string(environ), "PRIVATE KEY") {
+		t.Error("the app's private key is in the proxy's argv or environment")
+	}
+	recorded, _ := json.Marshal(record)
+	var refs []string
+	for _, d := range record.Decisions {
+		if d.Ref != "" {
+			refs = append(refs, fmt.Sprintf("%s %v %s", d.Ref, d.Allowed, d.Reason))
+		}
+	}
+	if joined := strings.Join(refs, "\n"); !strings.Contains(joined, "refs/heads/berth/x true") || !strings.Contains(joined, "refs/heads/main false push to main is not allowed") {
+		t.Errorf("the run record's ref decisions:\n%s", joined)
+	}
+	if log := e.log.String(); !strings.Contains(log, "ref=refs/heads/main") || !strings.Contains(log, "push to main is not allowed") {
+		t.Errorf("the journal lacks the refused ref and its reason:\n%s", log)
+	}
+	var inside strings.Builder
+	inside.WriteString(e.outputs.String())
+	inside.WriteString(strings.Join(e.sandboxEnv(), "\n"))
+	filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
+		if err == nil && info.Mode().IsRegular() {
+			b, _ := os.ReadFile(p)
+			inside.Write(b)
+		}
+		return nil
+	})
+	for _, tok := range minted {
+		for where, text := range map[string]string{"the sandbox": inside.String(), "the record": string(recorded), "the journal": e.log.String(),
+			"the proxy's argv or environment": string(cmdline) + string(environ)} {
+			if strings.Contains(text, tok) {
+				t.Errorf("the token is in %s", where)
+			}
+		}
+	}
+}
