@@ -55,7 +55,13 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 	if req.Egress != nil {
 		env.ProxyEnv, env.ProxyURL, env.CABundle = agentegress.EnvFor(*req.Egress), "http://"+req.Egress.ProxyAddr, req.Egress.CABundle
 	}
-	set := tools.Filter(tools.Builtin(env), req.Agent.Tools.Allow, req.Agent.Tools.Deny)
+	// MCP servers start (stdio ones in the tools' domain) before the first
+	// model call, which needs their tools; they end with the run.
+	mcpServers := tools.ConnectMCP(ctx, env, req.MCP, log)
+	defer mcpServers.Close()
+	resp.MCP = mcpServers.Status()
+	available := slices.Concat(tools.Builtin(env), tools.WebSearch(env, req.WebSearch), mcpServers.Tools())
+	set := tools.Filter(available, req.Agent.Tools.Allow, req.Agent.Tools.Deny)
 	all, errs := skills.Load(req.Workspace)
 	for _, err := range errs {
 		log.Warn("skill left out", "err", err.Error())
@@ -70,6 +76,9 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 	specs := set.Specs()
 
 	conv := provider.Conversation{System: systemPrompt(req, all, active, log)}
+	if note := mcpServers.PromptNote(); note != "" {
+		conv.System += "\n\n" + note
+	}
 	for _, t := range req.History {
 		conv.Messages = append(conv.Messages, provider.Message{Role: provider.Role(t.Role), Text: t.Text})
 	}

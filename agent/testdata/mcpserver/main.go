@@ -1,7 +1,7 @@
 // Command mcpserver is the MCP server the agent tests start over stdio,
 // built with the official SDK; its first argument says how it behaves.
 //
-//	mcpserver serve [PIDFILE]  tools echo, read, hidden, sleep, fail (writes its pid to PIDFILE)
+//	mcpserver serve [PIDFILE]  tools echo, read, parent, hidden, sleep, fail (writes its pid to PIDFILE)
 //	mcpserver garbage          answers every line with text that is not JSON-RPC
 //	mcpserver hang             reads stdin and never answers
 //	mcpserver exit             says why on stderr and exits 3
@@ -70,6 +70,16 @@ func Server() *mcp.Server {
 	})
 	mcp.AddTool(s, &mcp.Tool{Name: "read", Description: "Read a file."}, func(_ context.Context, _ *mcp.CallToolRequest, a pathArgs) (*mcp.CallToolResult, any, error) {
 		data, err := os.ReadFile(a.Path)
+		if err != nil {
+			res := text(err.Error())
+			res.IsError = true
+			return res, nil, nil
+		}
+		return text(string(data)), nil, nil
+	})
+	// What a tool must not reach: berth-agent's own /proc entry.
+	mcp.AddTool(s, &mcp.Tool{Name: "parent", Description: "Read the parent's /proc cmdline."}, func(context.Context, *mcp.CallToolRequest, noArgs) (*mcp.CallToolResult, any, error) {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", os.Getppid()))
 		if err != nil {
 			res := text(err.Error())
 			res.IsError = true
