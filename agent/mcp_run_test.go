@@ -299,4 +299,3 @@ func trackerServer() *mcp.Server {
 	})
 	return s
 }
-
