@@ -87,6 +87,7 @@ func TestImportRulesHold(t *testing.T) {
 		{pkg: "./isolation/...", refuse: []string{module + "/agent"}, because: "the host's side shares only the leaf internal/hostsandbox with the sandbox's"},
 		{pkg: "./internal/agentproto", refuse: []string{"golang.org/x/sys/unix"}, because: "the protocol is a contract, not a place for syscalls (rlimits live in internal/hostsandbox)"},
 		{pkg: "./internal/hostsandbox", refuse: []string{module + "/agent", module + "/isolation", module + "/services", "github.com/landlock-lsm/go-landlock", "github.com/elastic/go-seccomp-bpf"}, because: "it is the leaf the host and the sandbox share"},
+		{pkg: "./cmd/berthctl", refuse: []string{module + "/isolation", module + "/internal/runplan", module + "/services"}, because: "berthctl decodes what the bus carries with internal/busapi's types; it links no backend, plan compiler or service"},
 		{pkg: "./cmd/berth-scheduler", refuse: []string{"github.com/openai/openai-go", "github.com/anthropics/anthropic-sdk-go", "github.com/landlock-lsm/go-landlock"}, because: "provider checks are berth-agent probe runs and masks come from internal/hostsandbox: the scheduler links no model SDK and no Landlock"},
 	}
 	for _, r := range rules {

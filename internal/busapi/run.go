@@ -1,7 +1,9 @@
 package busapi
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/godbus/dbus/v5"
@@ -25,8 +27,9 @@ type Output struct {
 	Cut   bool
 }
 
-// Run is one run as dev.berth.Scheduler1.GetRun returns it.
-type Run struct {
+// RunHead is what Run and RunSummary both carry, so that the keys of the
+// two records are named once and cannot drift apart.
+type RunHead struct {
 	ID         string
 	MessageID  string // the scheduler's key of the message (MessageKey)
 	Agent      string
@@ -37,11 +40,16 @@ type Run struct {
 	Thread     string
 	Author     string
 	Attempts   uint32
+	Backend    string
 	CreatedAt  time.Time
 	StartedAt  time.Time
 	FinishedAt time.Time
 	Delivered  bool
-	Backend    string
+}
+
+// Run is one run as dev.berth.Scheduler1.GetRun returns it.
+type Run struct {
+	RunHead
 
 	Text       Output
 	Reply      Output
@@ -55,23 +63,49 @@ type Run struct {
 	EgressDropped uint32
 }
 
-// outputs pairs each long text of r with its key on the wire.
+// outputs pairs each long text of r with its key on the wire and its name
+// for GetRunOutput ("" when GetRunOutput does not page it).
 func (r *Run) outputs() []struct {
-	key string
-	out *Output
+	key, name string
+	out       *Output
 } {
 	return []struct {
-		key string
-		out *Output
+		key, name string
+		out       *Output
 	}{
-		{"text", &r.Text}, {"reply", &r.Reply}, {"error", &r.Error}, {"tool_calls", &r.ToolCalls},
-		{"stderr_tail", &r.StderrTail}, {"egress", &r.Egress}, {"egress_counts", &r.EgressCounts},
+		{"text", OutputText, &r.Text}, {"reply", OutputReply, &r.Reply}, {"error", OutputError, &r.Error},
+		{"tool_calls", OutputToolCalls, &r.ToolCalls}, {"stderr_tail", OutputStderr, &r.StderrTail},
+		{"egress", "", &r.Egress}, {"egress_counts", "", &r.EgressCounts},
 	}
+}
+
+// ReadCut replaces each text GetRun cut with the whole of it, read page by
+// page with GetRunOutput.
+func (r *Run) ReadCut(ctx context.Context, s Scheduler) error {
+	for _, o := range r.outputs() {
+		if !o.out.Cut || o.name == "" {
+			continue
+		}
+		var whole strings.Builder
+		for offset := uint64(0); ; {
+			chunk, next, err := s.GetRunOutput(ctx, r.ID, o.name, offset)
+			if err != nil {
+				return fmt.Errorf("cannot read %s of run %s: %w", o.name, r.ID, err)
+			}
+			whole.WriteString(chunk)
+			if next == 0 || next <= offset {
+				break
+			}
+			offset = next
+		}
+		o.out.Text, o.out.Cut = whole.String(), false
+	}
+	return nil
 }
 
 // Wire is r as GetRun returns it (a{sv}; the keys the XML lists).
 func (r Run) Wire() map[string]dbus.Variant {
-	m := r.head().wire()
+	m := r.RunHead.wire()
 	m["egress_dropped"] = dbus.MakeVariant(r.EgressDropped)
 	for _, o := range r.outputs() {
 		m[o.key] = dbus.MakeVariant(o.out.Text)
@@ -85,7 +119,7 @@ func (r Run) Wire() map[string]dbus.Variant {
 func RunFromWire(m map[string]dbus.Variant) (Run, error) {
 	var r Run
 	f := fields{m: m}
-	r.head().read(&f)
+	r.RunHead.read(&f)
 	f.u32("egress_dropped", &r.EgressDropped)
 	for _, o := range r.outputs() {
 		f.str(o.key, &o.out.Text)
@@ -98,80 +132,47 @@ func RunFromWire(m map[string]dbus.Variant) (Run, error) {
 	return r, nil
 }
 
-// runHead points at what Run and RunSummary both carry, so that the keys of
-// the two records are named once and cannot drift apart.
-type runHead struct {
-	id, messageID, agent, state, reason, connector, channel, thread, author, backend *string
-	attempts                                                                         *uint32
-	created, started, finished                                                       *time.Time
-	delivered                                                                        *bool
-}
-
-func (r *Run) head() runHead {
-	return runHead{&r.ID, &r.MessageID, &r.Agent, &r.State, &r.Reason, &r.Connector, &r.Channel, &r.Thread, &r.Author, &r.Backend,
-		&r.Attempts, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.Delivered}
-}
-
-func (s *RunSummary) head() runHead {
-	return runHead{&s.ID, &s.MessageID, &s.Agent, &s.State, &s.Reason, &s.Connector, &s.Channel, &s.Thread, &s.Author, &s.Backend,
-		&s.Attempts, &s.CreatedAt, &s.StartedAt, &s.FinishedAt, &s.Delivered}
-}
-
-func (h runHead) wire() map[string]dbus.Variant {
+func (h *RunHead) wire() map[string]dbus.Variant {
 	return map[string]dbus.Variant{
-		"id":            dbus.MakeVariant(*h.id),
-		"message_id":    dbus.MakeVariant(*h.messageID),
-		"agent":         dbus.MakeVariant(*h.agent),
-		"state":         dbus.MakeVariant(*h.state),
-		"reason":        dbus.MakeVariant(*h.reason),
-		"connector":     dbus.MakeVariant(*h.connector),
-		"channel":       dbus.MakeVariant(*h.channel),
-		"thread":        dbus.MakeVariant(*h.thread),
-		"author":        dbus.MakeVariant(*h.author),
-		"attempts":      dbus.MakeVariant(*h.attempts),
-		"backend":       dbus.MakeVariant(*h.backend),
-		"created_usec":  usecVariant(*h.created),
-		"started_usec":  usecVariant(*h.started),
-		"finished_usec": usecVariant(*h.finished),
-		"delivered":     dbus.MakeVariant(*h.delivered),
+		"id":            dbus.MakeVariant(h.ID),
+		"message_id":    dbus.MakeVariant(h.MessageID),
+		"agent":         dbus.MakeVariant(h.Agent),
+		"state":         dbus.MakeVariant(h.State),
+		"reason":        dbus.MakeVariant(h.Reason),
+		"connector":     dbus.MakeVariant(h.Connector),
+		"channel":       dbus.MakeVariant(h.Channel),
+		"thread":        dbus.MakeVariant(h.Thread),
+		"author":        dbus.MakeVariant(h.Author),
+		"attempts":      dbus.MakeVariant(h.Attempts),
+		"backend":       dbus.MakeVariant(h.Backend),
+		"created_usec":  usecVariant(h.CreatedAt),
+		"started_usec":  usecVariant(h.StartedAt),
+		"finished_usec": usecVariant(h.FinishedAt),
+		"delivered":     dbus.MakeVariant(h.Delivered),
 	}
 }
 
-func (h runHead) read(f *fields) {
-	f.str("id", h.id)
-	f.str("message_id", h.messageID)
-	f.str("agent", h.agent)
-	f.str("state", h.state)
-	f.str("reason", h.reason)
-	f.str("connector", h.connector)
-	f.str("channel", h.channel)
-	f.str("thread", h.thread)
-	f.str("author", h.author)
-	f.u32("attempts", h.attempts)
-	f.str("backend", h.backend)
-	f.usec("created_usec", h.created)
-	f.usec("started_usec", h.started)
-	f.usec("finished_usec", h.finished)
-	f.boolean("delivered", h.delivered)
+func (h *RunHead) read(f *fields) {
+	f.str("id", &h.ID)
+	f.str("message_id", &h.MessageID)
+	f.str("agent", &h.Agent)
+	f.str("state", &h.State)
+	f.str("reason", &h.Reason)
+	f.str("connector", &h.Connector)
+	f.str("channel", &h.Channel)
+	f.str("thread", &h.Thread)
+	f.str("author", &h.Author)
+	f.u32("attempts", &h.Attempts)
+	f.str("backend", &h.Backend)
+	f.usec("created_usec", &h.CreatedAt)
+	f.usec("started_usec", &h.StartedAt)
+	f.usec("finished_usec", &h.FinishedAt)
+	f.boolean("delivered", &h.Delivered)
 }
 
 // RunSummary is one entry of dev.berth.Scheduler1.ListRuns.
 type RunSummary struct {
-	ID           string
-	MessageID    string
-	Agent        string
-	State        string
-	Reason       string
-	Connector    string
-	Channel      string
-	Thread       string
-	Author       string
-	Attempts     uint32
-	Backend      string
-	CreatedAt    time.Time
-	StartedAt    time.Time
-	FinishedAt   time.Time
-	Delivered    bool
+	RunHead
 	TextPreview  string // at most 200 characters
 	ReplyPreview string
 	TextBytes    uint32
@@ -180,7 +181,7 @@ type RunSummary struct {
 
 // Wire is s as ListRuns returns it.
 func (s RunSummary) Wire() map[string]dbus.Variant {
-	m := s.head().wire()
+	m := s.RunHead.wire()
 	m["text_preview"] = dbus.MakeVariant(s.TextPreview)
 	m["reply_preview"] = dbus.MakeVariant(s.ReplyPreview)
 	m["text_bytes"] = dbus.MakeVariant(s.TextBytes)
@@ -192,7 +193,7 @@ func (s RunSummary) Wire() map[string]dbus.Variant {
 func RunSummaryFromWire(m map[string]dbus.Variant) (RunSummary, error) {
 	var s RunSummary
 	f := fields{m: m}
-	s.head().read(&f)
+	s.RunHead.read(&f)
 	f.str("text_preview", &s.TextPreview)
 	f.str("reply_preview", &s.ReplyPreview)
 	f.u32("text_bytes", &s.TextBytes)

@@ -121,11 +121,13 @@ func (s Scheduler) GetRunOutput(ctx context.Context, runID, what string, offset 
 	return chunk, next, err
 }
 
-// ExplainAgent returns, as JSON, the plan of the agent's next run.
-func (s Scheduler) ExplainAgent(ctx context.Context, agent string) (string, error) {
+// ExplainAgent returns the plan of the agent's next run and why.
+func (s Scheduler) ExplainAgent(ctx context.Context, agent string) (Explanation, error) {
 	var planJSON string
-	err := s.call(ctx, "ExplainAgent", []any{agent}, &planJSON)
-	return planJSON, err
+	if err := s.call(ctx, "ExplainAgent", []any{agent}, &planJSON); err != nil {
+		return Explanation{}, err
+	}
+	return ExplanationFromWire(planJSON)
 }
 
 // TestProviders checks the named provider ("" every one) from the scheduler.
@@ -145,12 +147,14 @@ func (s Scheduler) TestProviders(ctx context.Context, name string) ([]ProviderRe
 	return out, nil
 }
 
-// ExplainEgress returns, as JSON, whether the agent's egress proxy would let
-// a request of method ("" GET) to url pass.
-func (s Scheduler) ExplainEgress(ctx context.Context, agent, method, url string) (string, error) {
+// ExplainEgress says whether the agent's egress proxy would let a request
+// of method ("" GET) to url pass, and why.
+func (s Scheduler) ExplainEgress(ctx context.Context, agent, method, url string) (EgressVerdict, error) {
 	var decisionJSON string
-	err := s.call(ctx, "ExplainEgress", []any{agent, method, url}, &decisionJSON)
-	return decisionJSON, err
+	if err := s.call(ctx, "ExplainEgress", []any{agent, method, url}, &decisionJSON); err != nil {
+		return EgressVerdict{}, err
+	}
+	return EgressVerdictFromWire(decisionJSON)
 }
 
 // CancelRun ends a queued or running run as canceled.

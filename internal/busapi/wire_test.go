@@ -56,14 +56,14 @@ func TestReplyCarriesThePlatformsMessageIDAndTheKeyOnTheWire(t *testing.T) {
 func TestRunAndSummaryRoundTripThroughTheirWireForm(t *testing.T) {
 	t.Parallel()
 	at := time.UnixMicro(1_700_000_000_123_456).UTC()
-	r := Run{ID: "r1", MessageID: "hooks/m1", Agent: "alpha", State: StateFailed, Reason: "timeout", Connector: "hooks",
-		Attempts: 2, CreatedAt: at, StartedAt: at.Add(time.Second), Delivered: true, Backend: "landlock", EgressDropped: 3,
+	r := Run{RunHead: RunHead{ID: "r1", MessageID: "hooks/m1", Agent: "alpha", State: StateFailed, Reason: "timeout", Connector: "hooks",
+		Attempts: 2, CreatedAt: at, StartedAt: at.Add(time.Second), Delivered: true, Backend: "landlock"}, EgressDropped: 3,
 		Text: Output{Text: "hi", Bytes: 2}, Reply: Output{Text: "cut", Bytes: 5 << 20, Cut: true}, ToolCalls: Output{Text: "[]", Bytes: 2}}
 	got, err := RunFromWire(r.Wire())
 	if err != nil || !reflect.DeepEqual(got, r) {
 		t.Fatalf("round trip = %+v (%v), want %+v", got, err, r)
 	}
-	s := RunSummary{ID: "r1", Agent: "alpha", State: StateQueued, CreatedAt: at, TextPreview: "hi", TextBytes: 2}
+	s := RunSummary{RunHead: RunHead{ID: "r1", Agent: "alpha", State: StateQueued, CreatedAt: at}, TextPreview: "hi", TextBytes: 2}
 	gotSum, err := RunSummaryFromWire(s.Wire())
 	if err != nil || gotSum != s {
 		t.Fatalf("round trip = %+v (%v), want %+v", gotSum, err, s)
@@ -105,5 +105,59 @@ func TestListFilterRefusesUnknownKeysAndWrongTypes(t *testing.T) {
 		if _, err := ListFilterFromWire(bad); !errors.Is(err, ErrInvalid) {
 			t.Errorf("filter %v = %v, want ErrInvalid", bad, err)
 		}
+	}
+}
+
+func TestExplanationAndEgressVerdictRoundTripThroughTheirJSON(t *testing.T) {
+	t.Parallel()
+	e := Explanation{
+		Plan: Plan{Backend: BackendContainer, AgentID: "alpha", User: &RunUser{Name: "u", UID: 7}, Limits: Limits{MemoryBytes: 256 << 20},
+			Mounts: []Mount{{Source: "/srv", Target: "/data", ReadOnly: true}}, Providers: []Provider{{Name: "cloud", Kind: "openai"}},
+			Egress:  &EgressPlan{Allow: []EgressRule{{Raw: "pypi.org", Host: "pypi.org"}}, Secrets: []EgressSecret{{Name: "gh", Hosts: []string{"api.github.com"}}}},
+			Timeout: time.Minute},
+		Why: map[string]string{"backend": "configured"}, Problems: []string{"no key"}, BackendAvailable: true,
+		Confinement: &Confinement{Mode: "container", Holds: []string{"NetworkMode=none"}},
+	}
+	if got, err := ExplanationFromWire(e.Wire()); err != nil || !reflect.DeepEqual(got, e) {
+		t.Fatalf("explanation round trip = %+v (%v), want %+v", got, err, e)
+	}
+	v := EgressVerdict{Method: "CONNECT", URL: "https://pypi.org/", Allowed: true, Rule: "pypi.org", Reason: "allowed by rule pypi.org", Agent: "alpha", Network: "none"}
+	if got, err := EgressVerdictFromWire(v.Wire()); err != nil || got != v {
+		t.Fatalf("verdict round trip = %+v (%v), want %+v", got, err, v)
+	}
+	if _, err := ExplanationFromWire("plan"); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a plan that is not JSON = %v, want ErrInvalid", err)
+	}
+	if _, err := EgressVerdictFromWire(`{"allowed":"yes"}`); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a verdict with allowed of the wrong type = %v, want ErrInvalid", err)
+	}
+}
+
+func TestARunsEgressAndToolCallsDecodeFromItsRecord(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
+	decisions := []EgressDecision{{Time: at, Method: "CONNECT", Host: "pypi.org", Port: 443, Allowed: true, Rule: "pypi.org", BytesUp: 10}}
+	counts := &EgressCounts{Allowed: 1, Hosts: []EgressHostCount{{Host: "pypi.org", Allowed: 1}}}
+	r := Run{Egress: Output{Text: EgressWire(decisions)}, EgressCounts: Output{Text: counts.Wire()},
+		ToolCalls: Output{Text: `[{"name":"shell","args":{"command":"ls"},"error":"exit 1"}]`}}
+	if got, err := r.EgressDecisions(); err != nil || !reflect.DeepEqual(got, decisions) {
+		t.Fatalf("decisions = %+v (%v), want %+v", got, err, decisions)
+	}
+	if got, err := r.EgressTally(); err != nil || !reflect.DeepEqual(got, *counts) {
+		t.Fatalf("counts = %+v (%v), want %+v", got, err, *counts)
+	}
+	if calls, err := r.Calls(); err != nil || len(calls) != 1 || calls[0].Name != "shell" || string(calls[0].Args) != `{"command":"ls"}` || calls[0].Error != "exit 1" {
+		t.Fatalf("tool calls = %+v (%v)", calls, err)
+	}
+	if EgressWire(nil) != "[]" || (*EgressCounts)(nil).Wire() != "{}" {
+		t.Errorf("none on the wire = %s and %s, want [] and {}", EgressWire(nil), (*EgressCounts)(nil).Wire())
+	}
+	cut := Run{Egress: Output{Text: `[{"time":`, Cut: true}}
+	if got, err := cut.EgressDecisions(); err != nil || got != nil {
+		t.Errorf("a cut egress text = %+v (%v), want none", got, err)
+	}
+	broken := Run{EgressCounts: Output{Text: `{"allowed":`}}
+	if _, err := broken.EgressTally(); !errors.Is(err, ErrInvalid) {
+		t.Errorf("egress counts that are not JSON = %v, want ErrInvalid", err)
 	}
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
-	"github.com/berth-dev/berth/isolation"
 )
 
 const usage = `usage: berthctl COMMAND [ARGS]
@@ -311,7 +310,7 @@ func (c *cli) runs(args []string) error {
 		if err != nil {
 			return fmt.Errorf("cannot get run %s: %w", fs.Arg(0), err)
 		}
-		if err := readCutTexts(sched, &run); err != nil {
+		if err := run.ReadCut(context.Background(), sched); err != nil {
 			return err
 		}
 		if *asJSON {
@@ -398,36 +397,6 @@ func (c *cli) send(args []string) error {
 	}
 }
 
-// readCutTexts replaces each text GetRun cut with the whole of it, read
-// page by page with GetRunOutput.
-func readCutTexts(sched busapi.Scheduler, run *busapi.Run) error {
-	for _, o := range []struct {
-		out  *busapi.Output
-		what string
-	}{
-		{&run.Text, busapi.OutputText}, {&run.Reply, busapi.OutputReply}, {&run.Error, busapi.OutputError},
-		{&run.ToolCalls, busapi.OutputToolCalls}, {&run.StderrTail, busapi.OutputStderr},
-	} {
-		if !o.out.Cut {
-			continue
-		}
-		var whole strings.Builder
-		for offset := uint64(0); ; {
-			chunk, next, err := sched.GetRunOutput(context.Background(), run.ID, o.what, offset)
-			if err != nil {
-				return fmt.Errorf("cannot read %s of run %s: %w", o.what, run.ID, err)
-			}
-			whole.WriteString(chunk)
-			if next == 0 || next <= offset {
-				break
-			}
-			offset = next
-		}
-		o.out.Text, o.out.Cut = whole.String(), false
-	}
-	return nil
-}
-
 // writeRunList prints runs as `runs list` does: one line each.
 func writeRunList(w io.Writer, runs []busapi.RunSummary) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -485,12 +454,7 @@ func printRun(w io.Writer, run busapi.Run) {
 	if t := run.Text.Text; t != "" {
 		fmt.Fprintf(w, "\nmessage:\n%s\n", indent(t))
 	}
-	var calls []struct {
-		Name  string          `json:"name"`
-		Args  json.RawMessage `json:"args"`
-		Error string          `json:"error"`
-	}
-	if json.Unmarshal([]byte(run.ToolCalls.Text), &calls) == nil && len(calls) > 0 {
+	if calls, err := run.Calls(); err == nil && len(calls) > 0 {
 		fmt.Fprintln(w, "\ntool calls:")
 		for _, c := range calls {
 			line := "  " + c.Name + " " + string(c.Args)
@@ -509,8 +473,8 @@ func printRun(w io.Writer, run busapi.Run) {
 // writeEgress prints the egress proxy's decisions, one line each:
 // time, method, host:port, path, allowed or REFUSED, rule or reason, bytes.
 func writeEgress(w io.Writer, run busapi.Run) {
-	var decisions []isolation.EgressDecision
-	if json.Unmarshal([]byte(run.Egress.Text), &decisions) != nil || len(decisions) == 0 {
+	decisions, err := run.EgressDecisions()
+	if err != nil || len(decisions) == 0 {
 		return
 	}
 	fmt.Fprintln(w, "\negress:")
@@ -530,8 +494,8 @@ func writeEgress(w io.Writer, run busapi.Run) {
 // writeEgressCounts prints every decision of the run counted by host: the
 // record keeps only some decisions, the counts hold them all.
 func writeEgressCounts(w io.Writer, run busapi.Run) {
-	var counts isolation.EgressCounts
-	if json.Unmarshal([]byte(run.EgressCounts.Text), &counts) != nil || counts.Allowed+counts.Refused == 0 {
+	counts, err := run.EgressTally()
+	if err != nil || counts.Allowed+counts.Refused == 0 {
 		return
 	}
 	fmt.Fprintf(w, "egress counts: %d allowed, %d refused\n", counts.Allowed, counts.Refused)

@@ -1,9 +1,7 @@
 package ctl
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -11,17 +9,8 @@ import (
 	"strings"
 
 	"github.com/berth-dev/berth/internal/bus"
-	"github.com/berth-dev/berth/internal/egresspolicy"
+	"github.com/berth-dev/berth/internal/busapi"
 )
-
-// egressExplained is dev.berth.Scheduler1.ExplainEgress's JSON
-// (scheduler.EgressExplained; berthctl links no scheduler).
-type egressExplained struct {
-	egresspolicy.Verdict
-	Agent   string `json:"agent"`
-	Network string `json:"network"`
-	Direct  bool   `json:"direct,omitempty"`
-}
 
 const egressUsage = "usage: berthctl egress explain [--method M] [--json] AGENT URL|HOST:PORT"
 
@@ -55,7 +44,7 @@ func (c *cli) egress(args []string) error {
 	if err != nil {
 		return err
 	}
-	verdictJSON, err := sched.ExplainEgress(context.Background(), agent, m, target)
+	v, err := sched.ExplainEgress(context.Background(), agent, m, target)
 	if err != nil {
 		switch bus.ErrorName(err) {
 		case bus.ErrInvalidArgument, bus.ErrNotFound:
@@ -63,16 +52,10 @@ func (c *cli) egress(args []string) error {
 		}
 		return fmt.Errorf("cannot ask the scheduler about the egress of %s: %w", agent, err)
 	}
-	var v egressExplained
-	if err := json.Unmarshal([]byte(verdictJSON), &v); err != nil {
-		return fmt.Errorf("cannot decode the scheduler's verdict: %w", err)
-	}
 	if *asJSON {
-		var out bytes.Buffer
-		if err := json.Indent(&out, []byte(verdictJSON), "", "  "); err != nil {
-			return fmt.Errorf("the scheduler sent a verdict that is not JSON: %w", err)
+		if err := writeJSON(c.out, v); err != nil {
+			return err
 		}
-		fmt.Fprintln(c.out, out.String())
 	} else {
 		explainEgress(c.out, v)
 	}
@@ -84,7 +67,7 @@ func (c *cli) egress(args []string) error {
 
 // explainEgress writes a verdict for a human: allowed by which rule, or
 // refused with the reason the proxy's 403 would carry.
-func explainEgress(w io.Writer, v egressExplained) {
+func explainEgress(w io.Writer, v busapi.EgressVerdict) {
 	line := func(key, format string, args ...any) {
 		if key != "" {
 			key += ":"

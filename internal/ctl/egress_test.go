@@ -1,9 +1,10 @@
 package ctl
 
 import (
-	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/berth-dev/berth/internal/busapi"
 )
 
 const egressExplainConfig = sandboxConfig + `
@@ -65,9 +66,9 @@ func TestEgressExplainJSONIsTheSchedulersVerdict(t *testing.T) {
 	if code != ExitOK {
 		t.Fatalf("exit %d: %s", code, out)
 	}
-	var v egressExplained
-	if err := json.Unmarshal([]byte(out), &v); err != nil {
-		t.Fatalf("not JSON: %v\n%s", err, out)
+	v, err := busapi.EgressVerdictFromWire(out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
 	}
 	if !v.Allowed || v.Rule != "pypi.org" || v.Method != "GET" || v.Agent != "fetcher" || v.Network != "none" {
 		t.Errorf("verdict %+v", v)

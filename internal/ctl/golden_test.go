@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"bytes"
-	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/busapi"
-	"github.com/berth-dev/berth/internal/egresspolicy"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden")
@@ -52,15 +50,15 @@ func TestOutputMatchesTheGoldenFiles(t *testing.T) {
 	}{
 		{"runs_list.txt", func(w *bytes.Buffer) error {
 			return writeRunList(w, []busapi.RunSummary{
-				{ID: "20261201T093000_1_aa", Agent: "alpha", State: busapi.StateSucceeded, CreatedAt: at, TextPreview: "deploy the\nthing, please, and tell me when it is done"},
-				{ID: "20261201T092900_1_bb", Agent: "beta", State: busapi.StateFailed, Reason: "timeout", CreatedAt: at.Add(-time.Minute), TextPreview: "hi"},
+				{RunHead: busapi.RunHead{ID: "20261201T093000_1_aa", Agent: "alpha", State: busapi.StateSucceeded, CreatedAt: at}, TextPreview: "deploy the\nthing, please, and tell me when it is done"},
+				{RunHead: busapi.RunHead{ID: "20261201T092900_1_bb", Agent: "beta", State: busapi.StateFailed, Reason: "timeout", CreatedAt: at.Add(-time.Minute)}, TextPreview: "hi"},
 			})
 		}},
 		{"runs_show.txt", func(w *bytes.Buffer) error {
 			printRun(w, busapi.Run{
-				ID: "20261201T093000_1_aa", MessageID: "hooks/m-1", Agent: "alpha", State: busapi.StateFailed, Reason: "egress refused",
-				Connector: "hooks", Channel: "ops", Author: "ann", Attempts: 1, Backend: "landlock",
-				CreatedAt: at, StartedAt: at.Add(time.Second), FinishedAt: at.Add(3 * time.Second), Delivered: true,
+				RunHead: busapi.RunHead{ID: "20261201T093000_1_aa", MessageID: "hooks/m-1", Agent: "alpha", State: busapi.StateFailed, Reason: "egress refused",
+					Connector: "hooks", Channel: "ops", Author: "ann", Attempts: 1, Backend: "landlock",
+					CreatedAt: at, StartedAt: at.Add(time.Second), FinishedAt: at.Add(3 * time.Second), Delivered: true},
 				Text:          busapi.Output{Text: "fetch the page"},
 				Reply:         busapi.Output{Text: "I could not reach it."},
 				Error:         busapi.Output{Text: "the proxy refused example.org"},
@@ -76,19 +74,19 @@ func TestOutputMatchesTheGoldenFiles(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			var e explained
-			if err := json.Unmarshal(data, &e); err != nil {
+			e, err := busapi.ExplanationFromWire(string(data))
+			if err != nil {
 				return err
 			}
 			explain(w, e)
 			return nil
 		}},
 		{"egress_explain_allowed.txt", func(w *bytes.Buffer) error {
-			explainEgress(w, egressExplained{Verdict: egresspolicy.Verdict{Method: "CONNECT", URL: "https://api.example.com/v1", Allowed: true, Rule: "api.example.com:443", Reason: "allowed by rule api.example.com:443"}, Agent: "alpha", Network: "none (egress proxy)"})
+			explainEgress(w, busapi.EgressVerdict{Method: "CONNECT", URL: "https://api.example.com/v1", Allowed: true, Rule: "api.example.com:443", Reason: "allowed by rule api.example.com:443", Agent: "alpha", Network: "none (egress proxy)"})
 			return nil
 		}},
 		{"egress_explain_refused.txt", func(w *bytes.Buffer) error {
-			explainEgress(w, egressExplained{Verdict: egresspolicy.Verdict{Method: "GET", URL: "http://169.254.169.254/latest", Reason: "169.254.169.254 is a link-local address", Note: "no rule can allow it"}, Agent: "alpha", Network: "none (egress proxy)"})
+			explainEgress(w, busapi.EgressVerdict{Method: "GET", URL: "http://169.254.169.254/latest", Reason: "169.254.169.254 is a link-local address", Note: "no rule can allow it", Agent: "alpha", Network: "none (egress proxy)"})
 			return nil
 		}},
 		{"container_images.txt", func(w *bytes.Buffer) error {

@@ -1,26 +1,16 @@
 package ctl
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
-	"time"
 
-	"github.com/berth-dev/berth/internal/runplan"
-	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/config"
 )
 
 const sandboxUsage = "usage: berthctl sandbox explain [--json] AGENT"
-
-// explained is dev.berth.Scheduler1.ExplainAgent's JSON.
-type explained struct {
-	runplan.Explanation
-	BackendAvailable bool                   `json:"backend_available"`
-	Confinement      *isolation.Confinement `json:"confinement,omitempty"`
-}
 
 // sandbox handles `berthctl sandbox explain [--json] AGENT`: the plan the
 // running scheduler would use for the agent's next run, asked over D-Bus,
@@ -41,21 +31,12 @@ func (c *cli) sandbox(args []string) error {
 	if err != nil {
 		return err
 	}
-	planJSON, err := sched.ExplainAgent(context.Background(), fs.Arg(0))
+	e, err := sched.ExplainAgent(context.Background(), fs.Arg(0))
 	if err != nil {
 		return fmt.Errorf("cannot ask the scheduler for the plan of %s: %w", fs.Arg(0), err)
 	}
 	if *asJSON {
-		var out bytes.Buffer
-		if err := json.Indent(&out, []byte(planJSON), "", "  "); err != nil {
-			return fmt.Errorf("the scheduler sent a plan that is not JSON: %w", err)
-		}
-		fmt.Fprintln(c.out, out.String())
-		return nil
-	}
-	var e explained
-	if err := json.Unmarshal([]byte(planJSON), &e); err != nil {
-		return fmt.Errorf("cannot decode the scheduler's plan: %w", err)
+		return writeJSON(c.out, e)
 	}
 	explain(c.out, e)
 	if len(e.Problems) > 0 {
@@ -65,7 +46,7 @@ func (c *cli) sandbox(args []string) error {
 }
 
 // explain writes what isolates a run and why, for a human.
-func explain(w io.Writer, e explained) {
+func explain(w io.Writer, e busapi.Explanation) {
 	p := e.Plan
 	line := func(key, format string, args ...any) {
 		if key != "" {
@@ -79,7 +60,11 @@ func explain(w io.Writer, e explained) {
 	if !e.BackendAvailable {
 		line("", "NOT AVAILABLE in this scheduler: runs fail")
 	}
-	line("timeout", "%s (then the sandbox is killed: reason %q)", time.Duration(p.Timeout), isolation.ReasonTimeout)
+	if w := why("timeout"); w != "" {
+		line("timeout", "%s", w)
+	} else {
+		line("timeout", "%s", p.Timeout)
+	}
 	line("user", "%s", why("user"))
 	line("network", "%s", why("network"))
 	if p.Network.Allowed {
@@ -90,11 +75,11 @@ func explain(w io.Writer, e explained) {
 	}
 	line("workspace", "%s (as %s inside)", p.Workspace, p.SandboxWorkspace)
 	switch p.Backend {
-	case isolation.BackendContainer:
+	case busapi.BackendContainer:
 		line("image", "%s", why("image"))
 		line("runtime", "%s", why("runtime"))
-		line("limits", "memory %s with no extra swap, %d pids, %g CPU, tmpfs %s %s",
-			isolation.FormatBytes(p.Limits.MemoryBytes), p.Limits.Pids, float64(p.Limits.NanoCPUs)/1e9, isolation.ContainerTmp, isolation.FormatBytes(p.Limits.TmpfsBytes))
+		line("limits", "memory %s with no extra swap, %d pids, %g CPU, tmpfs /tmp %s",
+			config.Bytes(p.Limits.MemoryBytes), p.Limits.Pids, float64(p.Limits.NanoCPUs)/1e9, config.Bytes(p.Limits.TmpfsBytes))
 		line("rootfs", "read-only; capabilities: none; no-new-privileges; %s", strings.Join(append([]string{"default seccomp"}, p.Container.SecurityOpt...), ", "))
 		for i, m := range p.Mounts {
 			key := ""

@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/godbus/dbus/v5"
 
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/testkit/testbus"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
@@ -177,11 +177,11 @@ func TestSandboxExplainJSONDecodesToThePlan(t *testing.T) {
 	if code != ExitOK {
 		t.Fatalf("exit %d: %s", code, out)
 	}
-	var e explained
-	if err := json.Unmarshal([]byte(out), &e); err != nil {
-		t.Fatalf("not JSON: %v\n%s", err, out)
+	e, err := busapi.ExplanationFromWire(out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
 	}
-	if e.Plan.Backend != isolation.BackendContainer || e.Plan.Limits.MemoryBytes != 256<<20 || e.Plan.Container.Runtime != "runc" || !e.BackendAvailable {
+	if e.Plan.Backend != busapi.BackendContainer || e.Plan.Limits.MemoryBytes != 256<<20 || e.Plan.Container.Runtime != "runc" || !e.BackendAvailable {
 		t.Errorf("plan %+v", e.Plan)
 	}
 }

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -244,20 +243,24 @@ func (o *schedulerObject) ExplainAgent(sender dbus.Sender, agent string) (string
 	if derr := readAuthorizer.Check(o.conn, sender); derr != nil {
 		return "", derr
 	}
-	out, err := o.s.ExplainAgentJSON(agent)
+	e, err := o.s.ExplainAgent(agent)
 	if err != nil {
 		return "", dbusError(err)
 	}
-	return out, nil
+	return e.Wire(), nil
 }
 
 func (o *schedulerObject) TestProviders(sender dbus.Sender, name string) ([]map[string]dbus.Variant, *dbus.Error) {
 	if derr := readAuthorizer.Check(o.conn, sender); derr != nil {
 		return nil, derr
 	}
-	out, err := o.s.TestProviders(name)
+	results, err := o.s.TestProviders(name)
 	if err != nil {
 		return nil, dbusError(err)
+	}
+	out := make([]map[string]dbus.Variant, len(results))
+	for i, r := range results {
+		out[i] = r.Wire()
 	}
 	return out, nil
 }
@@ -301,21 +304,23 @@ func (r Run) BusRun() busapi.Run {
 		return busapi.Output{Text: text, Bytes: uint32(len(full)), Cut: cut}
 	}
 	return busapi.Run{
-		ID:            r.ID,
-		MessageID:     r.MessageID,
-		Agent:         r.Agent,
-		State:         r.State,
-		Reason:        r.Reason,
-		Connector:     r.Connector,
-		Channel:       r.Channel,
-		Thread:        r.Thread,
-		Author:        r.Author,
-		Attempts:      uint32(r.Attempts),
-		CreatedAt:     r.CreatedAt,
-		StartedAt:     r.StartedAt,
-		FinishedAt:    r.FinishedAt,
-		Delivered:     r.Delivered,
-		Backend:       r.Backend,
+		RunHead: busapi.RunHead{
+			ID:         r.ID,
+			MessageID:  r.MessageID,
+			Agent:      r.Agent,
+			State:      r.State,
+			Reason:     r.Reason,
+			Connector:  r.Connector,
+			Channel:    r.Channel,
+			Thread:     r.Thread,
+			Author:     r.Author,
+			Attempts:   uint32(r.Attempts),
+			CreatedAt:  r.CreatedAt,
+			StartedAt:  r.StartedAt,
+			FinishedAt: r.FinishedAt,
+			Delivered:  r.Delivered,
+			Backend:    r.Backend,
+		},
 		EgressDropped: uint32(r.EgressDropped),
 		Text:          output(r.Text, false),
 		Reply:         output(r.Reply, false),
@@ -330,21 +335,23 @@ func (r Run) BusRun() busapi.Run {
 // Wire is the summary as dev.berth.Scheduler1.ListRuns returns it.
 func (sum Summary) Wire() map[string]dbus.Variant {
 	return busapi.RunSummary{
-		ID:           sum.ID,
-		MessageID:    cleanText(sum.MessageID),
-		Agent:        sum.Agent,
-		State:        sum.State,
-		Reason:       cleanText(sum.Reason),
-		Connector:    cleanText(sum.Connector),
-		Channel:      cleanText(sum.Channel),
-		Thread:       cleanText(sum.Thread),
-		Author:       cleanText(sum.Author),
-		Attempts:     uint32(sum.Attempts),
-		Backend:      sum.Backend,
-		CreatedAt:    sum.CreatedAt,
-		StartedAt:    sum.StartedAt,
-		FinishedAt:   sum.FinishedAt,
-		Delivered:    sum.Delivered,
+		RunHead: busapi.RunHead{
+			ID:         sum.ID,
+			MessageID:  cleanText(sum.MessageID),
+			Agent:      sum.Agent,
+			State:      sum.State,
+			Reason:     cleanText(sum.Reason),
+			Connector:  cleanText(sum.Connector),
+			Channel:    cleanText(sum.Channel),
+			Thread:     cleanText(sum.Thread),
+			Author:     cleanText(sum.Author),
+			Attempts:   uint32(sum.Attempts),
+			Backend:    sum.Backend,
+			CreatedAt:  sum.CreatedAt,
+			StartedAt:  sum.StartedAt,
+			FinishedAt: sum.FinishedAt,
+			Delivered:  sum.Delivered,
+		},
 		TextPreview:  cleanText(sum.TextPreview),
 		ReplyPreview: cleanText(sum.ReplyPreview),
 		TextBytes:    uint32(sum.TextBytes),
@@ -495,29 +502,27 @@ func (p *properties) set(gen uint64, c counts) map[string]dbus.Variant {
 	return changed
 }
 
-// egressJSON is the run's egress decisions as GetRun returns them: a JSON
-// array, "[]" when the run made none.
+// egressJSON is the run's egress decisions as GetRun returns them. A
+// decision converts as it is, so a field added to it fails to compile here
+// until the bus carries it too.
 func egressJSON(r Run) string {
-	if len(r.Egress) == 0 {
-		return "[]"
+	decisions := make([]busapi.EgressDecision, len(r.Egress))
+	for i, d := range r.Egress {
+		decisions[i] = busapi.EgressDecision(d)
 	}
-	data, err := json.Marshal(r.Egress)
-	if err != nil {
-		return "[]"
-	}
-	return string(data)
+	return busapi.EgressWire(decisions)
 }
 
 // egressCountsJSON is every egress decision of the run counted, as GetRun
-// returns it: a JSON object, "{}" when the run made none (or ran before
-// runs were counted).
+// returns it.
 func egressCountsJSON(r Run) string {
-	if r.EgressCounts == nil {
-		return "{}"
+	c := r.EgressCounts
+	if c == nil {
+		return (*busapi.EgressCounts)(nil).Wire()
 	}
-	data, err := json.Marshal(r.EgressCounts)
-	if err != nil {
-		return "{}"
+	counts := busapi.EgressCounts{Allowed: c.Allowed, Refused: c.Refused, OtherHosts: busapi.EgressHostCount(c.OtherHosts)}
+	for _, h := range c.Hosts {
+		counts.Hosts = append(counts.Hosts, busapi.EgressHostCount(h))
 	}
-	return string(data)
+	return counts.Wire()
 }

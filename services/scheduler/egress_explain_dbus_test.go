@@ -1,12 +1,12 @@
 package scheduler
 
 import (
-	"encoding/json"
 	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/testbus"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
@@ -53,9 +53,9 @@ func TestExplainEgressOverTheBusSaysWhetherARequestWouldPassAndWhy(t *testing.T)
 			if strings.Contains(out, egressTestKey) {
 				t.Fatalf("the verdict carries the provider key: %s", out)
 			}
-			var v EgressExplained
-			if err := json.Unmarshal([]byte(out), &v); err != nil {
-				t.Fatalf("not JSON: %s", out)
+			v, err := busapi.EgressVerdictFromWire(out)
+			if err != nil {
+				t.Fatalf("%v: %s", err, out)
 			}
 			if v.Allowed != tt.allowed || !strings.Contains(v.Reason, tt.want) || v.Agent != tt.agent || v.Network == "" {
 				t.Fatalf("verdict %+v; want allowed=%v with %q", v, tt.allowed, tt.want)

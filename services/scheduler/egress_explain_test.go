@@ -2,14 +2,11 @@ package scheduler
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
-
-	"github.com/berth-dev/berth/isolation"
 )
 
 // fakeResolver maps names to addresses, as a DNS server would.
@@ -49,26 +46,22 @@ func TestEgressExplainSaysWhetherARequestWouldPassAndWhy(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			out, err := s.ExplainEgressJSON("alpha", tt.method, tt.url)
+			v, err := s.ExplainEgress("alpha", tt.method, tt.url)
 			if err != nil {
-				t.Fatal(err)
-			}
-			var v isolation.EgressVerdict
-			if err := json.Unmarshal([]byte(out), &v); err != nil {
 				t.Fatal(err)
 			}
 			if v.Allowed != tt.allowed || !strings.Contains(v.Reason+" "+v.Note, tt.want) {
 				t.Fatalf("verdict %+v; want allowed=%v with %q", v, tt.allowed, tt.want)
 			}
-			if strings.Contains(out, egressTestKey) {
+			if strings.Contains(v.Wire(), egressTestKey) {
 				t.Fatal("the verdict carries the key")
 			}
 		})
 	}
-	if _, err := s.ExplainEgressJSON("alpha", "GET", "pypi.org"); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := s.ExplainEgress("alpha", "GET", "pypi.org"); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("a URL without scheme: %v, want invalid argument", err)
 	}
-	if _, err := s.ExplainEgressJSON("nope", "GET", "https://pypi.org/"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.ExplainEgress("nope", "GET", "https://pypi.org/"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("an unknown agent: %v, want not found", err)
 	}
 }

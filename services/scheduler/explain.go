@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net"
@@ -13,52 +12,92 @@ import (
 	"github.com/godbus/dbus/v5"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/egresspolicy"
 	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/isolation"
 )
 
-// Explained is what dev.berth.Scheduler1.ExplainAgent returns (as JSON): the
-// plan the agent's next run would get with the current config, why, what
-// would refuse it, and how the backend confines it on this host. No key.
-type Explained struct {
-	runplan.Explanation
-	// BackendAvailable says this scheduler has the plan's backend.
-	BackendAvailable bool                   `json:"backend_available"`
-	Confinement      *isolation.Confinement `json:"confinement,omitempty"`
-}
-
-// ExplainAgentJSON is the run plan the scheduler would use for agent's next
-// run, as JSON (dev.berth.Scheduler1.ExplainAgent): the very plan runOnce
-// compiles, with the keys left out.
-func (s *Service) ExplainAgentJSON(agent string) (string, error) {
+// ExplainAgent is the plan of agent's next run with the current config
+// (dev.berth.Scheduler1.ExplainAgent): the very plan runOnce compiles, in
+// its bus form, which has no field for a key; why, what would refuse it,
+// and how the backend confines it on this host.
+func (s *Service) ExplainAgent(agent string) (busapi.Explanation, error) {
 	cfg := s.cfg.Load()
 	// The agent's own uid is allocated here if no run has yet: the plan
 	// shows the very user its runs get.
 	host := s.agentFacts(cfg, agent)
 	e, err := runplan.Explain(cfg, agent, host)
 	if isolation.ReasonOf(err) == isolation.ReasonAgentNotConfigured {
-		return "", fmt.Errorf("%w: %v", ErrNotFound, err)
+		return busapi.Explanation{}, fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
 	if err != nil {
-		return "", fmt.Errorf("cannot explain agent %s: %w", agent, err)
+		return busapi.Explanation{}, fmt.Errorf("cannot explain agent %s: %w", agent, err)
 	}
-	out := Explained{Explanation: e}
+	out := busapi.Explanation{Plan: busPlan(e.Plan), Why: e.Why, Problems: e.Problems}
 	b := s.opts.Backends[string(e.Plan.Backend)]
 	out.BackendAvailable = b != nil
 	if b == nil {
 		out.Problems = append(out.Problems, fmt.Sprintf("this scheduler has no %s backend: runs of %s fail", e.Plan.Backend, agent))
 	}
 	if ex, ok := b.(isolation.Explainer); ok {
-		c := ex.Explain(e.Plan)
+		c := busapi.Confinement(ex.Explain(e.Plan))
 		out.Confinement = &c
 	}
-	data, err := json.Marshal(out)
-	if err != nil {
-		return "", fmt.Errorf("cannot encode the plan of %s: %w", agent, err)
+	return out, nil
+}
+
+// busPlan is p as the bus shows it. The types that cannot hold a secret
+// convert as they are, so a field added to one of them fails to compile
+// here until the bus carries it; the rest are copied field by field, keys
+// and secret values left behind.
+func busPlan(p isolation.Plan) busapi.Plan {
+	out := busapi.Plan{
+		Backend:          string(p.Backend),
+		RunID:            p.RunID,
+		Attempt:          p.Attempt,
+		AgentID:          p.AgentID,
+		AgentBinary:      p.AgentBinary,
+		RunAs:            p.RunAs,
+		Workspace:        p.Workspace,
+		SandboxWorkspace: p.SandboxWorkspace,
+		Policy:           busapi.Policy(p.Policy),
+		Protected:        p.Protected,
+		Limits:           busapi.Limits(p.Limits),
+		Network:          busapi.Network(p.Network),
+		Container:        busapi.ContainerPlan(p.Container),
+		Providers:        make([]busapi.Provider, len(p.Providers)),
+		Timeout:          p.Timeout,
+		KillGrace:        p.KillGrace,
 	}
-	return string(data), nil
+	if p.User != nil {
+		u := busapi.RunUser(*p.User)
+		out.User = &u
+	}
+	for _, m := range p.Mounts {
+		out.Mounts = append(out.Mounts, busapi.Mount(m))
+	}
+	for i, pr := range p.Providers {
+		out.Providers[i] = busapi.Provider{Name: pr.Name, Kind: pr.Kind, BaseURL: pr.BaseURL, Model: pr.Model, MaxTokens: pr.MaxTokens, Proxied: pr.Proxied, Endpoint: pr.Endpoint}
+	}
+	if e := p.Egress; e != nil {
+		be := &busapi.EgressPlan{Socket: e.Socket, SandboxSocket: e.SandboxSocket, ProxyAddr: e.ProxyAddr,
+			Proxy: busapi.EgressProxyProcess(e.Proxy), CABundle: e.CABundle, SandboxCABundle: e.SandboxCABundle}
+		for _, r := range e.Allow {
+			be.Allow = append(be.Allow, busapi.EgressRule(r))
+		}
+		for _, pr := range e.Providers {
+			be.Providers = append(be.Providers, busapi.EgressProvider{Name: pr.Name, Kind: pr.Kind, BaseURL: pr.BaseURL, Model: pr.Model,
+				Endpoints: pr.Endpoints, APIVersion: pr.APIVersion, Organization: pr.Organization, Project: pr.Project})
+		}
+		for _, sec := range e.Secrets {
+			be.Secrets = append(be.Secrets, busapi.EgressSecret{Name: sec.Name, Hosts: sec.Hosts, Header: sec.Header, Format: sec.Format,
+				Ports: sec.Ports, Methods: sec.Methods, Paths: sec.Paths})
+		}
+		out.Egress = be
+	}
+	return out
 }
 
 // TestProviders checks providers with the scheduler's own environment
@@ -66,7 +105,7 @@ func (s *Service) ExplainAgentJSON(agent string) (string, error) {
 // agent that uses it (probe.go), through that run's backend and egress
 // proxy, so what passes here is what runs get. name "" means every
 // configured provider.
-func (s *Service) TestProviders(name string) ([]map[string]dbus.Variant, error) {
+func (s *Service) TestProviders(name string) ([]busapi.ProviderResult, error) {
 	cfg := s.cfg.Load()
 	names := make([]string, 0, len(cfg.Providers.Entries))
 	for n := range cfg.Providers.Entries {
@@ -95,7 +134,7 @@ func (s *Service) TestProviders(name string) ([]map[string]dbus.Variant, error) 
 	if len(remote) > 0 {
 		maps.Copy(results, s.probeProviders(cfg, remote))
 	}
-	out := make([]map[string]dbus.Variant, len(names))
+	out := make([]busapi.ProviderResult, len(names))
 	for i, n := range names {
 		out[i] = s.providerResult(cfg, n, results[n])
 	}
@@ -113,7 +152,7 @@ func providerKind(name string, e config.Provider) string {
 // providerResult is one provider's row of TestProviders; the result never
 // holds the key (the agent never had it when its provider is proxied, and
 // redacts it when the run has a direct network; redacted here once more).
-func (s *Service) providerResult(cfg *config.Config, name string, res agentproto.ProbeResult) map[string]dbus.Variant {
+func (s *Service) providerResult(cfg *config.Config, name string, res agentproto.ProbeResult) busapi.ProviderResult {
 	e := cfg.Providers.Entries[name]
 	kind := providerKind(name, e)
 	detail := res.Detail
@@ -124,32 +163,24 @@ func (s *Service) providerResult(cfg *config.Config, name string, res agentproto
 	}
 	latency := time.Duration(res.LatencyMS) * time.Millisecond
 	s.log.Info("provider checked", "provider", name, "kind", kind, "status", res.Verdict, "latency", latency)
-	return map[string]dbus.Variant{
-		"name":       dbus.MakeVariant(name),
-		"kind":       dbus.MakeVariant(kind),
-		"model":      dbus.MakeVariant(e.Model),
-		"base_url":   dbus.MakeVariant(e.BaseURL),
-		"status":     dbus.MakeVariant(res.Verdict),
-		"detail":     dbus.MakeVariant(detail),
-		"latency_ms": dbus.MakeVariant(uint32(res.LatencyMS)),
-	}
+	return busapi.ProviderResult{Name: name, Kind: kind, Model: e.Model, BaseURL: e.BaseURL, Status: res.Verdict, Detail: detail, LatencyMS: uint32(res.LatencyMS)}
 }
 
-// ExplainEgressJSON says, as JSON, whether the egress proxy of agent's next
-// run would let method reach rawURL, and why (berthctl egress explain). It
-// decides with the very rules and providers runOnce would hand the proxy.
-func (s *Service) ExplainEgressJSON(agent, method, rawURL string) (string, error) {
+// ExplainEgress says whether the egress proxy of agent's next run would let
+// method reach rawURL, and why (berthctl egress explain). It decides with
+// the very rules and providers runOnce would hand the proxy.
+func (s *Service) ExplainEgress(agent, method, rawURL string) (busapi.EgressVerdict, error) {
 	cfg := s.cfg.Load()
 	e, err := runplan.Explain(cfg, agent, s.hostFacts(cfg))
 	if isolation.ReasonOf(err) == isolation.ReasonAgentNotConfigured {
-		return "", fmt.Errorf("%w: %v", ErrNotFound, err)
+		return busapi.EgressVerdict{}, fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
 	if err != nil {
-		return "", fmt.Errorf("cannot explain the egress of %s: %w", agent, err)
+		return busapi.EgressVerdict{}, fmt.Errorf("cannot explain the egress of %s: %w", agent, err)
 	}
 	target, err := egressTarget(method, rawURL)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		return busapi.EgressVerdict{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	// The proxy's own judging, with a resolver as the proxy has one: an
 	// internal address is decided as it would be.
@@ -157,33 +188,16 @@ func (s *Service) ExplainEgressJSON(agent, method, rawURL string) (string, error
 	defer cancel()
 	v, err := e.Plan.Egress.Decide(ctx, method, target, s.opts.Resolver, egresspolicy.HostClassifier())
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		return busapi.EgressVerdict{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	v.URL = rawURL
-	out := EgressExplained{EgressVerdict: v, Agent: agent, Network: e.Plan.Network.Mode}
+	out := busapi.EgressVerdict{Method: v.Method, URL: rawURL, Allowed: v.Allowed, Rule: v.Rule, Reason: v.Reason, Note: v.Note,
+		Agent: agent, Network: e.Plan.Network.Mode}
 	if e.Plan.Network.Allowed || e.Plan.Backend == isolation.BackendUnrestricted {
 		out.Allowed, out.Direct, out.Rule = true, true, ""
 		out.Reason = "not filtered: the sandbox has a direct network, so its requests bypass the egress proxy; network: " + e.Why["network"]
 		out.Note = ""
 	}
-	data, err := json.Marshal(out)
-	if err != nil {
-		return "", fmt.Errorf("cannot encode the egress verdict: %w", err)
-	}
-	return string(data), nil
-}
-
-// EgressExplained is dev.berth.Scheduler1.ExplainEgress's JSON: the proxy's
-// verdict and the agent's network mode, since a run with a direct network
-// (an admin's opt-in) never goes through the proxy.
-type EgressExplained struct {
-	isolation.EgressVerdict
-	Agent string `json:"agent"`
-	// Network is the plan's network mode: "none" (only the run's egress
-	// socket), "host" or "bridge" (direct and unfiltered).
-	Network string `json:"network"`
-	// Direct says the request bypasses the proxy: it passes unfiltered.
-	Direct bool `json:"direct,omitempty"`
+	return out, nil
 }
 
 // egressTarget makes what ExplainEgress was given a URL the proxy's rules
@@ -207,9 +221,9 @@ func (o *schedulerObject) ExplainEgress(sender dbus.Sender, agent, method, rawUR
 	if derr := readAuthorizer.Check(o.conn, sender); derr != nil {
 		return "", derr
 	}
-	out, err := o.s.ExplainEgressJSON(agent, method, rawURL)
+	v, err := o.s.ExplainEgress(agent, method, rawURL)
 	if err != nil {
 		return "", dbusError(err)
 	}
-	return out, nil
+	return v.Wire(), nil
 }

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/testkit/testbus"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
@@ -75,7 +75,7 @@ func TestExplainAgentFollowsAReloadedConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	obj := b.Conn(t).Object(bus.SchedulerName, bus.SchedulerPath)
-	explain := func() Explained {
+	explain := func() busapi.Explanation {
 		t.Helper()
 		var out string
 		if err := obj.Call(bus.SchedulerInterface+".ExplainAgent", 0, "ops").Store(&out); err != nil {
@@ -84,8 +84,8 @@ func TestExplainAgentFollowsAReloadedConfig(t *testing.T) {
 		if strings.Contains(out, explainSecret) {
 			t.Fatalf("ExplainAgent sent the provider key: %s", out)
 		}
-		var e Explained
-		if err := json.Unmarshal([]byte(out), &e); err != nil {
+		e, err := busapi.ExplanationFromWire(out)
+		if err != nil {
 			t.Fatalf("ExplainAgent sent %q: %v", out, err)
 		}
 		return e

@@ -153,7 +153,7 @@ func checkProvidersByARun(t *testing.T, withBackend func(cfg *config.Config, sta
 	}
 	got := map[string]string{}
 	for _, r := range rows {
-		name, status, detail := r["name"].Value().(string), r["status"].Value().(string), r["detail"].Value().(string)
+		name, status, detail := r.Name, r.Status, r.Detail
 		got[name] = status + ": " + detail
 		if strings.Contains(detail, goodKey) || strings.Contains(detail, badKey) {
 			t.Errorf("the result of %s holds a key: %q", name, detail)

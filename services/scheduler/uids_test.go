@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -200,12 +199,8 @@ func TestAConfiguredWorkspaceTheAgentCannotWriteFailsTheRunClearly(t *testing.T)
 	b := newGateBackend("landlock")
 	s := newTestService(t, cfg, "", b, nil)
 
-	out, err := s.ExplainAgentJSON("alpha")
+	e, err := s.ExplainAgent("alpha")
 	if err != nil {
-		t.Fatal(err)
-	}
-	var e Explained
-	if err := json.Unmarshal([]byte(out), &e); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(strings.Join(e.Problems, "\n"), "cannot write it") {
@@ -228,12 +223,8 @@ func TestExplainShowsTheUIDTheAgentRunsAs(t *testing.T) {
 	testenv.NeedRoot(t)
 	b := newGateBackend("landlock")
 	s := newTestService(t, uidConfig(config.DefaultAgentUIDs), "", b, nil)
-	out, err := s.ExplainAgentJSON("beta")
+	e, err := s.ExplainAgent("beta")
 	if err != nil {
-		t.Fatal(err)
-	}
-	var e Explained
-	if err := json.Unmarshal([]byte(out), &e); err != nil {
 		t.Fatal(err)
 	}
 	if e.Plan.User == nil || !strings.Contains(e.Why["user"], "allocated from [scheduler] agent_uids") {
@@ -243,7 +234,7 @@ func TestExplainShowsTheUIDTheAgentRunsAs(t *testing.T) {
 	if u := runUserOf(t, s, b, "m1", "beta"); u.UID != e.Plan.User.UID {
 		t.Fatalf("beta runs as %d, explain said %d", u.UID, e.Plan.User.UID)
 	}
-	if _, err := s.ExplainAgentJSON("nobody-configured"); err == nil {
+	if _, err := s.ExplainAgent("nobody-configured"); err == nil {
 		t.Fatal("explaining an unknown agent succeeded")
 	}
 }

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"encoding/json"
 	"strings"
 	"testing"
 
@@ -21,15 +20,11 @@ func TestForceUnrestrictedCompilesLandlockAgentsAsUnrestrictedPlans(t *testing.T
 		o.ForceUnrestricted = true
 	})
 
-	out, err := s.ExplainAgentJSON("alpha")
+	e, err := s.ExplainAgent("alpha")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var e Explained
-	if err := json.Unmarshal([]byte(out), &e); err != nil {
-		t.Fatal(err)
-	}
-	if e.Plan.Backend != isolation.BackendUnrestricted || !e.BackendAvailable {
+	if e.Plan.Backend != string(isolation.BackendUnrestricted) || !e.BackendAvailable {
 		t.Fatalf("explained backend = %q (available %v), want %q", e.Plan.Backend, e.BackendAvailable, isolation.BackendUnrestricted)
 	}
 	if why := e.Why["backend"]; !strings.Contains(why, "--unrestricted") || !strings.Contains(why, "NO file confinement") {
