@@ -12,11 +12,12 @@ import (
 
 // Every table of berth.toml is a Go struct, and a key is one field of it:
 //
-//	Network string `toml:"network" berth:"check=network"`
+//	Warm *int `toml:"warm" berth:"check=warm"`
 //
 // The decoder, the merge of drop-ins, the value checks and the file:line:key
-// lookup (fieldLocs) all walk these tags, so a key is spelled once. The
-// berth tag's options, comma-separated:
+// lookup (fieldLocs) all walk these tags, so a key is spelled once. A
+// field's Go type says how its value is read (kindOf); the berth tag's
+// options, comma-separated, say the rest:
 //
 //	check=NAME   the value (each element of a list) must pass valueChecks[NAME]
 //	omit=A|B     on a table field: the table without keys A and B
@@ -129,7 +130,7 @@ func kindOf(t reflect.Type) fieldKind {
 	return kindLeaf
 }
 
-// knownKeys are a table's keys, sorted, without omitted ones.
+// knownKeys are a table's keys, without omitted ones.
 func knownKeys(specs []fieldSpec, omit []string) map[string]*fieldSpec {
 	known := map[string]*fieldSpec{}
 	for i := range specs {
@@ -209,17 +210,13 @@ func (d *decoder) decodeField(p keyPath, raw any, dst reflect.Value, at fieldLoc
 		*e.selfLoc() = d.loc(p)
 		d.decodeTable(p, raw, e.value(), e.locs(), "", f.omit)
 	case kindEntries:
-		switch vs := raw.(type) {
-		case []map[string]any:
-			for i, v := range vs {
-				d.appendEntry(d.elem(p, i), v, dst, "")
-			}
-		case []any:
-			for i, v := range vs {
-				d.appendEntry(d.elem(p, i), v, dst, "")
-			}
-		default:
+		elems, ok := arrayOfTables(raw)
+		if !ok {
 			d.wrongType(p, "an array of tables", raw)
+			return
+		}
+		for i, v := range elems {
+			d.appendEntry(d.elem(p, i), v, dst, "")
 		}
 	case kindTables:
 		d.decodeTables(p, raw, dst, at, rel)
@@ -329,15 +326,8 @@ func (d *decoder) decodeList(p keyPath, raw any, dst reflect.Value, at fieldLocs
 // element i's keys are located as rel[i].KEY in the enclosing table's
 // fieldLocs, and a later file replaces the array as a whole.
 func (d *decoder) decodeTables(p keyPath, raw any, dst reflect.Value, at fieldLocs, rel string) {
-	var elems []any
-	switch vs := raw.(type) {
-	case []map[string]any:
-		for _, v := range vs {
-			elems = append(elems, v)
-		}
-	case []any:
-		elems = vs
-	default:
+	elems, ok := arrayOfTables(raw)
+	if !ok {
 		d.wrongType(p, "an array of tables", raw)
 		return
 	}
@@ -351,6 +341,22 @@ func (d *decoder) decodeTables(p keyPath, raw any, dst reflect.Value, at fieldLo
 	}
 	dst.Set(out)
 	at[rel] = l
+}
+
+// arrayOfTables is the elements of [[x]] tables or of an inline array; an
+// element that is not a table is refused when it is decoded.
+func arrayOfTables(raw any) ([]any, bool) {
+	switch vs := raw.(type) {
+	case []map[string]any:
+		elems := make([]any, len(vs))
+		for i, v := range vs {
+			elems[i] = v
+		}
+		return elems, true
+	case []any:
+		return vs, true
+	}
+	return nil, false
 }
 
 // decodeStrings reads a table of strings; each entry gets its own location
