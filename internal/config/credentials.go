@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 )
@@ -36,8 +37,17 @@ var (
 	hasLetter = regexp.MustCompile(`[A-Za-z]`)
 )
 
-// credentialKeys are the connector keys that hold credential references.
-var credentialKeys = []string{CredToken, CredAppToken, CredBotToken, CredSigningSecret}
+// credentialKeys are the connector keys that hold credential references:
+// those Connector's tags check as one, in field order.
+var credentialKeys = func() []string {
+	var keys []string
+	for _, f := range specsOf(reflect.TypeFor[Connector]()) {
+		if f.check == "credential" {
+			keys = append(keys, f.key)
+		}
+	}
+	return keys
+}()
 
 // looksLikeSecret tells whether a credential value is probably the secret
 // itself rather than a reference to it.
@@ -83,15 +93,11 @@ func checkCredentialRef(s string) string {
 // CredentialRef returns the reference a connector holds for a credential
 // key (CredToken, CredAppToken, CredBotToken, CredSigningSecret).
 func (c Connector) CredentialRef(key string) (string, error) {
-	switch key {
-	case CredToken:
-		return c.Token, nil
-	case CredAppToken:
-		return c.AppToken, nil
-	case CredBotToken:
-		return c.BotToken, nil
-	case CredSigningSecret:
-		return c.SigningSecret, nil
+	v := reflect.ValueOf(c)
+	for _, f := range specsOf(v.Type()) {
+		if f.check == "credential" && f.key == key {
+			return v.Field(f.index).String(), nil
+		}
 	}
 	return "", fmt.Errorf("connector %q: %s is not a credential key (keys: %s)", c.ID, key, strings.Join(credentialKeys, ", "))
 }

@@ -273,3 +273,21 @@ func TestEveryTableIsWalkable(t *testing.T) {
 		t.Errorf("the walk missed tables; saw %v", seen)
 	}
 }
+
+// TestCredentialKeysAreTheOnesCallersName holds the credential keys read from
+// Connector's tags against the constants intake passes to Credential.
+func TestCredentialKeysAreTheOnesCallersName(t *testing.T) {
+	t.Parallel()
+	if want := []string{CredToken, CredAppToken, CredBotToken, CredSigningSecret}; !reflect.DeepEqual(credentialKeys, want) {
+		t.Errorf("credential keys = %q, want %q", credentialKeys, want)
+	}
+	k := Connector{Token: "t", AppToken: "a", BotToken: "b", SigningSecret: "s"}
+	for key, want := range map[string]string{CredToken: "t", CredAppToken: "a", CredBotToken: "b", CredSigningSecret: "s"} {
+		if got, err := k.CredentialRef(key); err != nil || got != want {
+			t.Errorf("CredentialRef(%s) = %q, %v; want %q", key, got, err, want)
+		}
+	}
+	if _, err := k.CredentialRef("secret"); err == nil {
+		t.Error("CredentialRef(secret) succeeded; a webhook's secret is not a credential reference")
+	}
+}
