@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -25,8 +26,10 @@ import (
 
 	"github.com/berth-dev/berth/agent/confine"
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/container"
 	"github.com/berth-dev/berth/services/egress"
 )
 
@@ -128,6 +131,63 @@ func TestAStdioMCPServerRunsInTheToolsConfinementAndEndsWithTheRun(t *testing.T)
 	pid, _ := strconv.Atoi(string(data))
 	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 		t.Errorf("the MCP server (pid %d) outlived its run: kill 0 = %v", pid, err)
+	}
+}
+
+// In a container the stdio server runs from the workspace (the image holds
+// only the agent) in the tools' domain, and answers through the SDK.
+func TestAStdioMCPServerAnswersInAContainerRun(t *testing.T) {
+	t.Parallel()
+	testenv.NeedRoot(t)
+	cli := testdocker.Engine(t)
+	b, err := container.New(container.Options{Client: cli, Instance: t.Name() + "@" + strconv.Itoa(os.Getpid())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := filepath.Join(t.TempDir(), "ws")
+	if err := os.Mkdir(ws, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	server, err := os.ReadFile(built(t, mcpServerBinary))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ws, "mcpserver"), server, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{ws, filepath.Join(ws, "mcpserver")} {
+		if err := os.Chown(p, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runID := fmt.Sprintf("mcp%d", time.Now().UnixNano())
+	s := isolation.Spec{
+		Plan: isolation.Plan{
+			Backend: isolation.BackendContainer, RunID: runID, AgentID: "tester",
+			Workspace: ws, SandboxWorkspace: isolation.ContainerWorkspace, AgentBinary: agentBinary, RunAs: "nobody",
+			Timeout: 60 * time.Second, Policy: isolation.ContainerPolicy(false),
+			Limits:  isolation.Limits{MemoryBytes: 512 << 20, Pids: 256, NanoCPUs: 1e9, TmpfsBytes: 64 << 20},
+			Network: isolation.Network{Mode: "none"},
+			Mounts:  []isolation.Mount{{Source: ws, Target: isolation.ContainerWorkspace}},
+		},
+		Request: agentproto.Request{
+			Version: agentproto.Version, RunID: runID, Agent: agentproto.Agent{ID: "tester", MaxIterations: 3},
+			Message:  agentproto.Message{ID: runID, Author: "t", Text: `/tool mcp__files__echo {"text":"from the container"}`},
+			Provider: agentproto.Provider{Name: "local", Kind: "local"},
+			MCP:      []agentproto.MCPServer{{Name: "files", Command: []string{isolation.ContainerWorkspace + "/mcpserver", "serve"}, Tools: []string{"echo"}}},
+		},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := b.Run(ctx, s)
+	if err != nil {
+		t.Fatalf("container run failed: %v\nstderr: %s", err, res.Stderr)
+	}
+	if want := "[mcp__files__echo]\necho: from the container"; res.Response.Reply != want {
+		t.Errorf("reply = %q, want %q\nstderr: %s", res.Response.Reply, want, res.Stderr)
+	}
+	if st := res.Response.MCP; len(st) != 1 || st[0].Error != "" || !slices.Equal(st[0].Tools, []string{"mcp__files__echo"}) {
+		t.Errorf("the record's MCP line = %+v, want the server's echo", st)
 	}
 }
 
