@@ -6,6 +6,7 @@ import (
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
@@ -232,7 +233,13 @@ func (b *lockedBuffer) String() string {
 type gitEnvOptions struct {
 	launched      bool
 	firstLifetime time.Duration
+	// configure changes the run's policy (the forge's URL is known).
+	configure func(e *gitEnv, pol *egress.Policy)
 }
+
+// forgePAT is a long-lived token the forge also takes: an [[egress.secrets]]
+// credential rather than an app's.
+const forgePAT = "forge_pat_SECRET_0123456789"
 
 func newGitEnv(t *testing.T, o gitEnvOptions) *gitEnv {
 	t.Helper()
@@ -256,10 +263,16 @@ func newGitEnv(t *testing.T, o gitEnvOptions) *gitEnv {
 		e.received = append(e.received, forgeRequest{Path: r.URL.Path, Query: r.URL.RawQuery, Auth: r.Header.Get("Authorization"), Protocol: r.Header.Get("Git-Protocol")})
 		e.mu.Unlock()
 		// Private repositories: only a live installation token reads them.
-		if user, pass, ok := r.BasicAuth(); !ok || user != "x-access-token" || !e.app.valid(pass) {
+		if user, pass, ok := r.BasicAuth(); !ok || user != "x-access-token" || !e.app.valid(pass) && pass != forgePAT {
 			w.Header().Set("WWW-Authenticate", `Basic realm="forge"`)
 			http.Error(w, "Authentication required", http.StatusUnauthorized)
 			return
+		}
+		if r.ContentLength < 0 {
+			// A real forge takes git's chunked pushes; Go's CGI host does not.
+			body, _ := io.ReadAll(r.Body)
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+			r.TransferEncoding = nil
 		}
 		cgiHost.ServeHTTP(w, r)
 	}))
@@ -275,6 +288,9 @@ func newGitEnv(t *testing.T, o gitEnvOptions) *gitEnv {
 		Git: []egresspolicy.GitRule{{Remote: e.forge + "/acme/web.git", Fetch: true, Push: []string{"berth/*"}, Credential: "acme-bot"}},
 		GitHubApps: []egress.GitHubApp{{Name: "acme-bot", AppID: e.app.appID, InstallationID: e.app.inst,
 			APIBaseURL: e.app.url, PrivateKey: e.app.privateKeyPEM()}}}
+	if o.configure != nil {
+		o.configure(e, &pol)
+	}
 	upstreams := x509.NewCertPool()
 	upstreams.AddCert(forge.Certificate())
 	upstreams.AddCert(e.app.srv.Certificate())
@@ -505,6 +521,18 @@ func TestGitPushesAreJudgedRefByRefBeforeAnythingIsForwarded(t *testing.T) {
 		t.Fatalf("berth/x is %s after a fast-forward, want %s", got, c2)
 	}
 
+	// A push past git's 1 MiB post buffer goes chunked, and is kept to be
+	// judged before it is sent on.
+	big := make([]byte, 3<<20)
+	rand.Read(big)
+	c2 = e.commit(dir, "big.bin", hex.EncodeToString(big))
+	if out, err := e.git(dir, "push", "-q", "origin", "HEAD:berth/x"); err != nil {
+		t.Fatalf("a large push: %v\n%s\n%+v", err, out, e.decisions())
+	}
+	if got := e.forgeRef("acme/web", "berth/x"); got != c2 {
+		t.Fatalf("berth/x is %s after a large fast-forward, want %s", got, c2)
+	}
+
 	// A rewritten berth/x, force-pushed.
 	e.mustGit(dir, "commit", "-q", "--amend", "-m", "rewritten")
 	out, err = e.git(dir, "push", "--force", "origin", "HEAD:berth/x")
@@ -697,6 +725,78 @@ func TestGitAppTokensAreScopedRefreshedRevokedAndNeverInside(t *testing.T) {
 			if strings.Contains(text, tok) {
 				t.Errorf("the token is in %s", where)
 			}
+		}
+	}
+}
+
+func TestGitSecretCredentialGoesToTheNamedRepositoryOnly(t *testing.T) {
+	t.Parallel()
+	e := newGitEnv(t, gitEnvOptions{configure: func(e *gitEnv, pol *egress.Policy) {
+		forge, _ := url.Parse(e.forge)
+		// The forge's host is also allowed for anything (a rule): requests
+		// that are not git's go through, without the git rule's secret.
+		rule, err := egresspolicy.ParseRule(forge.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pol.Allow = []egresspolicy.Rule{rule}
+		pol.GitHubApps = nil
+		pol.Git[0].Credential = "forge-pat"
+		pol.Secrets = []egress.Secret{{Name: "forge-pat", Hosts: []string{forge.Hostname()}, Header: "Authorization", Format: "Basic {}",
+			Value: base64.StdEncoding.EncodeToString([]byte("x-access-token:" + forgePAT))}}
+	}})
+	dir := e.clone("acme/web")
+	e.commit(dir, "a.txt", "one\n")
+	e.mustGit(dir, "push", "-q", "origin", "HEAD:berth/x")
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM([]byte(e.ca.CertPEM))
+	relayURL, _ := url.Parse("http://" + e.relay.Addr())
+	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(relayURL), TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	if code, _ := do(t, c, "GET", e.forge+"/acme/other.git/HEAD", ""); code != http.StatusUnauthorized {
+		t.Errorf("a request that is not git's, on an allowed host: %d; want the forge's own 401 (sent, without the secret)", code)
+	}
+	for _, r := range e.forgeReceived() {
+		named := strings.HasPrefix(r.Path, "/acme/web.git/")
+		if named != (r.Auth != "") {
+			t.Errorf("%s reached the forge with Authorization %v; want it on the named repository's git requests only", r.Path, r.Auth != "")
+		}
+	}
+	if strings.Contains(e.outputs.String(), forgePAT) {
+		t.Error("the secret reached the sandbox")
+	}
+}
+
+func TestGitHubAppKeyTravelsOnlyInTheProxysStdinForm(t *testing.T) {
+	t.Parallel()
+	app := egress.GitHubApp{Name: "acme-bot", AppID: 1, InstallationID: 2, PrivateKey: "-----BEGIN RSA PRIVATE KEY-----\nsecret\n"}
+	plain, err := json.Marshal(app)
+	if err != nil || strings.Contains(string(plain), "secret") {
+		t.Fatalf("an app as plans and records marshal it: %s, %v; want no key", plain, err)
+	}
+	wire, err := json.Marshal(egress.Policy{Agent: "web", GitHubApps: []egress.GitHubApp{app},
+		Git: []egresspolicy.GitRule{{Remote: "https://forge.test/acme/web.git", Fetch: true, Credential: "acme-bot"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back egress.Policy
+	if err := json.Unmarshal(wire, &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.GitHubApps) != 1 || back.GitHubApps[0] != app || len(back.Git) != 1 || back.Git[0].Credential != "acme-bot" {
+		t.Fatalf("the proxy's stdin form read back %+v; want the app with its key and the git rule", back)
+	}
+}
+
+func TestGitRulesAreCheckedWhenTheProxyIsMade(t *testing.T) {
+	t.Parallel()
+	for name, pol := range map[string]egress.Policy{
+		"unknown credential": {Git: []egresspolicy.GitRule{{Remote: "https://forge.test/acme/web.git", Fetch: true, Credential: "nope"}}},
+		"bad app key": {Git: []egresspolicy.GitRule{{Remote: "https://forge.test/acme/web.git", Fetch: true, Credential: "app"}},
+			GitHubApps: []egress.GitHubApp{{Name: "app", AppID: 1, InstallationID: 2, PrivateKey: "not a key"}}},
+	} {
+		pol.Token = token
+		if _, err := egress.NewServer(pol, egress.Options{Logger: quiet}); err == nil || !strings.HasPrefix(err.Error(), "cannot make an egress proxy") {
+			t.Errorf("%s: NewServer = %v; want a refusal", name, err)
 		}
 	}
 }
