@@ -9,10 +9,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"os/signal"
 	"reflect"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -112,7 +110,7 @@ func Serve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		case <-ctx.Done():
 			log.Info("sandbox stopping", "reason", "signal")
 			if ownPIDNamespace {
-				endNamespace(log)
+				endNamespace(launcher, log)
 			}
 			return agentproto.ExitOK
 		case err := <-readErr:
@@ -190,34 +188,24 @@ func readLine(r *bufio.Reader) ([]byte, error) {
 
 // endNamespace passes SIGTERM on to every other process of the agent's own
 // PID namespace and waits for them to end; the backend kills what is left
-// after its grace. kill(-1) spares the caller and the namespace's init.
-func endNamespace(log *slog.Logger) {
-	if err := syscall.Kill(-1, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
-		log.Warn("cannot pass SIGTERM on to the sandbox's processes", "err", err.Error())
+// after its grace. kill(-1) spares the caller and the namespace's init, and
+// kill(-1, 0) says whether any of them is left without reading /proc
+// (which Landlock keeps from the agent); init reaps them as they end. The
+// signals leave from the launcher's thread, the one whose Landlock domain
+// the tools' lies beneath (confine.Launcher).
+func endNamespace(launcher *confine.Launcher, log *slog.Logger) {
+	kill := syscall.Kill
+	if launcher != nil {
+		kill = launcher.Kill
+	}
+	if err := kill(-1, syscall.SIGTERM); err != nil {
+		if !errors.Is(err, syscall.ESRCH) {
+			log.Warn("cannot pass SIGTERM on to the sandbox's processes", "err", err.Error())
+		}
 		return
 	}
-	if left := others(); len(left) > 0 {
-		log.Info("waiting for the sandbox's processes to end", "left", len(left))
-	}
-	for len(others()) > 0 {
+	log.Info("waiting for the sandbox's processes to end")
+	for kill(-1, 0) == nil {
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// others are the live processes of the namespace but init and this one.
-func others() []int {
-	entries, _ := os.ReadDir("/proc")
-	self := os.Getpid()
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == 1 || pid == self {
-			continue
-		}
-		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if i := bytes.LastIndexByte(data, ')'); err == nil && i >= 0 && i+2 < len(data) && data[i+2] != 'Z' {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }

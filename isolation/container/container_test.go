@@ -35,6 +35,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(keepHelperEnv) != "" {
+		os.Exit(runKeepHelper())
+	}
 	code := func() int {
 		dir, err := os.MkdirTemp("", "berth-container-test-")
 		if err != nil {
