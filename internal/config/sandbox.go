@@ -59,6 +59,3 @@ func (r *UIDRange) UnmarshalText(text []byte) error {
 	*r = parsed
 	return nil
 }
-
-// MarshalText writes the range the way UnmarshalText reads it.
-func (r UIDRange) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
