@@ -36,6 +36,8 @@ const (
 	mcpStderrLimit    = 4 << 10  // bytes of a stdio server's stderr kept for errors
 	mcpDescription    = 2 << 10  // bytes of a tool's description kept
 	mcpMaxTools       = 128      // tools taken from one server
+	mcpMaxSchema      = 32 << 10 // bytes of a tool's input schema
+	mcpMaxError       = 1 << 10  // bytes of a server's error kept in the record
 	// mcpStopGrace is how long a stdio server may take to exit once its
 	// stdin is closed, before its process group is killed.
 	mcpStopGrace = 500 * time.Millisecond
@@ -247,7 +249,16 @@ func (s *mcpServer) failure(ctx context.Context, what string, err error) error {
 			err = fmt.Errorf("%w (%s)", err, exit)
 		}
 	}
-	return fmt.Errorf("MCP server %s %s: %w", s.entry.Name, what, err)
+	text := err.Error()
+	// The SDK flattens the decoder's error into text: match its wording too.
+	var syntax *json.SyntaxError
+	if errors.As(err, &syntax) || strings.Contains(text, "invalid character ") {
+		text = "it answered something that is not MCP's JSON-RPC: " + text
+	}
+	if len(text) > mcpMaxError {
+		text = strings.ToValidUTF8(text[:mcpMaxError], "") + "…"
+	}
+	return fmt.Errorf("MCP server %s %s: %s", s.entry.Name, what, text)
 }
 
 func (s *mcpServer) newTransport(env Env) (mcp.Transport, error) {
@@ -258,7 +269,11 @@ func (s *mcpServer) newTransport(env Env) (mcp.Transport, error) {
 	}
 	u, err := url.Parse(s.entry.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("MCP server %s: %q is not an http(s) URL", s.entry.Name, s.entry.URL)
+		return nil, fmt.Errorf("MCP server %s: its url is not an http(s) URL", s.entry.Name)
+	}
+	if u.User != nil {
+		// A credential here would sit in the sandbox: the proxy adds it instead.
+		return nil, fmt.Errorf("MCP server %s: its url carries credentials; give them to the egress proxy as a secret", s.entry.Name)
 	}
 	if !env.Network {
 		return nil, fmt.Errorf("MCP server %s: this agent has no network access and no egress proxy to reach %s", s.entry.Name, u.Redacted())
@@ -295,7 +310,7 @@ func toolDescription(t *mcp.Tool) string {
 func toolParameters(inputSchema any) json.RawMessage {
 	raw, err := json.Marshal(inputSchema)
 	var obj map[string]json.RawMessage
-	if err != nil || json.Unmarshal(raw, &obj) != nil || obj == nil {
+	if err != nil || len(raw) > mcpMaxSchema || json.Unmarshal(raw, &obj) != nil || obj == nil {
 		return schema(`{"type":"object"}`)
 	}
 	if _, ok := obj["type"]; !ok {

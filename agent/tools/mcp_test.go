@@ -97,7 +97,7 @@ func TestAServerThatFailsGivesAToolErrorAndARecordLineInBoundedTime(t *testing.T
 		{
 			name:    "A_server_that_answers_garbage",
 			entry:   func(bin string) agentproto.MCPServer { return agentproto.MCPServer{Command: []string{bin, "garbage"}} },
-			errHas:  []string{"MCP server broken did not start"},
+			errHas:  []string{"MCP server broken did not start: it answered something that is not MCP's JSON-RPC"},
 			maxTime: 20 * time.Second,
 		},
 		{
@@ -132,6 +132,11 @@ func TestAServerThatFailsGivesAToolErrorAndARecordLineInBoundedTime(t *testing.T
 			errHas: []string{"no network access"},
 		},
 		{
+			name:   "An_http_url_with_credentials",
+			entry:  func(string) agentproto.MCPServer { return agentproto.MCPServer{URL: "https://bot:hunter2@x.test/mcp"} },
+			errHas: []string{"its url carries credentials"},
+		},
+		{
 			name: "An_http_server_that_answers_garbage",
 			entry: func(string) agentproto.MCPServer {
 				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -141,7 +146,7 @@ func TestAServerThatFailsGivesAToolErrorAndARecordLineInBoundedTime(t *testing.T
 				t.Cleanup(srv.Close)
 				return agentproto.MCPServer{URL: srv.URL + "/mcp"}
 			},
-			errHas:  []string{"MCP server broken did not start"},
+			errHas:  []string{"MCP server broken did not start: it answered something that is not MCP's JSON-RPC"},
 			maxTime: 20 * time.Second,
 		},
 	}
@@ -149,7 +154,7 @@ func TestAServerThatFailsGivesAToolErrorAndARecordLineInBoundedTime(t *testing.T
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			env := workspace(t)
-			env.Network = strings.Contains(tt.name, "http_server_that")
+			env.Network = !strings.Contains(tt.name, "without_network")
 			entry := tt.entry(testServerBinary(t))
 			entry.Name, entry.TimeoutSeconds, entry.Tools = "broken", 1, []string{"search_issues"}
 			start := time.Now()
