@@ -188,12 +188,16 @@ func ParseGitRequest(method, escapedPath, rawQuery string) (req GitRequest, ok b
 		return GitRequest{}, true, fmt.Errorf("git: the path %q is not plain (encoded or dot segments)", escapedPath)
 	}
 	req.Repo = gitRepoPath(repo)
-	if req.Repo == "" {
+	if req.Repo == "" || strings.HasSuffix(req.Repo, "/") {
 		return GitRequest{}, true, errors.New("git: the request names no repository")
 	}
 	switch tail {
 	case "/info/refs":
 		q, _ := url.ParseQuery(rawQuery)
+		if len(q["service"]) > 1 {
+			// The backend may read another one than the proxy judged.
+			return GitRequest{}, true, errors.New("git: info/refs names its service more than once")
+		}
 		req.Service, req.Advertise = q.Get("service"), true
 		if method != http.MethodGet && method != http.MethodHead {
 			return GitRequest{}, true, fmt.Errorf("git: %s of info/refs is not git's", method)

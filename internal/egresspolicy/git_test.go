@@ -26,6 +26,8 @@ func TestGitRequestsAreToldFromOthers(t *testing.T) {
 		{"Dumb_protocol_is_refused", "GET", "/acme/web.git/info/refs", "", GitRequest{}, true, "only the smart protocol"},
 		{"Encoded_path_is_refused", "GET", "/acme/w%65b.git/info/refs", "service=git-upload-pack", GitRequest{}, true, "not plain"},
 		{"Dot_segments_are_refused", "POST", "/acme/other/../web.git/git-receive-pack", "", GitRequest{}, true, "not plain"},
+		{"Service_named_twice_is_refused", "GET", "/acme/web.git/info/refs", "service=git-upload-pack&service=git-receive-pack", GitRequest{}, true, "more than once"},
+		{"Empty_repository_name_is_refused", "GET", "/acme/.git/info/refs", "service=git-upload-pack", GitRequest{}, true, "names no repository"},
 		{"GET_of_a_service_is_refused", "GET", "/acme/web.git/git-receive-pack", "", GitRequest{}, true, "not git's"},
 	}
 	for _, tt := range tests {

@@ -29,6 +29,9 @@ type gitState struct {
 // before forwarding it (GitHub's own limit on a push).
 const maxSpooledPush = 2 << 30
 
+// maxForgeQuestions bounds the compare calls one ref update may cost.
+const maxForgeQuestions = 16
+
 // maxCommandBytes bounds a push's command list, read before anything else.
 const maxCommandBytes = 1 << 20
 
@@ -250,6 +253,9 @@ func (s *Server) notFastForward(ctx context.Context, commits packCommits, u egre
 	}
 	if cred.api == "" {
 		return fmt.Sprintf("the pushed commits do not lead to %s, and no forge API can say whether it is an ancestor of the rest", short(u.Old))
+	}
+	if len(boundary) > maxForgeQuestions {
+		return fmt.Sprintf("the pushed commits leave the pack at %d commits; berth asks the forge about %d at most", len(boundary), maxForgeQuestions)
 	}
 	repo := strings.TrimPrefix(g.Repo, "/")
 	for _, b := range boundary {
