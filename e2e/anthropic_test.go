@@ -13,8 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/godbus/dbus/v5"
-
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
@@ -331,7 +330,7 @@ func (s *suite) ask(t *testing.T, channel, thread, text string) map[string]any {
 }
 
 // runRecord returns the full run record of a reply.
-func (s *suite) runRecord(t *testing.T, reply map[string]any) map[string]dbus.Variant {
+func (s *suite) runRecord(t *testing.T, reply map[string]any) busapi.Run {
 	t.Helper()
 	runID, _ := reply["run_id"].(string)
 	return s.getRun(t, runID)
@@ -340,12 +339,12 @@ func (s *suite) runRecord(t *testing.T, reply map[string]any) map[string]dbus.Va
 // noKeyInRuns fails the test if any run record readable over D-Bus carries a key.
 func (s *suite) noKeyInRuns(t *testing.T, keys ...string) {
 	t.Helper()
-	for _, summary := range s.listRuns(t, map[string]dbus.Variant{"limit": dbus.MakeVariant(uint32(100))}) {
-		r := s.getRun(t, str(summary["id"]))
-		for k, v := range r {
+	for _, summary := range s.listRuns(t, busapi.ListFilter{Limit: 100}) {
+		r := s.getRun(t, summary.ID)
+		for k, v := range r.Plain() {
 			for _, key := range keys {
-				if strings.Contains(fmt.Sprint(v.Value()), key) {
-					t.Errorf("run %s exposes a provider key in %s", str(r["id"]), k)
+				if strings.Contains(fmt.Sprint(v), key) {
+					t.Errorf("run %s exposes a provider key in %s", r.ID, k)
 				}
 			}
 		}
@@ -381,8 +380,8 @@ func TestAConfinedAgentTalksToAnAnthropicServerWithToolsAndFollowsTheThread(t *t
 			t.Errorf("a provider key reached the shell tool's environment: %q", got)
 		}
 	}
-	if calls := s.runRecord(t, reply)["tool_calls"]; !strings.Contains(str(calls), `"name":"shell"`) {
-		t.Errorf("run record tool_calls = %s, want the shell call", str(calls))
+	if calls := s.runRecord(t, reply).ToolCalls.Text; !strings.Contains(calls, `"name":"shell"`) {
+		t.Errorf("run record tool_calls = %s, want the shell call", calls)
 	}
 
 	claude.mu.Lock()
@@ -438,7 +437,7 @@ func TestAnOverloadedAnthropicPrimaryFallsBackToOpenAIAfterItsRetries(t *testing
 	gpt.mu.Unlock()
 
 	// The run record's log tail tells the admin what happened.
-	logTail := str(s.runRecord(t, reply)["stderr_tail"])
+	logTail := s.runRecord(t, reply).StderrTail.Text
 	for _, want := range []string{"provider call failed; retrying", "provider failed; falling back", `"next":"gpt"`, "HTTP 529: Overloaded"} {
 		if !strings.Contains(logTail, want) {
 			t.Errorf("stderr_tail lacks %q:\n%s", want, logTail)

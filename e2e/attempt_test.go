@@ -14,6 +14,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
@@ -105,8 +106,8 @@ func killedMidAttempt(t *testing.T, cli *client.Client, point, extra string) {
 		t.Fatalf("reply %q: want the interrupted message run again", reply)
 	}
 	r := s.getRun(t, run)
-	if got := r["attempts"].Value(); got != uint32(2) || str(r["state"]) != "succeeded" {
-		t.Fatalf("run %s is %s after %v attempts; want succeeded in the second", run, str(r["state"]), got)
+	if r.Attempts != 2 || r.State != busapi.StateSucceeded {
+		t.Fatalf("run %s is %s after %d attempts; want succeeded in the second", run, r.State, r.Attempts)
 	}
 	// The sweep at start removes them (bounded by 30 s), well before the
 	// next periodic sweep (2 minutes) could.

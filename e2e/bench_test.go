@@ -16,9 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/godbus/dbus/v5"
-
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/devstack"
 	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
@@ -322,16 +321,13 @@ func runSplit(b *testing.B, st *devstack.Stack, runIDs []string) (toConfined, to
 		b.Fatalf("cannot connect to the suite's bus: %v", err)
 	}
 	defer conn.Close()
-	obj := conn.Object(bus.SchedulerName, bus.SchedulerPath)
+	sched := busapi.NewScheduler(conn)
 	for _, id := range runIDs {
-		var run map[string]dbus.Variant
-		if err := obj.Call(bus.SchedulerInterface+".GetRun", 0, id).Store(&run); err != nil {
+		run, err := sched.GetRun(context.Background(), id)
+		if err != nil {
 			b.Fatalf("GetRun %s: %v", id, err)
 		}
-		started, _ := run["started_usec"].Value().(uint64)
-		finished, _ := run["finished_usec"].Value().(uint64)
-		stderr, _ := run["stderr_tail"].Value().(string)
-		for line := range strings.Lines(stderr) {
+		for line := range strings.Lines(run.StderrTail.Text) {
 			var l struct {
 				Time time.Time `json:"time"`
 				Msg  string    `json:"msg"`
@@ -339,9 +335,8 @@ func runSplit(b *testing.B, st *devstack.Stack, runIDs []string) (toConfined, to
 			if json.Unmarshal([]byte(line), &l) != nil || l.Msg != "confined with Landlock" {
 				continue
 			}
-			confined := l.Time.UnixMicro()
-			toConfined = append(toConfined, time.Duration(confined-int64(started))*time.Microsecond)
-			toEnd = append(toEnd, time.Duration(int64(finished)-confined)*time.Microsecond)
+			toConfined = append(toConfined, l.Time.Sub(run.StartedAt))
+			toEnd = append(toEnd, run.FinishedAt.Sub(l.Time))
 			break
 		}
 	}

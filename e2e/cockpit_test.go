@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -11,9 +12,9 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"github.com/godbus/dbus/v5"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/cockpittest"
 	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
@@ -152,17 +153,17 @@ func jsRow(runID string) string {
 // runIDOf waits until the scheduler has a run for a message id.
 func (s *suite) runIDOf(t *testing.T, messageID string) string {
 	t.Helper()
-	obj := s.conn(t).Object(bus.SchedulerName, bus.SchedulerPath)
+	sched := s.scheduler(t)
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		var runs []map[string]dbus.Variant
-		if err := obj.Call(bus.SchedulerInterface+".ListRuns", 0, map[string]dbus.Variant{"limit": dbus.MakeVariant(uint32(50))}).Store(&runs); err != nil {
+		runs, err := sched.ListRuns(context.Background(), busapi.ListFilter{Limit: 50})
+		if err != nil {
 			t.Fatalf("ListRuns: %v", err)
 		}
 		for _, r := range runs {
 			// The scheduler's message id is intake's key: connector/id.
-			if id := str(r["message_id"]); id == messageID || id == "hooks/"+messageID {
-				return str(r["id"])
+			if r.MessageID == messageID || r.MessageID == busapi.MessageKey("hooks", messageID) {
+				return r.ID
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -289,7 +290,7 @@ func TestCockpitPageForAUserThePolicyRefusesDisablesAdminActionsAndShowsTheRefus
 	long := s.mustPost(t, "ops", "/sh sleep 60")
 	longRun := s.runIDOf(t, long)
 	t.Cleanup(func() {
-		_ = s.conn(t).Object(bus.SchedulerName, bus.SchedulerPath).Call(bus.SchedulerInterface+".CancelRun", 0, longRun).Err
+		_ = s.scheduler(t).CancelRun(context.Background(), longRun)
 	})
 	c.waitFor(live, jsRow(longRun)+`?.dataset.state === "running"`)
 	c.waitFor(live, jsRow(longRun)+`?.querySelector('button[data-cancel]')?.disabled === true`)
@@ -319,11 +320,7 @@ func TestCockpitPageForAUserThePolicyRefusesDisablesAdminActionsAndShowsTheRefus
 	c.goTo("/runs")
 	c.waitFor(live, jsRow(longRun)+`?.dataset.state === "running"`)
 	c.eval(jsRow(longRun) + `.querySelector('button[data-cancel]').click()`)
-	var run map[string]dbus.Variant
-	if err := s.conn(t).Object(bus.SchedulerName, bus.SchedulerPath).Call(bus.SchedulerInterface+".GetRun", 0, longRun).Store(&run); err != nil {
-		t.Fatalf("GetRun: %v", err)
-	}
-	if got := str(run["state"]); got != "running" {
+	if got := s.getRun(t, longRun).State; got != busapi.StateRunning {
 		t.Errorf("after a refused user clicked Cancel the run is %s", got)
 	}
 	c.noReload()

@@ -12,6 +12,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	boxes "github.com/berth-dev/berth/isolation/container"
 )
@@ -45,14 +46,14 @@ func TestContainerAgentAnswersFromAFreshContainerThatIsGoneAfterwards(t *testing
 	if uid, ok := agentUIDAfter(reply, "in-a-box as "); !ok || !strings.Contains(reply, fmt.Sprintf("in-a-box as %d in /workspace", uid)) {
 		t.Fatalf("reply %q: want the agent in a container as its own uid (agent_uids)", reply)
 	}
-	runs := s.listRuns(t, nil)
-	if len(runs) != 1 || str(runs[0]["backend"]) != "container" {
+	runs := s.listRuns(t, busapi.ListFilter{})
+	if len(runs) != 1 || runs[0].Backend != busapi.BackendContainer {
 		t.Fatalf("runs %v: want one run on the container backend", runs)
 	}
 	// The container is removed after the reply went out (off its path):
 	// wait for the removal, within a deadline.
 	deadline := time.Now().Add(30 * time.Second)
-	for left := containersLabelled(t, cli, boxes.LabelRun+"="+str(runs[0]["id"])); len(left) != 0; left = containersLabelled(t, cli, boxes.LabelRun+"="+str(runs[0]["id"])) {
+	for left := containersLabelled(t, cli, boxes.LabelRun+"="+runs[0].ID); len(left) != 0; left = containersLabelled(t, cli, boxes.LabelRun+"="+runs[0].ID) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d containers of the run left behind 30 s after its reply", len(left))
 		}

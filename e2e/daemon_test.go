@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"net"
 	"os"
 	"os/exec"
@@ -11,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/testbus"
 )
 
@@ -92,9 +93,7 @@ func TestSchedulerNotifiesSystemdAndKeepsItsConfigWhenAReloadIsBad(t *testing.T)
 	}
 	waitNotify(t, notes, "READY=1") // after RELOADING=1
 	conn := b.Conn(t)
-	var runID string
-	err := conn.Object(bus.SchedulerName, bus.SchedulerPath).Call(bus.SchedulerInterface+".Submit", 0,
-		map[string]string{"id": "after-bad-reload", "agent": "ops", "text": "/sh echo still-serving"}).Store(&runID)
+	runID, err := busapi.NewScheduler(conn).Submit(context.Background(), busapi.Submission{MessageID: "after-bad-reload", Agent: "ops", Text: "/sh echo still-serving"})
 	if err != nil || runID == "" {
 		t.Fatalf("Submit after a refused reload: %v", err)
 	}

@@ -25,7 +25,7 @@ import (
 
 	"github.com/godbus/dbus/v5"
 
-	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/devstack"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
@@ -267,10 +267,14 @@ func (s *suite) conn(t *testing.T) *dbus.Conn {
 	return c
 }
 
-func (s *suite) listRuns(t *testing.T, filter map[string]dbus.Variant) []map[string]dbus.Variant {
+// scheduler and intake are typed clients of the suite's services, each on
+// a connection of its own.
+func (s *suite) scheduler(t *testing.T) busapi.Scheduler { return busapi.NewScheduler(s.conn(t)) }
+func (s *suite) intake(t *testing.T) busapi.Intake       { return busapi.NewIntake(s.conn(t)) }
+
+func (s *suite) listRuns(t *testing.T, filter busapi.ListFilter) []busapi.RunSummary {
 	t.Helper()
-	var runs []map[string]dbus.Variant
-	err := s.conn(t).Object(bus.SchedulerName, bus.SchedulerPath).Call(bus.SchedulerInterface+".ListRuns", 0, filter).Store(&runs)
+	runs, err := s.scheduler(t).ListRuns(context.Background(), filter)
 	if err != nil {
 		t.Fatalf("ListRuns: %v", err)
 	}
@@ -278,13 +282,23 @@ func (s *suite) listRuns(t *testing.T, filter map[string]dbus.Variant) []map[str
 }
 
 // getRun is the full run record as GetRun returns it (ListRuns gives summaries).
-func (s *suite) getRun(t *testing.T, id string) map[string]dbus.Variant {
+func (s *suite) getRun(t *testing.T, id string) busapi.Run {
 	t.Helper()
-	var run map[string]dbus.Variant
-	if err := s.conn(t).Object(bus.SchedulerName, bus.SchedulerPath).Call(bus.SchedulerInterface+".GetRun", 0, id).Store(&run); err != nil {
+	run, err := s.scheduler(t).GetRun(context.Background(), id)
+	if err != nil {
 		t.Fatalf("GetRun %s: %v", id, err)
 	}
 	return run
+}
+
+// intakeStatus is intake's properties (intake must be running).
+func (s *suite) intakeStatus(t *testing.T) busapi.IntakeStatus {
+	t.Helper()
+	st, err := s.intake(t).Properties(context.Background())
+	if err != nil {
+		t.Fatalf("intake's properties: %v", err)
+	}
+	return st
 }
 
 func (s *suite) berthctl(t *testing.T, args ...string) (string, error) {
@@ -299,10 +313,5 @@ func (s *suite) berthctl(t *testing.T, args ...string) (string, error) {
 
 func text(reply map[string]any) string {
 	s, _ := reply["text"].(string)
-	return s
-}
-
-func str(v dbus.Variant) string {
-	s, _ := v.Value().(string)
 	return s
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/devstack"
 	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
@@ -227,7 +228,7 @@ agent = "boxed"
 			t.Errorf("state %v, error %v, reply %q; want the model's reply through the proxy", r["state"], r["error"], text(r))
 		}
 	}
-	if runs := s.listRuns(t, nil); len(runs) != 1 || str(runs[0]["backend"]) != "container" {
+	if runs := s.listRuns(t, busapi.ListFilter{}); len(runs) != 1 || runs[0].Backend != busapi.BackendContainer {
 		t.Errorf("runs %v: want one run on the container backend", runs)
 	}
 	gpt.mu.Lock()

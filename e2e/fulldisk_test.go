@@ -13,8 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/godbus/dbus/v5"
-
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/fulldisk"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
@@ -103,13 +102,13 @@ func TestAFullIntakeDiskAnswers503LosesNothingAcceptedAndResumesWhenSpaceReturns
 		}
 	}
 	// Each message ran once.
-	runs := s.listRuns(t, map[string]dbus.Variant{"agent": dbus.MakeVariant("ops"), "limit": dbus.MakeVariant(uint32(500))})
+	runs := s.listRuns(t, busapi.ListFilter{Agent: "ops", Limit: 500})
 	perMessage := map[string]int{}
 	for _, r := range runs {
-		perMessage[str(r["message_id"])]++
+		perMessage[r.MessageID]++
 	}
 	for _, id := range accepted {
-		if n := perMessage["hooks/"+id]; n != 1 {
+		if n := perMessage[busapi.MessageKey("hooks", id)]; n != 1 {
 			t.Errorf("message %s ran %d times, want once", id, n)
 		}
 	}

@@ -17,9 +17,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/godbus/dbus/v5"
-
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/services/intake/discord/discordtest"
 	"github.com/berth-dev/berth/services/intake/meepachat/meepachattest"
@@ -73,15 +72,8 @@ func (s *suite) settle(t *testing.T) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
-		pending := 0
-		for _, prop := range []string{"InboxPending", "OutboxPending"} {
-			v, err := s.conn(t).Object(bus.IntakeName, bus.IntakePath).GetProperty(bus.IntakeInterface + "." + prop)
-			if err != nil {
-				t.Fatalf("%s: %v", prop, err)
-			}
-			n, _ := v.Value().(uint32)
-			pending += int(n)
-		}
+		st := s.intakeStatus(t)
+		pending := st.InboxPending + st.OutboxPending
 		if pending == 0 {
 			return
 		}
@@ -94,17 +86,12 @@ func (s *suite) settle(t *testing.T) {
 
 func (s *suite) inboxPending(t *testing.T) uint32 {
 	t.Helper()
-	v, err := s.conn(t).Object(bus.IntakeName, bus.IntakePath).GetProperty(bus.IntakeInterface + ".InboxPending")
-	if err != nil {
-		t.Fatalf("InboxPending: %v", err)
-	}
-	n, _ := v.Value().(uint32)
-	return n
+	return s.intakeStatus(t).InboxPending
 }
 
 func (s *suite) runCount(t *testing.T) int {
 	t.Helper()
-	return len(s.listRuns(t, map[string]dbus.Variant{"agent": dbus.MakeVariant("ops")}))
+	return len(s.listRuns(t, busapi.ListFilter{Agent: "ops"}))
 }
 
 // killIntakeBeforeHandOff holds the scheduler (SIGSTOP) so that what deliver

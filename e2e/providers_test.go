@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
-	"github.com/godbus/dbus/v5"
 )
 
 const fakeKey = "sk-e2e-fake-openai-key"
@@ -173,11 +173,11 @@ func TestAConfinedAgentTalksToAnOpenAIServerAndFollowsTheThread(t *testing.T) {
 
 	// Nothing an admin can read over D-Bus — replies, errors, tool calls, the
 	// agent's log tail — carries the key.
-	for _, summary := range s.listRuns(t, map[string]dbus.Variant{"limit": dbus.MakeVariant(uint32(100))}) {
-		r := s.getRun(t, str(summary["id"]))
-		for k, v := range r {
-			if strings.Contains(fmt.Sprint(v.Value()), fakeKey) {
-				t.Errorf("run %s exposes the provider key in %s", str(r["id"]), k)
+	for _, summary := range s.listRuns(t, busapi.ListFilter{Limit: 100}) {
+		r := s.getRun(t, summary.ID)
+		for k, v := range r.Plain() {
+			if strings.Contains(fmt.Sprint(v), fakeKey) {
+				t.Errorf("run %s exposes the provider key in %s", r.ID, k)
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -12,9 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/godbus/dbus/v5"
-
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 )
 
 func TestSignedMessageIsAnsweredBySocketActivatedIntakeAndDBusActivatedScheduler(t *testing.T) {
@@ -91,15 +91,8 @@ func TestRepeatedMessageIDRunsOnce(t *testing.T) {
 	// could only come from a second inbox or outbox entry: there is none.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		pending := 0
-		for _, prop := range []string{"InboxPending", "OutboxPending"} {
-			v, err := s.conn(t).Object(bus.IntakeName, bus.IntakePath).GetProperty(bus.IntakeInterface + "." + prop)
-			if err != nil {
-				t.Fatalf("%s: %v", prop, err)
-			}
-			n, _ := v.Value().(uint32)
-			pending += int(n)
-		}
+		st := s.intakeStatus(t)
+		pending := st.InboxPending + st.OutboxPending
 		if pending == 0 {
 			break
 		}
@@ -111,7 +104,7 @@ func TestRepeatedMessageIDRunsOnce(t *testing.T) {
 	if n := s.sink.replies("dup-1"); n != 1 {
 		t.Fatalf("%d replies for one message id, want 1", n)
 	}
-	runs := s.listRuns(t, map[string]dbus.Variant{"agent": dbus.MakeVariant("ops")})
+	runs := s.listRuns(t, busapi.ListFilter{Agent: "ops"})
 	if len(runs) != 1 {
 		t.Fatalf("%d runs for one message id, want 1", len(runs))
 	}
@@ -176,7 +169,7 @@ func TestSchedulerKilledWithRunsQueuedAndRunningLosesNothingAndRunsNothingTwice(
 
 	// Wait until one run is running (and the others queued), then SIGKILL.
 	deadline := time.Now().Add(time.Minute)
-	for len(s.listRuns(t, map[string]dbus.Variant{"state": dbus.MakeVariant("running")})) == 0 {
+	for len(s.listRuns(t, busapi.ListFilter{State: busapi.StateRunning})) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("no run started within a minute")
 		}
@@ -203,13 +196,13 @@ func TestSchedulerKilledWithRunsQueuedAndRunningLosesNothingAndRunsNothingTwice(
 			t.Fatalf("message %s got %d replies, want exactly 1", id, n)
 		}
 	}
-	runs := s.listRuns(t, map[string]dbus.Variant{})
+	runs := s.listRuns(t, busapi.ListFilter{})
 	if len(runs) != len(ids) {
 		t.Fatalf("%d runs for %d messages", len(runs), len(ids))
 	}
 	interrupted := 0
 	for _, r := range runs {
-		if a, _ := r["attempts"].Value().(uint32); a == 2 {
+		if r.Attempts == 2 {
 			interrupted++
 		}
 	}
@@ -302,8 +295,8 @@ func TestKernelWithoutLandlockFailsTheRunClosed(t *testing.T) {
 	if reply["state"] != "failed" || strings.Contains(text(reply), "SHOULD-NOT-RUN") {
 		t.Fatalf("reply %v: want a failed run that ran nothing", reply)
 	}
-	runs := s.listRuns(t, map[string]dbus.Variant{})
-	if len(runs) != 1 || str(runs[0]["reason"]) != "confinement failed" {
+	runs := s.listRuns(t, busapi.ListFilter{})
+	if len(runs) != 1 || runs[0].Reason != "confinement failed" {
 		t.Fatalf("runs %v: want one run failed with reason \"confinement failed\"", runs)
 	}
 }
@@ -325,11 +318,7 @@ func TestRefusedRequestsStoreNothingAndStartNothing(t *testing.T) {
 		t.Fatalf("missing author: %d, want 400", status)
 	}
 
-	var inbox uint32
-	if err := s.conn(t).Object(bus.IntakeName, bus.IntakePath).Call("org.freedesktop.DBus.Properties.Get", 0, bus.IntakeInterface, "InboxPending").Store(&inbox); err != nil {
-		t.Fatalf("InboxPending: %v", err)
-	}
-	if inbox != 0 {
+	if inbox := s.intakeStatus(t).InboxPending; inbox != 0 {
 		t.Fatalf("InboxPending = %d after refused requests, want 0", inbox)
 	}
 	if pid, _ := s.ServicePID(bus.SchedulerName); pid != 0 {
@@ -343,8 +332,8 @@ func TestReplyIsDeliveredWhenIntakeWasNotRunning(t *testing.T) {
 	if err := s.KillService(bus.IntakeName, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	reply := map[string]string{"run_id": "r1", "message_id": "hooks/m1", "connector": "hooks", "channel": "ops", "state": "succeeded", "text": "delivered while intake slept"}
-	if err := s.conn(t).Object(bus.IntakeName, bus.IntakePath).Call(bus.IntakeInterface+".Deliver", 0, reply).Err; err != nil {
+	reply := busapi.Reply{RunID: "r1", MessageID: "m1", Connector: "hooks", Channel: "ops", State: busapi.StateSucceeded, Text: "delivered while intake slept"}
+	if err := s.intake(t).Deliver(context.Background(), reply); err != nil {
 		t.Fatalf("Deliver with intake stopped: %v", err)
 	}
 	got := s.sink.wait(t, time.Minute, "m1")["m1"]
