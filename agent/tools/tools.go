@@ -1,7 +1,8 @@
 // Package tools holds the tools a berth agent can call — shell, read_file,
 // write_file, list_dir, web_fetch, memory_store, memory_search,
-// memory_delete, memory_note, memory_read, soul_read, soul_edit — and the
-// allow/deny filter over them. A tool never
+// memory_delete, memory_note, memory_read, soul_read, soul_edit, and
+// web_search and the MCP servers' mcp__<server>__<tool> when the request
+// has them — and the allow/deny filter over them. A tool never
 // crashes the run: bad arguments and failures come back as errors for the
 // model to read. The sandbox, not this package, decides what a tool may
 // touch; the package only keeps relative paths inside the workspace.
