@@ -275,8 +275,10 @@ func (s *mcpServer) newTransport(env Env) (mcp.Transport, error) {
 		// A credential here would sit in the sandbox: the proxy adds it instead.
 		return nil, fmt.Errorf("MCP server %s: its url carries credentials; give them to the egress proxy as a secret", s.entry.Name)
 	}
-	if !env.Network {
-		return nil, fmt.Errorf("MCP server %s: this agent has no network access and no egress proxy to reach %s", s.entry.Name, u.Redacted())
+	if env.ProxyURL == "" {
+		// Its headers exist only as egress secrets, and a direct network
+		// would leave its requests unjudged and unrecorded.
+		return nil, fmt.Errorf("MCP server %s: an HTTP server is reached only through the run's egress proxy, and this run has none", s.entry.Name)
 	}
 	tr, err := env.webTransport()
 	if err != nil {

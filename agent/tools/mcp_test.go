@@ -127,9 +127,9 @@ func TestAServerThatFailsGivesAToolErrorAndARecordLineInBoundedTime(t *testing.T
 			errHas: []string{"needs exactly one of command and url"},
 		},
 		{
-			name:   "An_http_server_of_an_agent_without_network",
+			name:   "An_http_server_of_an_agent_without_egress_proxy",
 			entry:  func(string) agentproto.MCPServer { return agentproto.MCPServer{URL: "https://x.test/mcp"} },
-			errHas: []string{"no network access"},
+			errHas: []string{"an HTTP server is reached only through the run's egress proxy, and this run has none"},
 		},
 		{
 			name:   "An_http_url_with_credentials",
@@ -154,8 +154,10 @@ func TestAServerThatFailsGivesAToolErrorAndARecordLineInBoundedTime(t *testing.T
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			env := workspace(t)
-			env.Network = !strings.Contains(tt.name, "without_network")
 			entry := tt.entry(testServerBinary(t))
+			if strings.HasPrefix(entry.URL, "http://127.0.0.1") {
+				env = behindEgress(t, env, strings.TrimSuffix(strings.TrimPrefix(entry.URL, "http://"), "/mcp"))
+			}
 			entry.Name, entry.TimeoutSeconds, entry.Tools = "broken", 1, []string{"search_issues"}
 			start := time.Now()
 			m := connect(t, env, entry)
@@ -228,8 +230,7 @@ func TestAStreamableHTTPServersToolsAreCalled(t *testing.T) {
 	handler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return testServer() }, nil)
 	srv := httptest.NewServer(handler)
 	t.Cleanup(srv.Close)
-	env := workspace(t)
-	env.Network = true
+	env := behindEgress(t, workspace(t), srv.Listener.Addr().String())
 	m := connect(t, env, agentproto.MCPServer{Name: "tracker", URL: srv.URL + "/mcp", Tools: []string{"echo"}})
 	if st := m.Status(); st[0].Error != "" || st[0].Transport != "http" || !slices.Equal(st[0].Tools, []string{"mcp__tracker__echo"}) {
 		t.Fatalf("status = %+v", st)
