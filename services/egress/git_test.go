@@ -3,200 +3,38 @@ package egress_test
 import (
 	"bytes"
 	"crypto/rand"
-	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/http/cgi"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/golang-jwt/jwt/v5"
-
 	agentegress "github.com/berth-dev/berth/agent/egress"
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/egresspolicy"
+	"github.com/berth-dev/berth/internal/testkit/gitforge"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/services/egress"
 )
 
-// fakeGitHubApp speaks the part of GitHub's API a run's proxy uses:
-// installation tokens (created with the app's RS256 JWT, revoked with
-// DELETE /installation/token) and compare, which it answers from the
-// forge's own repositories with git merge-base.
-type fakeGitHubApp struct {
-	srv   *httptest.Server
-	url   string
-	key   *rsa.PrivateKey
-	appID int64
-	inst  int64
-	repos string // the forge's repositories
-	// firstLifetime is the first token's lifetime (an hour when zero).
-	firstLifetime time.Duration
-
-	mu       sync.Mutex
-	minted   []string
-	revoked  map[string]bool
-	asked    []string // each token request's body
-	compares int
-}
-
-func newFakeGitHubApp(t *testing.T, repos string, local bool) *fakeGitHubApp {
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fakeGitHubApp{key: key, appID: 4242, inst: 77, repos: repos, revoked: map[string]bool{}}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /app/installations/{id}/access_tokens", f.createToken)
-	mux.HandleFunc("DELETE /installation/token", f.revokeToken)
-	mux.HandleFunc("GET /repos/{owner}/{repo}/compare/{range}", f.compare)
-	f.srv = serveTLS(t, "api.github.test", local, mux)
-	f.url = tlsURL(f.srv, "api.github.test", local)
-	return f
-}
-
-func (f *fakeGitHubApp) privateKeyPEM() string {
-	return string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(f.key)}))
-}
-
-func githubError(w http.ResponseWriter, code int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(map[string]string{"message": msg, "documentation_url": "https://docs.github.com/rest"})
-}
-
-func (f *fakeGitHubApp) createToken(w http.ResponseWriter, r *http.Request) {
-	signed, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	var claims jwt.RegisteredClaims
-	_, err := jwt.ParseWithClaims(signed, &claims, func(*jwt.Token) (any, error) { return &f.key.PublicKey, nil },
-		jwt.WithValidMethods([]string{"RS256"}), jwt.WithIssuedAt(), jwt.WithExpirationRequired())
-	if !ok || err != nil || claims.Issuer != strconv.FormatInt(f.appID, 10) {
-		githubError(w, http.StatusUnauthorized, "A JSON web token could not be decoded")
-		return
-	}
-	if r.PathValue("id") != strconv.FormatInt(f.inst, 10) {
-		githubError(w, http.StatusNotFound, "Not Found")
-		return
-	}
-	body, _ := io.ReadAll(r.Body)
-	b := make([]byte, 18)
-	rand.Read(b)
-	tok := "ghs_" + hex.EncodeToString(b)
-	f.mu.Lock()
-	lifetime := time.Hour
-	if len(f.minted) == 0 && f.firstLifetime > 0 {
-		lifetime = f.firstLifetime
-	}
-	f.minted = append(f.minted, tok)
-	f.asked = append(f.asked, string(body))
-	f.mu.Unlock()
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusCreated)
-	json.NewEncoder(w).Encode(map[string]any{"token": tok, "expires_at": time.Now().Add(lifetime).UTC().Format(time.RFC3339),
-		"permissions": map[string]string{"contents": "write"}, "repository_selection": "selected"})
-}
-
-// valid says whether tok is one the fake minted and has not revoked.
-func (f *fakeGitHubApp) valid(tok string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, m := range f.minted {
-		if m == tok {
-			return !f.revoked[tok]
-		}
-	}
-	return false
-}
-
-func (f *fakeGitHubApp) tokenOf(r *http.Request) (string, bool) {
-	auth := r.Header.Get("Authorization")
-	tok, ok := strings.CutPrefix(auth, "Bearer ")
-	if !ok {
-		tok, ok = strings.CutPrefix(auth, "token ")
-	}
-	return tok, ok && f.valid(tok)
-}
-
-func (f *fakeGitHubApp) revokeToken(w http.ResponseWriter, r *http.Request) {
-	tok, ok := f.tokenOf(r)
-	if !ok {
-		githubError(w, http.StatusUnauthorized, "Bad credentials")
-		return
-	}
-	f.mu.Lock()
-	f.revoked[tok] = true
-	f.mu.Unlock()
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (f *fakeGitHubApp) compare(w http.ResponseWriter, r *http.Request) {
-	if _, ok := f.tokenOf(r); !ok {
-		githubError(w, http.StatusUnauthorized, "Bad credentials")
-		return
-	}
-	f.mu.Lock()
-	f.compares++
-	f.mu.Unlock()
-	base, head, ok := strings.Cut(r.PathValue("range"), "...")
-	repo := filepath.Join(f.repos, r.PathValue("owner"), r.PathValue("repo")+".git")
-	isAncestor := func(a, b string) (bool, bool) {
-		err := exec.Command("git", "-C", repo, "merge-base", "--is-ancestor", a, b).Run()
-		if exit, isExit := err.(*exec.ExitError); isExit && exit.ExitCode() == 1 {
-			return false, true
-		}
-		return err == nil, err == nil
-	}
-	ahead, known1 := isAncestor(base, head)
-	behind, known2 := isAncestor(head, base)
-	if !ok || !known1 || !known2 {
-		githubError(w, http.StatusNotFound, "Not Found")
-		return
-	}
-	status := "diverged"
-	switch {
-	case ahead && behind:
-		status = "identical"
-	case ahead:
-		status = "ahead"
-	case behind:
-		status = "behind"
-	}
-	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(map[string]any{"url": r.URL.String(), "status": status, "ahead_by": 1, "behind_by": 0, "files": []any{}})
-}
-
-// forgeRequest is one request the forge received.
-type forgeRequest struct {
-	Path, Query, Auth, Protocol string
-}
-
-// gitEnv is a forge serving real repositories with git http-backend over
-// TLS as forge.test, a fake GitHub App API, one run's proxy in front of
-// them with the git rules of agent web, and the relay a sandbox's git
-// talks to.
+// gitEnv is a forge (internal/testkit/gitforge) as forge.test with its
+// fake GitHub App API, one run's proxy in front of them with the git rules
+// of agent web, and the relay a sandbox's git talks to.
 type gitEnv struct {
 	t        *testing.T
-	repos    string
-	forge    string // https://forge.test:<port>
-	app      *fakeGitHubApp
+	forge    *gitforge.Forge
 	proxy    proxy
 	relay    *agentegress.Proxy
 	ca       egress.CA
@@ -204,10 +42,9 @@ type gitEnv struct {
 	home     string
 	log      *lockedBuffer
 	stream   streamed
-	launched *egress.Proxy   // the berth-egress process, when launched
-	outputs  strings.Builder // everything the sandbox's git printed
+	launched *egress.Proxy // the berth-egress process, when launched
 	mu       sync.Mutex
-	received []forgeRequest
+	outputs  strings.Builder // everything the sandbox's git printed
 }
 
 type lockedBuffer struct {
@@ -243,57 +80,31 @@ const forgePAT = "forge_pat_SECRET_0123456789"
 
 func newGitEnv(t *testing.T, o gitEnvOptions) *gitEnv {
 	t.Helper()
-	gitPath, err := exec.LookPath("git")
-	testenv.Need(t, err == nil, "this test needs git")
-	execPath, err := exec.Command(gitPath, "--exec-path").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	backend := filepath.Join(strings.TrimSpace(string(execPath)), "git-http-backend")
-	e := &gitEnv{t: t, repos: t.TempDir(), home: t.TempDir(), log: &lockedBuffer{}}
+	e := &gitEnv{t: t, home: t.TempDir(), log: &lockedBuffer{}}
 	os.WriteFile(filepath.Join(e.home, ".gitconfig"), []byte("[user]\n\tname = agent\n\temail = agent@berth.test\n[init]\n\tdefaultBranch = main\n[advice]\n\tdetachedHead = false\n"), 0o644)
-	e.app = newFakeGitHubApp(t, e.repos, o.launched)
-	e.app.firstLifetime = o.firstLifetime
-	for _, repo := range []string{"acme/web", "acme/other"} {
-		e.seed(repo)
+	fo := gitforge.Options{ForgeName: "forge.test", APIName: "api.github.test", Token: forgePAT, FirstTokenLifetime: o.firstLifetime}
+	if o.launched {
+		fo.ForgeName, fo.APIName = "", ""
 	}
-	cgiHost := &cgi.Handler{Path: backend, Env: []string{"GIT_PROJECT_ROOT=" + e.repos, "GIT_HTTP_EXPORT_ALL=1", "HOME=" + e.home, "PATH=" + os.Getenv("PATH")}}
-	forge := serveTLS(t, "forge.test", o.launched, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		e.mu.Lock()
-		e.received = append(e.received, forgeRequest{Path: r.URL.Path, Query: r.URL.RawQuery, Auth: r.Header.Get("Authorization"), Protocol: r.Header.Get("Git-Protocol")})
-		e.mu.Unlock()
-		// Private repositories: only a live installation token reads them.
-		if user, pass, ok := r.BasicAuth(); !ok || user != "x-access-token" || !e.app.valid(pass) && pass != forgePAT {
-			w.Header().Set("WWW-Authenticate", `Basic realm="forge"`)
-			http.Error(w, "Authentication required", http.StatusUnauthorized)
-			return
-		}
-		if r.ContentLength < 0 {
-			// A real forge takes git's chunked pushes; Go's CGI host does not.
-			body, _ := io.ReadAll(r.Body)
-			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
-			r.TransferEncoding = nil
-		}
-		cgiHost.ServeHTTP(w, r)
-	}))
-	e.forge = tlsURL(forge, "forge.test", o.launched)
-	forgeHost, _ := url.Parse(e.forge)
-	e.ca, err = egress.NewCA("git-run", []string{forgeHost.Hostname()}, time.Hour)
+	e.forge = gitforge.New(t, fo)
+	for _, repo := range []string{"acme/web", "acme/other"} {
+		e.forge.Seed(repo)
+	}
+	forgeURL, _ := url.Parse(e.forge.URL)
+	var err error
+	e.ca, err = egress.NewCA("git-run", []string{forgeURL.Hostname()}, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.caFile = filepath.Join(t.TempDir(), "ca.pem")
 	os.WriteFile(e.caFile, []byte(e.ca.CertPEM), 0o644)
 	pol := egress.Policy{RunID: "git-run", Agent: "web", CA: &e.ca,
-		Git: []egresspolicy.GitRule{{Remote: e.forge + "/acme/web.git", Fetch: true, Push: []string{"berth/*"}, Credential: "acme-bot"}},
-		GitHubApps: []egress.GitHubApp{{Name: "acme-bot", AppID: e.app.appID, InstallationID: e.app.inst,
-			APIBaseURL: e.app.url, PrivateKey: e.app.privateKeyPEM()}}}
+		Git: []egresspolicy.GitRule{{Remote: e.forge.URL + "/acme/web.git", Fetch: true, Push: []string{"berth/*"}, Credential: "acme-bot"}},
+		GitHubApps: []egress.GitHubApp{{Name: "acme-bot", AppID: e.forge.App.AppID, InstallationID: e.forge.App.InstallationID,
+			APIBaseURL: e.forge.App.URL, PrivateKey: e.forge.App.PrivateKeyPEM()}}}
 	if o.configure != nil {
 		o.configure(e, &pol)
 	}
-	upstreams := x509.NewCertPool()
-	upstreams.AddCert(forge.Certificate())
-	upstreams.AddCert(e.app.srv.Certificate())
 	if o.launched {
 		testenv.NeedRoot(t)
 		nobody, err := isolation.LookupRunUser("nobody")
@@ -304,17 +115,15 @@ func newGitEnv(t *testing.T, o gitEnvOptions) *gitEnv {
 		os.Chmod(root, 0o755)
 		e.proxy.socket = filepath.Join(root, "egress", pol.RunID, isolation.EgressSocketName)
 		pol.Token = token
-		roots := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: forge.Certificate().Raw})
-		roots = append(roots, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: e.app.srv.Certificate().Raw})...)
 		e.launched, err = egress.Launch(t.Context(), pol, egress.LaunchOptions{Logger: slog.New(slog.NewTextHandler(e.log, nil)),
-			Binary: proxyBinary, User: nobody, Client: nobody, Socket: e.proxy.socket, RootCAsPEM: roots})
+			Binary: proxyBinary, User: nobody, Client: nobody, Socket: e.proxy.socket, RootCAsPEM: e.forge.RootsPEM()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { e.launched.Stop() })
 	} else {
 		e.proxy = startProxy(t, pol, egress.Options{Resolver: resolver{"forge.test": "127.0.0.1", "api.github.test": "127.0.0.1"},
-			RootCAs: upstreams, OnDecision: e.stream.add})
+			RootCAs: e.forge.Roots(), OnDecision: e.stream.add})
 	}
 	e.relay, err = agentegress.Listen(agentproto.Egress{ProxyAddr: "127.0.0.1:0", Socket: e.proxy.socket, Token: token})
 	if err != nil {
@@ -323,32 +132,6 @@ func newGitEnv(t *testing.T, o gitEnvOptions) *gitEnv {
 	go e.relay.Serve()
 	t.Cleanup(func() { e.relay.Close() })
 	return e
-}
-
-// seed makes a bare repository on the forge with one commit on main.
-func (e *gitEnv) seed(repo string) {
-	bare := filepath.Join(e.repos, repo+".git")
-	work := e.t.TempDir()
-	e.admin("", "init", "-q", "--bare", bare)
-	e.admin(bare, "config", "http.receivepack", "true")
-	e.admin(work, "init", "-q")
-	os.WriteFile(filepath.Join(work, "README"), []byte("the "+repo+" repository\n"), 0o644)
-	e.admin(work, "add", "README")
-	e.admin(work, "commit", "-q", "-m", "first")
-	e.admin(work, "push", "-q", bare, "main")
-}
-
-// admin runs git as the forge's admin: no proxy, the repositories' files.
-func (e *gitEnv) admin(dir string, args ...string) string {
-	e.t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = []string{"HOME=" + e.home, "PATH=" + os.Getenv("PATH"), "GIT_CONFIG_NOSYSTEM=1"}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		e.t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return strings.TrimSpace(string(out))
 }
 
 // sandboxEnv is a sandboxed tool's environment: the relay as its proxy
@@ -380,23 +163,10 @@ func (e *gitEnv) mustGit(dir string, args ...string) string {
 	return out
 }
 
-// forgeRef is ref's id in the forge's repository ("" when it has none).
-func (e *gitEnv) forgeRef(repo, ref string) string {
-	cmd := exec.Command("git", "-C", filepath.Join(e.repos, repo+".git"), "rev-parse", "--verify", "-q", ref)
-	out, _ := cmd.Output()
-	return strings.TrimSpace(string(out))
-}
-
-func (e *gitEnv) forgeReceived() []forgeRequest {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return append([]forgeRequest(nil), e.received...)
-}
-
 func (e *gitEnv) clone(repo string) string {
 	e.t.Helper()
 	dir := filepath.Join(e.t.TempDir(), "clone")
-	e.mustGit("", "clone", "-q", e.forge+"/"+repo+".git", dir)
+	e.mustGit("", "clone", "-q", e.forge.URL+"/"+repo+".git", dir)
 	return dir
 }
 
@@ -410,26 +180,6 @@ func (e *gitEnv) commit(dir, file, text string) string {
 
 func (e *gitEnv) decisions() []egresspolicy.Decision {
 	return e.stream.all()
-}
-
-// serveTLS serves h over TLS: with a certificate for name, or for
-// 127.0.0.1 (httptest's) when local.
-func serveTLS(t *testing.T, name string, local bool, h http.Handler) *httptest.Server {
-	if !local {
-		srv, _ := tlsServerFor(t, name, h)
-		return srv
-	}
-	srv := httptest.NewTLSServer(h)
-	t.Cleanup(srv.Close)
-	return srv
-}
-
-func tlsURL(srv *httptest.Server, name string, local bool) string {
-	if local {
-		return srv.URL
-	}
-	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
-	return "https://" + name + ":" + port
 }
 
 func (e *gitEnv) refusedWith(reason string) bool {
@@ -447,27 +197,27 @@ func TestGitFetchesTheNamedRepositoryOnlyWithProtocolV0AndV2(t *testing.T) {
 	for _, version := range []string{"0", "2"} {
 		t.Run("protocol_v"+version, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "web")
-			e.mustGit("", "-c", "protocol.version="+version, "clone", "-q", e.forge+"/acme/web.git", dir)
+			e.mustGit("", "-c", "protocol.version="+version, "clone", "-q", e.forge.URL+"/acme/web.git", dir)
 			if readme, err := os.ReadFile(filepath.Join(dir, "README")); err != nil || string(readme) != "the acme/web repository\n" {
 				t.Fatalf("the clone holds %q, %v", readme, err)
 			}
 			e.mustGit(dir, "-c", "protocol.version="+version, "fetch", "-q", "origin")
-			out, err := e.git("", "-c", "protocol.version="+version, "clone", "-q", e.forge+"/acme/other.git", filepath.Join(t.TempDir(), "other"))
+			out, err := e.git("", "-c", "protocol.version="+version, "clone", "-q", e.forge.URL+"/acme/other.git", filepath.Join(t.TempDir(), "other"))
 			if err == nil || !strings.Contains(out, "403") {
 				t.Fatalf("a clone of another repository: %v\n%s; want it refused (403)", err, out)
 			}
-			out, err = e.git("", "-c", "protocol.version="+version, "ls-remote", e.forge+"/acme/other")
+			out, err = e.git("", "-c", "protocol.version="+version, "ls-remote", e.forge.URL+"/acme/other")
 			if err == nil {
 				t.Fatalf("ls-remote of another repository worked:\n%s", out)
 			}
 		})
 	}
 	var v2, v0 bool
-	for _, r := range e.forgeReceived() {
+	for _, r := range e.forge.Received() {
 		if !strings.HasPrefix(r.Path, "/acme/web.git/") {
 			t.Errorf("the forge received %s: only the named repository's requests may reach it", r.Path)
 		}
-		if r.Auth == "" {
+		if r.Authorization == "" {
 			t.Errorf("%s reached the forge without the credential", r.Path)
 		}
 		if strings.Contains(r.Protocol, "version=2") {
@@ -479,7 +229,7 @@ func TestGitFetchesTheNamedRepositoryOnlyWithProtocolV0AndV2(t *testing.T) {
 	if !v2 || !v0 {
 		t.Errorf("the forge saw protocol v2 %v, v0 %v; want both", v2, v0)
 	}
-	if !e.refusedWith("no [[agents.egress.git]] rule of agent web names " + e.forge + "/acme/other") {
+	if !e.refusedWith("no [[agents.egress.git]] rule of agent web names " + e.forge.URL + "/acme/other") {
 		t.Errorf("decisions %+v; want the other repository's fetch refused with its reason", e.decisions())
 	}
 	// The forge's host is reached for git only.
@@ -487,7 +237,7 @@ func TestGitFetchesTheNamedRepositoryOnlyWithProtocolV0AndV2(t *testing.T) {
 	roots.AppendCertsFromPEM([]byte(e.ca.CertPEM))
 	relayURL, _ := url.Parse("http://" + e.relay.Addr())
 	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(relayURL), TLSClientConfig: &tls.Config{RootCAs: roots}}}
-	code, body := do(t, c, "GET", e.forge+"/acme/web.git/HEAD", "")
+	code, body := do(t, c, "GET", e.forge.URL+"/acme/web.git/HEAD", "")
 	if code != http.StatusForbidden || !strings.Contains(body, "only git's smart HTTP") {
 		t.Errorf("a request on the forge's host that is not git's: %d %q; want 403", code, body)
 	}
@@ -497,11 +247,11 @@ func TestGitPushesAreJudgedRefByRefBeforeAnythingIsForwarded(t *testing.T) {
 	t.Parallel()
 	e := newGitEnv(t, gitEnvOptions{})
 	dir := e.clone("acme/web")
-	first := e.forgeRef("acme/web", "main")
+	first := e.forge.Ref("acme/web", "main")
 	c1 := e.commit(dir, "a.txt", "one\n")
 
 	e.mustGit(dir, "push", "-q", "origin", "HEAD:berth/x")
-	if got := e.forgeRef("acme/web", "berth/x"); got != c1 {
+	if got := e.forge.Ref("acme/web", "berth/x"); got != c1 {
 		t.Fatalf("berth/x on the forge is %q after the push, want %s", got, c1)
 	}
 
@@ -510,14 +260,14 @@ func TestGitPushesAreJudgedRefByRefBeforeAnythingIsForwarded(t *testing.T) {
 	if err == nil || !strings.Contains(out, want) {
 		t.Fatalf("push to main: %v\n%s\nwant %q", err, out, want)
 	}
-	if got := e.forgeRef("acme/web", "main"); got != first {
+	if got := e.forge.Ref("acme/web", "main"); got != first {
 		t.Fatalf("main moved to %s", got)
 	}
 
 	// A fast-forward the pushed commits prove.
 	c2 := e.commit(dir, "a.txt", "two\n")
 	e.mustGit(dir, "push", "-q", "origin", "HEAD:berth/x")
-	if got := e.forgeRef("acme/web", "berth/x"); got != c2 {
+	if got := e.forge.Ref("acme/web", "berth/x"); got != c2 {
 		t.Fatalf("berth/x is %s after a fast-forward, want %s", got, c2)
 	}
 
@@ -529,7 +279,7 @@ func TestGitPushesAreJudgedRefByRefBeforeAnythingIsForwarded(t *testing.T) {
 	if out, err := e.git(dir, "push", "-q", "origin", "HEAD:berth/x"); err != nil {
 		t.Fatalf("a large push: %v\n%s\n%+v", err, out, e.decisions())
 	}
-	if got := e.forgeRef("acme/web", "berth/x"); got != c2 {
+	if got := e.forge.Ref("acme/web", "berth/x"); got != c2 {
 		t.Fatalf("berth/x is %s after a large fast-forward, want %s", got, c2)
 	}
 
@@ -539,7 +289,7 @@ func TestGitPushesAreJudgedRefByRefBeforeAnythingIsForwarded(t *testing.T) {
 	if err == nil || !strings.Contains(out, "! [remote rejected] HEAD -> berth/x (berth: berth/x: a non-fast-forward update is not allowed for agent web (force = false)") {
 		t.Fatalf("force-push of a rewritten berth/x: %v\n%s", err, out)
 	}
-	if got := e.forgeRef("acme/web", "berth/x"); got != c2 {
+	if got := e.forge.Ref("acme/web", "berth/x"); got != c2 {
 		t.Fatalf("berth/x moved to %s by a force-push", got)
 	}
 
@@ -547,20 +297,20 @@ func TestGitPushesAreJudgedRefByRefBeforeAnythingIsForwarded(t *testing.T) {
 	if err == nil || !strings.Contains(out, "(berth: deleting berth/x is not allowed for agent web (delete = false))") {
 		t.Fatalf("deleting berth/x: %v\n%s", err, out)
 	}
-	if e.forgeRef("acme/web", "berth/x") != c2 {
+	if e.forge.Ref("acme/web", "berth/x") != c2 {
 		t.Fatal("berth/x was deleted")
 	}
 
 	e.mustGit(dir, "tag", "berth/v1")
 	out, err = e.git(dir, "push", "origin", "refs/tags/berth/v1")
-	if err == nil || !strings.Contains(out, "(berth: pushing tag berth/v1 is not allowed for agent web") || e.forgeRef("acme/web", "refs/tags/berth/v1") != "" {
+	if err == nil || !strings.Contains(out, "(berth: pushing tag berth/v1 is not allowed for agent web") || e.forge.Ref("acme/web", "refs/tags/berth/v1") != "" {
 		t.Fatalf("pushing a tag: %v\n%s", err, out)
 	}
 
 	// One refused ref refuses the whole push: nothing of it is forwarded.
 	c3 := e.commit(dir, "b.txt", "three\n")
 	out, err = e.git(dir, "push", "origin", "HEAD:berth/y", "HEAD:main")
-	if err == nil || !strings.Contains(out, "berth/y (berth: not pushed: another ref of this push was refused)") || e.forgeRef("acme/web", "berth/y") != "" {
+	if err == nil || !strings.Contains(out, "berth/y (berth: not pushed: another ref of this push was refused)") || e.forge.Ref("acme/web", "berth/y") != "" {
 		t.Fatalf("a push of an allowed and a refused ref: %v\n%s", err, out)
 	}
 
@@ -568,23 +318,23 @@ func TestGitPushesAreJudgedRefByRefBeforeAnythingIsForwarded(t *testing.T) {
 	// main moved on (the admin), an agent branch at its old tip is moved
 	// to main's new tip, which the push does not carry.
 	admin := t.TempDir()
-	bare := filepath.Join(e.repos, "acme/web.git")
-	e.admin(bare, "branch", "berth/base", first)
-	e.admin("", "clone", "-q", bare, admin)
+	bare := e.forge.Bare("acme/web")
+	e.forge.Admin(bare, "branch", "berth/base", first)
+	e.forge.Admin("", "clone", "-q", bare, admin)
 	os.WriteFile(filepath.Join(admin, "c.txt"), []byte("admin\n"), 0o644)
-	e.admin(admin, "add", "c.txt")
-	e.admin(admin, "commit", "-q", "-m", "admin")
-	e.admin(admin, "push", "-q", "origin", "main")
-	mainTip := e.forgeRef("acme/web", "main")
+	e.forge.Admin(admin, "add", "c.txt")
+	e.forge.Admin(admin, "commit", "-q", "-m", "admin")
+	e.forge.Admin(admin, "push", "-q", "origin", "main")
+	mainTip := e.forge.Ref("acme/web", "main")
 	e.mustGit(dir, "fetch", "-q", "origin")
-	before := e.app.comparesAsked()
+	before := e.forge.App.Compares()
 	e.mustGit(dir, "push", "-q", "origin", "origin/main:refs/heads/berth/base")
-	if e.forgeRef("acme/web", "berth/base") != mainTip || e.app.comparesAsked() == before {
-		t.Fatalf("berth/base is %s, want %s by the forge's ancestry (compare asked %d times)", e.forgeRef("acme/web", "berth/base"), mainTip, e.app.comparesAsked()-before)
+	if e.forge.Ref("acme/web", "berth/base") != mainTip || e.forge.App.Compares() == before {
+		t.Fatalf("berth/base is %s, want %s by the forge's ancestry (compare asked %d times)", e.forge.Ref("acme/web", "berth/base"), mainTip, e.forge.App.Compares()-before)
 	}
 	// And back: the forge says first is behind, so it is refused.
 	out, err = e.git(dir, "push", "--force", "origin", first+":refs/heads/berth/base")
-	if err == nil || !strings.Contains(out, "non-fast-forward update is not allowed") || e.forgeRef("acme/web", "berth/base") != mainTip {
+	if err == nil || !strings.Contains(out, "non-fast-forward update is not allowed") || e.forge.Ref("acme/web", "berth/base") != mainTip {
 		t.Fatalf("moving berth/base back: %v\n%s", err, out)
 	}
 	_ = c3
@@ -603,12 +353,6 @@ func TestGitPushesAreJudgedRefByRefBeforeAnythingIsForwarded(t *testing.T) {
 	}
 }
 
-func (f *fakeGitHubApp) comparesAsked() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.compares
-}
-
 // pktLine is one pkt-line of git's protocol.
 func pktLine(s string) string { return fmt.Sprintf("%04x%s", len(s)+4, s) }
 
@@ -616,7 +360,7 @@ func TestGitForgedFastForwardClaimIsRefused(t *testing.T) {
 	t.Parallel()
 	e := newGitEnv(t, gitEnvOptions{})
 	dir := e.clone("acme/web")
-	first := e.forgeRef("acme/web", "main")
+	first := e.forge.Ref("acme/web", "main")
 	tip := e.commit(dir, "a.txt", "one\n")
 	e.mustGit(dir, "push", "-q", "origin", "HEAD:berth/x")
 	// A decoy that does build on berth/x, and the rewrite the command
@@ -637,7 +381,7 @@ func TestGitForgedFastForwardClaimIsRefused(t *testing.T) {
 	relayURL, _ := url.Parse("http://" + e.relay.Addr())
 	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(relayURL), TLSClientConfig: &tls.Config{RootCAs: roots}}}
 	receivePacks := func() (n int) {
-		for _, r := range e.forgeReceived() {
+		for _, r := range e.forge.Received() {
 			if strings.HasSuffix(r.Path, "/git-receive-pack") {
 				n++
 			}
@@ -645,17 +389,17 @@ func TestGitForgedFastForwardClaimIsRefused(t *testing.T) {
 		return n
 	}
 	before := receivePacks()
-	code, answer := do(t, c, "POST", e.forge+"/acme/web.git/git-receive-pack", body, "Content-Type", "application/x-git-receive-pack-request")
+	code, answer := do(t, c, "POST", e.forge.URL+"/acme/web.git/git-receive-pack", body, "Content-Type", "application/x-git-receive-pack-request")
 	if code != 200 || !strings.Contains(answer, "ng refs/heads/berth/x berth: berth/x: a non-fast-forward update is not allowed") {
 		t.Fatalf("a forged fast-forward: %d %q", code, answer)
 	}
-	if e.forgeRef("acme/web", "berth/x") != tip || receivePacks() != before {
+	if e.forge.Ref("acme/web", "berth/x") != tip || receivePacks() != before {
 		t.Fatal("the forged push reached the forge")
 	}
 	// The same pack naming the decoy is a fast-forward, and goes through.
 	body = pktLine(tip+" "+decoy+" refs/heads/berth/x\x00report-status object-format=sha1 agent=forger\n") + "0000" + string(pack)
-	code, answer = do(t, c, "POST", e.forge+"/acme/web.git/git-receive-pack", body, "Content-Type", "application/x-git-receive-pack-request")
-	if code != 200 || !strings.Contains(answer, "ok refs/heads/berth/x") || e.forgeRef("acme/web", "berth/x") != decoy {
+	code, answer = do(t, c, "POST", e.forge.URL+"/acme/web.git/git-receive-pack", body, "Content-Type", "application/x-git-receive-pack-request")
+	if code != 200 || !strings.Contains(answer, "ok refs/heads/berth/x") || e.forge.Ref("acme/web", "berth/x") != decoy {
 		t.Fatalf("a real fast-forward by hand: %d %q", code, answer)
 	}
 }
@@ -676,9 +420,7 @@ func TestGitAppTokensAreScopedRefreshedRevokedAndNeverInside(t *testing.T) {
 	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", e.launched.Pid()))
 	environ, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", e.launched.Pid()))
 
-	e.app.mu.Lock()
-	minted, asked := append([]string(nil), e.app.minted...), append([]string(nil), e.app.asked...)
-	e.app.mu.Unlock()
+	minted, asked := e.forge.App.Minted()
 	if len(minted) < 2 {
 		t.Fatalf("%d tokens minted; want a fresh one once the first was about to expire", len(minted))
 	}
@@ -689,7 +431,7 @@ func TestGitAppTokensAreScopedRefreshedRevokedAndNeverInside(t *testing.T) {
 	}
 	record := e.launched.Stop()
 	for _, tok := range minted {
-		if e.app.valid(tok) {
+		if e.forge.App.Valid(tok) {
 			t.Errorf("token %s… still valid after the run", tok[:8])
 		}
 	}
@@ -732,7 +474,7 @@ func TestGitAppTokensAreScopedRefreshedRevokedAndNeverInside(t *testing.T) {
 func TestGitSecretCredentialGoesToTheNamedRepositoryOnly(t *testing.T) {
 	t.Parallel()
 	e := newGitEnv(t, gitEnvOptions{configure: func(e *gitEnv, pol *egress.Policy) {
-		forge, _ := url.Parse(e.forge)
+		forge, _ := url.Parse(e.forge.URL)
 		// The forge's host is also allowed for anything (a rule): requests
 		// that are not git's go through, without the git rule's secret.
 		rule, err := egresspolicy.ParseRule(forge.Host)
@@ -752,13 +494,13 @@ func TestGitSecretCredentialGoesToTheNamedRepositoryOnly(t *testing.T) {
 	roots.AppendCertsFromPEM([]byte(e.ca.CertPEM))
 	relayURL, _ := url.Parse("http://" + e.relay.Addr())
 	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(relayURL), TLSClientConfig: &tls.Config{RootCAs: roots}}}
-	if code, _ := do(t, c, "GET", e.forge+"/acme/other.git/HEAD", ""); code != http.StatusUnauthorized {
+	if code, _ := do(t, c, "GET", e.forge.URL+"/acme/other.git/HEAD", ""); code != http.StatusUnauthorized {
 		t.Errorf("a request that is not git's, on an allowed host: %d; want the forge's own 401 (sent, without the secret)", code)
 	}
-	for _, r := range e.forgeReceived() {
+	for _, r := range e.forge.Received() {
 		named := strings.HasPrefix(r.Path, "/acme/web.git/")
-		if named != (r.Auth != "") {
-			t.Errorf("%s reached the forge with Authorization %v; want it on the named repository's git requests only", r.Path, r.Auth != "")
+		if named != (r.Authorization != "") {
+			t.Errorf("%s reached the forge with Authorization %v; want it on the named repository's git requests only", r.Path, r.Authorization != "")
 		}
 	}
 	if strings.Contains(e.outputs.String(), forgePAT) {
