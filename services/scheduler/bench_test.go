@@ -154,7 +154,7 @@ func BenchmarkScheduler(b *testing.B) {
 				prefix := fmt.Sprintf("submit/%d/", time.Now().UnixNano())
 				b.ResetTimer()
 				for i := range b.N {
-					if _, err := s.Submit(busapi.SubmissionFromWire(map[string]string{"id": fmt.Sprint(prefix, i), "agent": "agent1", "text": "hello"})); err != nil {
+					if _, err := s.Submit(busapi.Submission{MessageID: fmt.Sprint(prefix, i), Agent: "agent1", Text: "hello"}); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -342,8 +342,8 @@ func BenchmarkRunsThroughTheScheduler(b *testing.B) {
 		for range submitters {
 			wg.Go(func() {
 				for i := range ids {
-					msg := map[string]string{"id": fmt.Sprint("hooks/", i), "agent": fmt.Sprint("agent", i%10), "connector": "hooks", "channel": "C1", "text": "deploy the thing"}
-					if _, err := s.Submit(busapi.SubmissionFromWire(msg)); err != nil {
+					msg := busapi.Submission{MessageID: fmt.Sprint(i), Agent: fmt.Sprint("agent", i%10), Connector: "hooks", Channel: "C1", Text: "deploy the thing"}
+					if _, err := s.Submit(msg); err != nil {
 						b.Error(err)
 						return
 					}

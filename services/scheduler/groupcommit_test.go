@@ -96,7 +96,7 @@ type submitted struct {
 // submitAsync submits msgID for agent in the background.
 func submitAsync(s *Service, msgID, agent string, out chan<- submitted) {
 	go func() {
-		id, err := s.Submit(busapi.SubmissionFromWire(map[string]string{"id": msgID, "agent": agent, "text": "hello " + msgID}))
+		id, err := s.Submit(busapi.Submission{MessageID: msgID, Agent: agent, Text: "hello " + msgID})
 		out <- submitted{msgID: msgID, runID: id, err: err}
 	}()
 }
@@ -123,7 +123,7 @@ func TestASubmitIsAnsweredOnlyAfterTheCommitThatHoldsIt(t *testing.T) {
 	var runID string
 	var err error
 	go func() {
-		runID, err = s.Submit(busapi.SubmissionFromWire(map[string]string{"id": "held-1", "agent": "alpha", "text": "hi"}))
+		runID, err = s.Submit(busapi.Submission{MessageID: "held-1", Agent: "alpha", Text: "hi"})
 		answered <- gate.committed.Load()
 	}()
 	gate.waitEntered(t) // the commit holding the run has begun
@@ -218,7 +218,7 @@ func TestAFailedGroupCommitFailsEverySubmitInItAndStoresNothing(t *testing.T) {
 		t.Fatalf("after failed commits the queue holds %v, want nothing", q)
 	}
 	// The message ids were not taken: a retry makes a run.
-	id, err := s.Submit(busapi.SubmissionFromWire(map[string]string{"id": "f03", "agent": "beta"}))
+	id, err := s.Submit(busapi.Submission{MessageID: "f03", Agent: "beta"})
 	if err != nil {
 		t.Fatalf("retried Submit = %v", err)
 	}

@@ -283,7 +283,7 @@ type deliveries struct {
 	mu        sync.Mutex
 	failFirst int
 	calls     int
-	delivered []map[string]string
+	delivered []busapi.Reply
 	notify    chan struct{}
 }
 
@@ -304,20 +304,12 @@ func (d *deliveries) Deliver(_ context.Context, reply busapi.Reply) error {
 	if d.calls <= d.failFirst {
 		return errors.New("intake is not there")
 	}
-	d.delivered = append(d.delivered, replyFields(reply))
+	d.delivered = append(d.delivered, reply)
 	return nil
 }
 
-// replyFields is reply as the tests read it: its fields by their keys on the
-// wire, the message id as the platform's.
-func replyFields(r busapi.Reply) map[string]string {
-	m := r.Wire()
-	m["message_id"] = r.MessageID
-	return m
-}
-
-func (d *deliveries) snapshot() (calls int, delivered []map[string]string) {
+func (d *deliveries) snapshot() (calls int, delivered []busapi.Reply) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.calls, append([]map[string]string(nil), d.delivered...)
+	return d.calls, append([]busapi.Reply(nil), d.delivered...)
 }

@@ -25,11 +25,11 @@ func TestRetriedSubmitGetsItsRunEvenAfterTheAgentWasRemoved(t *testing.T) {
 	cfg := testConfig(1)
 	cfg.Agents = []config.AgentSettings{{ID: "alpha"}, {ID: "beta"}}
 	s.Reload(cfg)
-	again, err := s.Submit(busapi.SubmissionFromWire(map[string]string{"id": "hooks/m1", "agent": "gamma", "text": "hello"}))
+	again, err := s.Submit(busapi.Submission{MessageID: "hooks/m1", Agent: "gamma", Text: "hello"})
 	if err != nil || again != first {
 		t.Fatalf("retried Submit = %q, %v; want the existing run %q", again, err, first)
 	}
-	if _, err := s.Submit(busapi.SubmissionFromWire(map[string]string{"id": "hooks/m2", "agent": "gamma"})); err == nil {
+	if _, err := s.Submit(busapi.Submission{MessageID: "hooks/m2", Agent: "gamma"}); err == nil {
 		t.Fatal("a new message for a removed agent was accepted")
 	}
 }

@@ -23,18 +23,18 @@ func TestSubmitValidatesAndIsIdempotent(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name    string
-		msg     map[string]string
+		msg     busapi.Submission
 		wantErr string
 	}{
-		{"Message_without_id_is_refused", map[string]string{"agent": "alpha"}, "no id"},
-		{"Message_without_agent_is_refused", map[string]string{"id": "m1"}, "no agent"},
-		{"Unknown_agent_is_refused_naming_the_known_ones", map[string]string{"id": "m1", "agent": "zeta"}, "alpha, beta, gamma"},
+		{"Message_without_id_is_refused", busapi.Submission{Agent: "alpha"}, "no id"},
+		{"Message_without_agent_is_refused", busapi.Submission{MessageID: "m1"}, "no agent"},
+		{"Unknown_agent_is_refused_naming_the_known_ones", busapi.Submission{MessageID: "m1", Agent: "zeta"}, "alpha, beta, gamma"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := newTestService(t, testConfig(4), "", newGateBackend("landlock"), nil)
-			_, err := s.Submit(busapi.SubmissionFromWire(tc.msg))
+			_, err := s.Submit(tc.msg)
 			if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("Submit error = %v, want InvalidArgument mentioning %q", err, tc.wantErr)
 			}
@@ -183,11 +183,11 @@ func TestRunOutcomes(t *testing.T) {
 				t.Fatalf("tool calls = %s", r.ToolCalls)
 			}
 			reply := waitDeliveredTo(t, s, d, id)
-			if reply["state"] != tc.wantState || reply["connector"] != "hook" || reply["channel"] != "c1" || reply["thread"] != "t1" {
-				t.Fatalf("delivered %v", reply)
+			if reply.State != tc.wantState || reply.Connector != "hook" || reply.Channel != "c1" || reply.Thread != "t1" {
+				t.Fatalf("delivered %+v", reply)
 			}
-			if tc.wantState == StateFailed && !strings.Contains(reply["text"], tc.wantReason) {
-				t.Fatalf("failure text %q does not give the reason %q", reply["text"], tc.wantReason)
+			if tc.wantState == StateFailed && !strings.Contains(reply.Text, tc.wantReason) {
+				t.Fatalf("failure text %q does not give the reason %q", reply.Text, tc.wantReason)
 			}
 		})
 	}
@@ -454,7 +454,7 @@ func TestReconcileAfterCrash(t *testing.T) {
 
 // waitDeliveredTo waits until run id is marked delivered and returns what
 // the deliverer got for it.
-func waitDeliveredTo(t *testing.T, s *Service, d *deliveries, id string) map[string]string {
+func waitDeliveredTo(t *testing.T, s *Service, d *deliveries, id string) busapi.Reply {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -462,7 +462,7 @@ func waitDeliveredTo(t *testing.T, s *Service, d *deliveries, id string) map[str
 		if err == nil && r.Delivered {
 			_, got := d.snapshot()
 			for _, reply := range got {
-				if reply["run_id"] == id {
+				if reply.RunID == id {
 					return reply
 				}
 			}
@@ -505,8 +505,8 @@ func TestDeliveriesAreRetriedUntilAcceptedAndNotRepeated(t *testing.T) {
 	s = newTestService(t, testConfig(4), dir, b, flaky)
 	stop = start(t, s)
 	reply := waitDeliveredTo(t, s, flaky, id)
-	if reply["text"] != "answer" || reply["message_id"] != "m1" || reply["state"] != StateSucceeded || reply["agent"] != "alpha" {
-		t.Fatalf("delivered %v", reply)
+	if reply.Text != "answer" || reply.MessageID != "m1" || reply.State != StateSucceeded || reply.Agent != "alpha" {
+		t.Fatalf("delivered %+v", reply)
 	}
 	if calls, got := flaky.snapshot(); calls != 3 || len(got) != 1 {
 		t.Fatalf("deliverer called %d times with %d accepted, want 3 calls, 1 accepted (the run without connector is never delivered)", calls, len(got))
