@@ -3,6 +3,7 @@ package busapi
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,6 +83,9 @@ func TestProviderResultConnectorStatusAndImageRoundTrip(t *testing.T) {
 	c := ConnectorStatus{ID: "dc", Type: "discord", State: "connected", Reconnects: 3, Warning: "intent"}
 	if got, err := ConnectorsFromWire(dbus.MakeVariant([]map[string]dbus.Variant{c.Wire()})); err != nil || len(got) != 1 || got[0] != c {
 		t.Fatalf("connector round trip = %+v (%v), want %+v", got, err, c)
+	}
+	if _, err := ConnectorsFromWire(dbus.MakeVariant("x")); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "want aa{sv}") {
+		t.Fatalf("a Connectors property of type s = %v, want ErrInvalid naming the expected type", err)
 	}
 	img := Image{Tag: "t", Kind: "sandbox", Status: "ready", Present: true, Size: 5, Agents: []string{"a"}, Inputs: map[string]string{"k": "v"}, LogTail: []string{}}
 	if got, err := ImageFromWire(img.Wire()); err != nil || !reflect.DeepEqual(got, img) {
