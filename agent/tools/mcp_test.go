@@ -203,6 +203,21 @@ func TestACallThatHangsIsAToolErrorAfterTheTimeout(t *testing.T) {
 	}
 }
 
+func TestAServerThatDiesMidRunGivesToolErrorsThatSayHow(t *testing.T) {
+	t.Parallel()
+	set := Filter(connect(t, workspace(t), agentproto.MCPServer{Name: "files", Command: []string{testServerBinary(t), "serve"}}).Tools(), nil, nil)
+	_, err := set.Call(context.Background(), "mcp__files__crash", nil)
+	if err == nil || !strings.Contains(err.Error(), "MCP server files failed on crash") || !strings.Contains(err.Error(), "exit status 5; stderr: mcpserver: out of memory") {
+		t.Fatalf("a call that killed the server gave %v", err)
+	}
+	t.Logf("crash: %v", err)
+	_, err = set.Call(context.Background(), "mcp__files__echo", json.RawMessage(`{"text":"x"}`))
+	t.Logf("after: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "MCP server files failed on echo") {
+		t.Errorf("a call after the server died gave %v", err)
+	}
+}
+
 func TestAStdioServerIsKilledWhenTheRunEnds(t *testing.T) {
 	t.Parallel()
 	env := workspace(t)

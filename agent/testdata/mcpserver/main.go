@@ -1,7 +1,7 @@
 // Command mcpserver is the MCP server the agent tests start over stdio,
 // built with the official SDK; its first argument says how it behaves.
 //
-//	mcpserver serve [PIDFILE]  tools echo, read, parent, hidden, sleep, fail (writes its pid to PIDFILE)
+//	mcpserver serve [PIDFILE]  tools echo, read, parent, hidden, sleep, crash, fail (writes its pid to PIDFILE)
 //	mcpserver garbage          answers every line with text that is not JSON-RPC
 //	mcpserver hang             reads stdin and never answers
 //	mcpserver exit             says why on stderr and exits 3
@@ -93,6 +93,11 @@ func Server() *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "sleep", Description: "Never answers."}, func(ctx context.Context, _ *mcp.CallToolRequest, _ noArgs) (*mcp.CallToolResult, any, error) {
 		<-ctx.Done()
 		return nil, nil, ctx.Err()
+	})
+	mcp.AddTool(s, &mcp.Tool{Name: "crash", Description: "Exits mid-call."}, func(context.Context, *mcp.CallToolRequest, noArgs) (*mcp.CallToolResult, any, error) {
+		fmt.Fprintln(os.Stderr, "mcpserver: out of memory")
+		os.Exit(5)
+		return nil, nil, nil
 	})
 	mcp.AddTool(s, &mcp.Tool{Name: "fail", Description: "Always fails."}, func(context.Context, *mcp.CallToolRequest, noArgs) (*mcp.CallToolResult, any, error) {
 		res := text("the tracker is down")
