@@ -135,6 +135,16 @@ func (c *Config) writeAgent(w io.Writer, a Agent) {
 	t.table(table + ".egress")
 	t.list("allow", a.EgressAllow)
 
+	t.table(table + ".sandbox")
+	t.str("scope", a.Sandbox.Scope)
+	if a.Sandbox.Conversation() {
+		t.str("idle_stop", a.Sandbox.IdleStop.String())
+		t.str("max_lifetime", a.Sandbox.MaxLifetime.String())
+		t.val("max_per_agent", a.Sandbox.MaxPerAgent)
+	} else if c.sandboxKeysSet(a.ID) {
+		t.comment("scope = \"message\" ignores idle_stop, max_lifetime and max_per_agent: every message gets a fresh sandbox")
+	}
+
 	t.table(table + ".image_config")
 	t.val("enabled", a.Image.Enabled)
 	t.str("image", a.Image.Image)

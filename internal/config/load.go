@@ -38,6 +38,12 @@ const (
 	// minDeliveredHours: a platform may redeliver an event for a day, and a
 	// forgotten message id would run it twice.
 	minDeliveredHours = 24
+
+	// [agents.sandbox] (issue 22): a conversation's sandbox stops 15 minutes
+	// after its last activity, lives a day at most, three per agent.
+	defaultSandboxIdleStop    = Duration(15 * time.Minute)
+	defaultSandboxMaxLifetime = Duration(24 * time.Hour)
+	defaultSandboxMaxPerAgent = 3
 )
 
 // Built-in sizes, the only place they are declared: backends take the

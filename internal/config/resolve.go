@@ -79,6 +79,12 @@ func (c *Config) Agent(id string) (Agent, error) {
 		WorkspaceQuota: firstSet(defaultWorkspaceQuota, s.WorkspaceQuota, d.WorkspaceQuota),
 		Timeout:        time.Duration(firstSet(0, sc.TimeoutSeconds, dc.TimeoutSeconds)) * time.Second,
 		Image:          c.image(&s.ImageConfig),
+		Sandbox: Sandbox{
+			Scope:       first(s.Sandbox.Scope, d.Sandbox.Scope, SandboxScopeMessage),
+			IdleStop:    time.Duration(firstSet(defaultSandboxIdleStop, s.Sandbox.IdleStop, d.Sandbox.IdleStop)),
+			MaxLifetime: time.Duration(firstSet(defaultSandboxMaxLifetime, s.Sandbox.MaxLifetime, d.Sandbox.MaxLifetime)),
+			MaxPerAgent: firstSet(defaultSandboxMaxPerAgent, s.Sandbox.MaxPerAgent, d.Sandbox.MaxPerAgent),
+		},
 	}
 	if a.Timeout == 0 {
 		a.Timeout = schedulerTimeout

@@ -84,6 +84,7 @@ default_timeout_seconds = 200
 				FileAccess:     config.FileAccess{AllowRead: []string{"/usr/share/doc"}},
 				Isolation:      "landlock",
 				WorkspaceQuota: 1 << 30,
+				Sandbox:        builtInSandbox,
 				Timeout:        90 * time.Second,
 				Image:          config.ImageConfig{BaseImage: "berth-base:bookworm"},
 			},
@@ -98,6 +99,7 @@ default_timeout_seconds = 200
 				FileAccess:     config.FileAccess{AllowRead: []string{"/srv"}, AllowNetwork: true},
 				Isolation:      "container",
 				WorkspaceQuota: 1 << 30,
+				Sandbox:        builtInSandbox,
 				Timeout:        15 * time.Second,
 				Image:          config.ImageConfig{BaseImage: "berth-base:bookworm"},
 			},
@@ -112,6 +114,7 @@ default_timeout_seconds = 200
 				FileAccess:     config.FileAccess{Unrestricted: true, AllowRead: []string{"/usr/share/doc"}},
 				Isolation:      "unrestricted",
 				WorkspaceQuota: 1 << 30,
+				Sandbox:        builtInSandbox,
 				Timeout:        90 * time.Second,
 				Image:          config.ImageConfig{BaseImage: "berth-base:bookworm"},
 			},
@@ -143,7 +146,8 @@ func TestAgentWithoutAnySettingsUsesBuiltInDefaults(t *testing.T) {
 		ID: "a", Name: "a", Provider: "local", MaxIterations: 10,
 		Container: config.Container{MemoryLimit: 512 << 20, Network: "bridge"},
 		Isolation: "landlock", Timeout: 300 * time.Second, WorkspaceQuota: 1 << 30,
-		Image: config.ImageConfig{BaseImage: "berth-base:bookworm"},
+		Sandbox: builtInSandbox,
+		Image:   config.ImageConfig{BaseImage: "berth-base:bookworm"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Agent = %+v, want %+v", got, want)

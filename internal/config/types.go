@@ -63,9 +63,19 @@ type AgentSettings struct {
 	ContainerMode ContainerSettings  `toml:"container_mode"`
 	FileAccess    FileAccessSettings `toml:"file_access"`
 	// WorkspaceQuota is workspace_quota: "1g", "512m", "0" (no quota).
-	WorkspaceQuota *Bytes         `toml:"workspace_quota" berth:"check=workspaceQuota"`
-	ImageConfig    ImageSettings  `toml:"image_config"` // [agents.image_config]; never set in [agent_defaults]
-	Egress         EgressSettings `toml:"egress"`
+	WorkspaceQuota *Bytes          `toml:"workspace_quota" berth:"check=workspaceQuota"`
+	ImageConfig    ImageSettings   `toml:"image_config"` // [agents.image_config]; never set in [agent_defaults]
+	Egress         EgressSettings  `toml:"egress"`
+	Sandbox        SandboxSettings `toml:"sandbox"`
+}
+
+// SandboxSettings is [agents.sandbox] (or [agent_defaults.sandbox]): whether
+// a conversation keeps its sandbox between messages, and for how long.
+type SandboxSettings struct {
+	Scope       string    `toml:"scope" berth:"check=sandboxScope"`
+	IdleStop    *Duration `toml:"idle_stop" berth:"check=sandboxDuration"`
+	MaxLifetime *Duration `toml:"max_lifetime" berth:"check=sandboxDuration"`
+	MaxPerAgent *int      `toml:"max_per_agent" berth:"check=atLeastOne"`
 }
 
 // EgressSecret is one [[egress.secrets]] entry. The value comes from the
@@ -157,7 +167,32 @@ type Agent struct {
 	// (workspace_quota; default 1 GiB). 0 means no quota, an admin's
 	// explicit choice that sandbox explain shows.
 	WorkspaceQuota Bytes
+	// Sandbox is [agents.sandbox], defaults filled in.
+	Sandbox Sandbox
 }
+
+// Sandbox scopes: a fresh sandbox per message, or one per conversation
+// (connector, channel, thread) kept between its messages.
+const (
+	SandboxScopeMessage      = "message"
+	SandboxScopeConversation = "conversation"
+)
+
+// Sandbox is an agent's effective [agents.sandbox]. With scope "message"
+// the other fields are the defaults and unused.
+type Sandbox struct {
+	Scope string
+	// IdleStop stops a conversation's sandbox this long after its last
+	// activity (a run, an egress request).
+	IdleStop time.Duration
+	// MaxLifetime stops it after the run under way once it is this old.
+	MaxLifetime time.Duration
+	// MaxPerAgent is how many of the agent's sandboxes may be alive at once.
+	MaxPerAgent int
+}
+
+// Conversation tells whether each conversation keeps its sandbox.
+func (s Sandbox) Conversation() bool { return s.Scope == SandboxScopeConversation }
 
 // ImageConfig is an agent's effective image_config.
 type ImageConfig struct {

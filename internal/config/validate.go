@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/berth-dev/berth/internal/egresspolicy"
 )
@@ -130,6 +131,13 @@ var valueChecks = map[string]any{
 	"absolutePath": absolutePath,
 	"httpURL":      httpURL,
 	"atLeastOne":   atLeast(1),
+	"sandboxScope": oneOf(SandboxScopeMessage, SandboxScopeConversation),
+	"sandboxDuration": func(d Duration) string {
+		if d < Duration(time.Second) || d > maxSandboxDuration {
+			return fmt.Sprintf("must be a length of time from 1s to %s, not %s", maxSandboxDuration, d)
+		}
+		return ""
+	},
 	"seconds": func(n int) string {
 		if n < 1 || n > maxTimeoutSeconds {
 			return fmt.Sprintf("must be a number of seconds greater than 0, not %d", n)
@@ -304,6 +312,10 @@ const (
 	maxRetentionDays = 100 * 365
 	maxRunsPerAgent  = 1 << 30
 )
+
+// maxSandboxDuration bounds idle_stop and max_lifetime: a year is far from
+// overflowing time.Duration and longer than any conversation.
+const maxSandboxDuration = Duration(365 * 24 * time.Hour)
 
 // maxTimeoutSeconds keeps timeouts far from overflowing time.Duration.
 const maxTimeoutSeconds = 1 << 31
