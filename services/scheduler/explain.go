@@ -190,14 +190,21 @@ func (s *Service) ExplainEgress(agent, method, rawURL string) (busapi.EgressVerd
 	if err != nil {
 		return busapi.EgressVerdict{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	out := busapi.EgressVerdict{Method: v.Method, URL: rawURL, Allowed: v.Allowed, Rule: v.Rule, Reason: v.Reason, Note: v.Note,
-		Agent: agent, Network: e.Plan.Network.Mode}
+	v.URL = rawURL
+	out := busVerdict(v, agent, e.Plan.Network.Mode)
 	if e.Plan.Network.Allowed || e.Plan.Backend == isolation.BackendUnrestricted {
 		out.Allowed, out.Direct, out.Rule = true, true, ""
 		out.Reason = "not filtered: the sandbox has a direct network, so its requests bypass the egress proxy; network: " + e.Why["network"]
 		out.Note = ""
 	}
 	return out, nil
+}
+
+// busVerdict is the proxy's verdict v for agent, whose plan's network mode
+// is network, as the bus carries it.
+func busVerdict(v isolation.EgressVerdict, agent, network string) busapi.EgressVerdict {
+	return busapi.EgressVerdict{Method: v.Method, URL: v.URL, Allowed: v.Allowed, Rule: v.Rule, Reason: v.Reason, Note: v.Note,
+		Agent: agent, Network: network}
 }
 
 // egressTarget makes what ExplainEgress was given a URL the proxy's rules

@@ -100,3 +100,34 @@ func TestTheBusNamesTheBackendsAsIsolationDoes(t *testing.T) {
 		}
 	}
 }
+
+// ExplainEgress's verdict and a run's egress decisions and counts reach
+// the bus with every field the proxy's decision has.
+func TestTheEgressAnswersOnTheBusCarryEveryFieldOfTheProxysDecision(t *testing.T) {
+	t.Parallel()
+	var v isolation.EgressVerdict
+	fill(reflect.ValueOf(&v).Elem(), "verdict")
+	got := jsonTree(t, busVerdict(v, "alpha", "none")).(map[string]any)
+	delete(got, "agent")
+	delete(got, "network")
+	if want := jsonTree(t, v); !reflect.DeepEqual(got, want) {
+		t.Errorf("the bus verdict is %v, want the proxy's %v", got, want)
+	}
+
+	var r Run
+	fill(reflect.ValueOf(&r.Egress).Elem(), "egress")
+	fill(reflect.ValueOf(&r.EgressCounts).Elem(), "counts")
+	for _, tc := range []struct {
+		name     string
+		wire     string
+		recorded any
+	}{{"egress", egressJSON(r), r.Egress}, {"egress_counts", egressCountsJSON(r), r.EgressCounts}} {
+		var got any
+		if err := json.Unmarshal([]byte(tc.wire), &got); err != nil {
+			t.Fatal(err)
+		}
+		if want := jsonTree(t, tc.recorded); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s on the bus is %s, want what the record holds %v", tc.name, tc.wire, want)
+		}
+	}
+}
