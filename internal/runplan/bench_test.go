@@ -22,16 +22,23 @@ func BenchmarkCompile(b *testing.B) {
 	}
 	b.Cleanup(func() { os.RemoveAll(dir) })
 	state := filepath.Join(dir, "scheduler")
-	cfg := &config.Config{
-		Providers: config.Providers{Primary: "cloud", Entries: map[string]config.Provider{
-			"cloud": {Name: "cloud", Kind: "openai", Model: "m", BaseURL: "http://127.0.0.1:9/v1", APIKeyEnv: "CLOUD_KEY"},
-		}},
-		Scheduler: config.Scheduler{AgentBinary: "/usr/libexec/berth/berth-agent", EgressBinary: "/usr/libexec/berth/berth-egress"},
-		Sources:   []string{filepath.Join(dir, "etc", "berth.toml")},
+	text := `
+[providers]
+primary = "cloud"
+
+[providers.cloud]
+kind = "openai"
+model = "m"
+base_url = "http://127.0.0.1:9/v1"
+api_key_env = "CLOUD_KEY"
+`
+	for i := range 8 {
+		text += fmt.Sprintf("\n[[agents]]\nid = \"agent%d\"\n", i)
 	}
+	cfg := loadConfig(b, text)
+	cfg.Sources = []string{filepath.Join(dir, "etc", "berth.toml")}
 	for i := range 8 {
 		id := fmt.Sprintf("agent%d", i)
-		cfg.Agents = append(cfg.Agents, config.AgentSettings{ID: id})
 		if err := os.MkdirAll(filepath.Join(state, "agents", id), 0o700); err != nil {
 			b.Fatal(err)
 		}

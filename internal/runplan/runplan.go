@@ -165,9 +165,7 @@ func compile(cfg *config.Config, agentID, runID string, attempt int, host HostFa
 	switch p.Backend {
 	case isolation.BackendContainer:
 		c.why["backend"] = "container — container_mode.enabled = true: a fresh Docker container per message, removed afterwards"
-		if err := containerPlan(&c, a); err != nil {
-			return compiled{plan: isolation.Plan{Backend: p.Backend}}, err
-		}
+		containerPlan(&c, a)
 		p.Limits.TmpfsBytes = DefaultTmpfs
 		c.why["limits"] = memoryWhy + fmt.Sprintf(", no extra swap; tmpfs %s %s", isolation.ContainerTmp, isolation.FormatBytes(DefaultTmpfs))
 	default:
@@ -253,28 +251,20 @@ func userWhy(cfg *config.Config, host HostFacts) string {
 	return fmt.Sprintf("the scheduler's own user: it is not root, so it cannot switch to [scheduler] run_as (%s) or to a uid of its own per agent ([scheduler] agent_uids)", cfg.Scheduler.RunAs)
 }
 
-// containerPlan fills in what a container run gets.
-func containerPlan(c *compiled, a config.Agent) error {
+// containerPlan fills in what a container run gets. Its settings were
+// checked when the config was loaded, and the container backend checks the
+// plan again before the engine sees it; a third check here would be a
+// third spelling of the rules.
+func containerPlan(c *compiled, a config.Agent) {
 	p := &c.plan
 	cm := a.Container
-	if msg := config.CheckNetwork(cm.Network); msg != "" {
-		return fmt.Errorf("agent %q: container_mode.network: %s", a.ID, msg)
-	}
 	p.SandboxWorkspace = isolation.ContainerWorkspace
 	p.Network = isolation.Network{Allowed: cm.Network != "none", Mode: cm.Network}
 	p.Policy = isolation.ContainerPolicy(p.Network.Allowed)
 	p.Mounts = []isolation.Mount{{Source: p.Workspace, Target: isolation.ContainerWorkspace}}
 	for _, b := range cm.Binds {
-		if msg := config.CheckBind(b); msg != "" {
-			return fmt.Errorf("agent %q: container_mode.binds: %s", a.ID, msg)
-		}
 		parts := strings.Split(b, ":")
 		p.Mounts = append(p.Mounts, isolation.Mount{Source: parts[0], Target: parts[1], ReadOnly: len(parts) == 3 && parts[2] == "ro"})
-	}
-	for _, opt := range cm.SecurityOpt {
-		if msg := config.CheckSecurityOpt(opt); msg != "" {
-			return fmt.Errorf("agent %q: container_mode.security_opt: %s", a.ID, msg)
-		}
 	}
 	p.Container = isolation.ContainerPlan{Image: cm.Image, Runtime: cm.Runtime, SecurityOpt: cm.SecurityOpt, Warm: cm.Warm}
 	if cm.Network == "none" {
@@ -299,7 +289,6 @@ func containerPlan(c *compiled, a config.Agent) error {
 	} else {
 		c.why["warm"] = "none (container_mode.warm = 0): each message creates and starts its container"
 	}
-	return nil
 }
 
 // providers fills in the provider chain and what keeps it from working.
