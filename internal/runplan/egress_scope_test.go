@@ -15,7 +15,7 @@ import (
 // in the plan's JSON.
 func TestThePlanCarriesProviderSettingsAndSecretScopesButNoValues(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig()
+	cfg := testConfig(t)
 	cloud := cfg.Providers.Entries["cloud"]
 	cloud.Endpoints, cloud.Organization, cloud.Project = []string{"chat/completions"}, "org-admin", "proj-admin"
 	cfg.Providers.Entries["cloud"] = cloud

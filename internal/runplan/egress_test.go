@@ -16,7 +16,7 @@ import (
 func TestARunWithoutANetworkOfItsOwnLeavesOnlyThroughItsEgressSocket(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"CLOUD_KEY": secret}
-	cfg := testConfig()
+	cfg := testConfig(t)
 	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
 	cfg.Agents[0].Egress.Allow = []string{"pypi.org", "GET deb.example.org:8080"}
 	cfg.Agents[1].Provider = "cloud" // boxed: a container with network none
@@ -90,7 +90,7 @@ func TestARunWithoutANetworkOfItsOwnLeavesOnlyThroughItsEgressSocket(t *testing.
 func TestOnlyAnAdminsOptInGivesADirectNetworkAndTheKeyOnStdin(t *testing.T) {
 	t.Parallel()
 	host := facts(t, map[string]string{"CLOUD_KEY": secret})
-	p, err := runplan.Compile(testConfig(), "ops", "r1", host) // allow_network = true
+	p, err := runplan.Compile(testConfig(t), "ops", "r1", host) // allow_network = true
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestOnlyAnAdminsOptInGivesADirectNetworkAndTheKeyOnStdin(t *testing.T) {
 	if !strings.Contains(string(in), secret) {
 		t.Error("a direct-network run must still get its key on stdin")
 	}
-	e, err := runplan.Explain(testConfig(), "ops", host)
+	e, err := runplan.Explain(testConfig(t), "ops", host)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestOnlyAnAdminsOptInGivesADirectNetworkAndTheKeyOnStdin(t *testing.T) {
 
 func TestARunWithNothingToReachGetsNoProxy(t *testing.T) {
 	t.Parallel()
-	p, err := runplan.Compile(testConfig(), "docs", "r1", facts(t, nil)) // local provider, no rules
+	p, err := runplan.Compile(testConfig(t), "docs", "r1", facts(t, nil)) // local provider, no rules
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestARunWithNothingToReachGetsNoProxy(t *testing.T) {
 
 func TestExplainShowsTheEgressSectionWithoutKeys(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig()
+	cfg := testConfig(t)
 	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
 	cfg.Agents[0].Egress.Allow = []string{"pypi.org"}
 	e, err := runplan.Explain(cfg, "ops", facts(t, map[string]string{"CLOUD_KEY": secret}))
@@ -144,7 +144,7 @@ func TestExplainShowsTheEgressSectionWithoutKeys(t *testing.T) {
 
 func TestTheProxyNeverRunsAsTheRunUser(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig()
+	cfg := testConfig(t)
 	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
 	host := facts(t, map[string]string{"CLOUD_KEY": secret})
 	host.EgressUser = host.RunUser
@@ -155,7 +155,7 @@ func TestTheProxyNeverRunsAsTheRunUser(t *testing.T) {
 
 func TestEgressSecretsApplyToHostsTheAgentMayReachAndNeverShow(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig()
+	cfg := testConfig(t)
 	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
 	cfg.Agents[0].Egress.Allow = []string{"api.github.com", "pypi.org"}
 	cfg.EgressSecrets = []config.EgressSecret{
@@ -202,7 +202,7 @@ func TestEgressSecretsApplyToHostsTheAgentMayReachAndNeverShow(t *testing.T) {
 
 func TestAnEgressSocketPathTooLongForAUnixAddressIsAProblemNamingIt(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig()
+	cfg := testConfig(t)
 	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
 	cfg.Agents[0].Egress.Allow = []string{"pypi.org"}
 	host := facts(t, map[string]string{"CLOUD_KEY": secret})

@@ -35,7 +35,7 @@ func TestThePlanSaysWhoTheAgentRunsAs(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cfg := testConfig()
+			cfg := testConfig(t)
 			if tc.off {
 				cfg.Scheduler.AgentUIDs = config.UIDRange{Off: true}
 			}
@@ -75,7 +75,7 @@ func TestAConfiguredWorkspaceTheRunUserCannotWriteIsAProblem(t *testing.T) {
 	host := facts(t, nil)
 	host.RunUser, host.AgentUser = runplan.AgentUserFor(1879048192), true
 	host.WorkspaceErr = errors.New("workspace /srv/docs-ws cannot be written")
-	if _, err := runplan.Compile(testConfig(), "docs", "r1", host); isolation.ReasonOf(err) != isolation.ReasonStart || !strings.Contains(err.Error(), "/srv/docs-ws") {
+	if _, err := runplan.Compile(testConfig(t), "docs", "r1", host); isolation.ReasonOf(err) != isolation.ReasonStart || !strings.Contains(err.Error(), "/srv/docs-ws") {
 		t.Fatalf("Compile = %v, want the run refused naming the workspace", err)
 	}
 }
