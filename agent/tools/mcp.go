@@ -93,13 +93,26 @@ func ConnectMCP(ctx context.Context, env Env, entries []agentproto.MCPServer, lo
 		seen[e.Name] = true
 	}
 	wg.Wait()
+	// A name the model API refuses, or one offered twice (a server
+	// configured twice), would fail every model call of the run.
+	offered := map[string]bool{}
+	for _, s := range m.servers {
+		for _, t := range s.tools {
+			offered[t.Spec().Name] = true
+		}
+	}
 	for _, s := range m.servers {
 		if s.err != nil {
 			log.Warn("MCP server gave no tools", "server", s.entry.Name, "transport", s.transport, "err", s.err.Error())
 			s.tools = nil
 			for _, name := range s.entry.Tools {
+				full := mcpFullName(s.entry.Name, name)
+				if !mcpServerName.MatchString(s.entry.Name) || !mcpToolName.MatchString(full) || offered[full] {
+					continue
+				}
+				offered[full] = true
 				s.tools = append(s.tools, mcpTool{server: s, name: name, spec: provider.Tool{
-					Name:        mcpFullName(s.entry.Name, name),
+					Name:        full,
 					Description: "Unavailable: " + s.err.Error(),
 					Parameters:  schema(`{"type":"object"}`),
 				}})

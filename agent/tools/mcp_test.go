@@ -186,6 +186,25 @@ func TestAServerThatFailsGivesAToolErrorAndARecordLineInBoundedTime(t *testing.T
 	}
 }
 
+func TestBadEntriesNeverOfferANameTheModelAPIRefusesOrOneTwice(t *testing.T) {
+	t.Parallel()
+	bin := testServerBinary(t)
+	m := connect(t, workspace(t),
+		agentproto.MCPServer{Name: "files", Command: []string{bin, "serve"}, Tools: []string{"echo"}},
+		agentproto.MCPServer{Name: "files", Command: []string{bin, "serve"}, Tools: []string{"echo"}},
+		agentproto.MCPServer{Name: "bad name", Command: []string{bin, "serve"}, Tools: []string{"echo"}},
+		agentproto.MCPServer{Name: "long", Command: []string{"no-such-server"}, Tools: []string{strings.Repeat("x", 60), "ok"}},
+	)
+	if got, want := toolNames(m.Tools()), []string{"mcp__files__echo", "mcp__long__ok"}; !slices.Equal(got, want) {
+		t.Errorf("tools = %v, want %v", got, want)
+	}
+	st := m.Status()
+	if len(st) != 4 || st[0].Error != "" || !strings.Contains(st[1].Error, "MCP server files is configured twice") ||
+		!strings.Contains(st[2].Error, `MCP server name "bad name" is not`) || !strings.Contains(st[3].Error, "cannot find no-such-server") {
+		t.Errorf("status = %+v", st)
+	}
+}
+
 func TestACallThatHangsIsAToolErrorAfterTheTimeout(t *testing.T) {
 	t.Parallel()
 	m := connect(t, workspace(t), agentproto.MCPServer{Name: "slow", Command: []string{testServerBinary(t), "serve"}, TimeoutSeconds: 1})
