@@ -542,3 +542,18 @@ func TestGitRulesAreCheckedWhenTheProxyIsMade(t *testing.T) {
 		}
 	}
 }
+
+func TestGitRulesLeaveTheModelCheckInPlace(t *testing.T) {
+	t.Parallel()
+	oa := fakeOpenAI(t)
+	e := newGitEnv(t, gitEnvOptions{configure: func(_ *gitEnv, pol *egress.Policy) {
+		pol.Providers = []egress.Provider{{Name: "openai", Kind: "openai", BaseURL: oa.URL + "/v1", Model: "m", Key: openKey}}
+	}})
+	e.clone("acme/web")
+	if code, body := do(t, e.proxy.origin(token), "POST", "http://egress/providers/openai/chat/completions", `{"model":"m"}`); code != 200 {
+		t.Errorf("the agent's own model beside its git rules: %d %q", code, body)
+	}
+	if code, body := do(t, e.proxy.origin(token), "POST", "http://egress/providers/openai/chat/completions", `{"model":"gpt-expensive"}`); code != http.StatusForbidden || !strings.Contains(body, `model "gpt-expensive" is not the agent's model "m"`) {
+		t.Errorf("another model beside the git rules: %d %q; want 403", code, body)
+	}
+}
