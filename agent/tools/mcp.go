@@ -233,6 +233,10 @@ func (s *mcpServer) connect(ctx context.Context, env Env, log *slog.Logger) {
 			log.Warn("MCP tool left out: its name is not 1 to 64 letters, digits, '_' or '-'", "server", s.entry.Name, "tool", CleanText(t.Name))
 			continue
 		}
+		if slices.ContainsFunc(tools, func(o Tool) bool { return o.Spec().Name == full }) {
+			log.Warn("MCP tool left out: the server lists it twice", "server", s.entry.Name, "tool", t.Name)
+			continue
+		}
 		if len(tools) == mcpMaxTools {
 			log.Warn("MCP tools left out: a server gives at most 128", "server", s.entry.Name)
 			break

@@ -194,12 +194,13 @@ func TestBadEntriesNeverOfferANameTheModelAPIRefusesOrOneTwice(t *testing.T) {
 		agentproto.MCPServer{Name: "files", Command: []string{bin, "serve"}, Tools: []string{"echo"}},
 		agentproto.MCPServer{Name: "bad name", Command: []string{bin, "serve"}, Tools: []string{"echo"}},
 		agentproto.MCPServer{Name: "long", Command: []string{"no-such-server"}, Tools: []string{strings.Repeat("x", 60), "ok"}},
+		agentproto.MCPServer{Name: "dupes", Command: []string{bin, "dupes"}},
 	)
-	if got, want := toolNames(m.Tools()), []string{"mcp__files__echo", "mcp__long__ok"}; !slices.Equal(got, want) {
+	if got, want := toolNames(m.Tools()), []string{"mcp__files__echo", "mcp__long__ok", "mcp__dupes__echo"}; !slices.Equal(got, want) {
 		t.Errorf("tools = %v, want %v", got, want)
 	}
 	st := m.Status()
-	if len(st) != 4 || st[0].Error != "" || !strings.Contains(st[1].Error, "MCP server files is configured twice") ||
+	if len(st) != 5 || st[0].Error != "" || st[4].Error != "" || !strings.Contains(st[1].Error, "MCP server files is configured twice") ||
 		!strings.Contains(st[2].Error, `MCP server name "bad name" is not`) || !strings.Contains(st[3].Error, "cannot find no-such-server") {
 		t.Errorf("status = %+v", st)
 	}

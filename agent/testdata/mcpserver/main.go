@@ -3,6 +3,7 @@
 //
 //	mcpserver serve [PIDFILE]  tools echo, read, parent, hidden, sleep, crash, fail (writes its pid to PIDFILE)
 //	mcpserver garbage          answers every line with text that is not JSON-RPC
+//	mcpserver dupes            speaks JSON-RPC by hand and lists one tool twice
 //	mcpserver hang             reads stdin and never answers
 //	mcpserver exit             says why on stderr and exits 3
 package main
@@ -10,6 +11,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -40,6 +42,8 @@ func main() {
 		for in.Scan() {
 			fmt.Println("this is not JSON-RPC")
 		}
+	case "dupes":
+		dupes()
 	case "hang":
 		io.Copy(io.Discard, os.Stdin)
 	case "exit":
@@ -105,4 +109,29 @@ func Server() *mcp.Server {
 		return res, nil, nil
 	})
 	return s
+}
+
+// dupes answers initialize and tools/list by hand, with a tool listed
+// twice, as a broken server might.
+func dupes() {
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		if json.Unmarshal(in.Bytes(), &req) != nil || req.ID == nil {
+			continue
+		}
+		var answer string
+		switch req.Method {
+		case "initialize":
+			answer = `"result":{"protocolVersion":"2025-06-18","capabilities":{"tools":{}},"serverInfo":{"name":"dupes","version":"1"}}`
+		case "tools/list":
+			answer = `"result":{"tools":[{"name":"echo","inputSchema":{"type":"object"}},{"name":"echo","inputSchema":{"type":"object"}}]}`
+		default:
+			answer = `"error":{"code":-32601,"message":"method not found"}`
+		}
+		fmt.Printf("{\"jsonrpc\":\"2.0\",\"id\":%s,%s}\n", req.ID, answer)
+	}
 }
