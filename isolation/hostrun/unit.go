@@ -59,9 +59,9 @@ type Limits struct {
 }
 
 // DefaultLimits are the processes and CPU of a plan that leaves them at
-// zero, and a helper's limits. A plan's memory is never defaulted here: the
-// config defaults it once and Run refuses a plan without one.
-var DefaultLimits = Limits{MemoryMax: 512 << 20, TasksMax: 256, CPUQuotaPercent: 100}
+// zero. They hold no memory: the resolved config defaults it once
+// (config.DefaultMemoryLimit) and Run refuses a plan without one.
+var DefaultLimits = Limits{TasksMax: 256, CPUQuotaPercent: 100}
 
 // limitsOf is a plan's limits in the units systemd, cgroups and rlimits take.
 func limitsOf(l isolation.Limits) Limits {
