@@ -118,6 +118,14 @@
 // triggers occur in the message join the system prompt and, when they list
 // tools, restrict the tool set for this run.
 //
+// # Serve mode
+//
+// Run as "berth-agent serve" it keeps one sandbox: it confines itself from
+// the first request line on stdin, answers it with an empty response, then
+// runs one request per line and answers each with one response line, in
+// that same confinement (a request asking for another is refused), until
+// EOF or SIGTERM (see serve.go and docs/adr/0021-conversation-sandboxes.md).
+//
 // # Environment
 //
 // BERTH_LOG_LEVEL=debug|info|warn|error sets the log level (default info).

@@ -12,6 +12,10 @@
 // Backends live in subpackages: landlock (a confined host process) and
 // unrestricted (a plain host process, only when an admin configured it) and
 // container (a fresh Docker container per run, through the Engine API).
+//
+// A Keeper (keeper.go) keeps a sandbox between requests instead: one
+// confined berth-agent in serve mode takes one request at a time and keeps
+// its /tmp and background processes until it is stopped (ADR 21).
 package isolation
 
 import (
