@@ -1,0 +1,324 @@
+package schedules
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+)
+
+// Options are a Table's seams.
+type Options struct {
+	// Fire starts the job's run and returns when the run has ended; its
+	// error is the firing's failure. The run's own limits (MaxRuntime)
+	// bound it: while it runs, the job's next firings skip or wait.
+	Fire func(ctx context.Context, job Job) error
+	// Timers keeps the time under systemd (SystemdTimers); nil: the Table
+	// keeps it itself on Clock.
+	Timers Timers
+	// Clock is the time of firings and listings (default the real clock);
+	// the scheduler passes its own.
+	Clock  clockwork.Clock
+	Logger *slog.Logger
+}
+
+// Timers is what keeps time for the Table when it does not: something
+// that, told the jobs, calls Table.Trigger at their calendar's elapses.
+type Timers interface {
+	Reconcile(ctx context.Context, jobs []Job) error
+}
+
+// Cause says why a job fires.
+type Cause int
+
+const (
+	// Scheduled is an elapse of the job's calendar; it keeps to the job's
+	// active hours.
+	Scheduled Cause = iota
+	// Manual is an admin's `schedules run`: the hours do not apply, the
+	// overlap rule does.
+	Manual
+)
+
+// Outcome is what Trigger did with a firing.
+type Outcome string
+
+const (
+	Started Outcome = "started"
+	Queued  Outcome = "queued"  // it runs when the running firing ends (overlap = "wait")
+	Skipped Outcome = "skipped" // see the journal line and the job's LastState
+)
+
+// State is a job's last firing's outcome.
+type State string
+
+const (
+	StateNever     State = ""
+	StateRunning   State = "running"
+	StateSucceeded State = "succeeded"
+	StateFailed    State = "failed"
+	StateSkipped   State = "skipped"
+)
+
+// Status is one job's line in a listing.
+type Status struct {
+	ID        string
+	Next      time.Time // zero: never again
+	LastStart time.Time // of the last firing that ran
+	LastEnd   time.Time
+	LastState State
+	// LastDetail says why the last firing failed or was skipped.
+	LastDetail string
+	Running    bool
+}
+
+// Table holds the jobs, fires them and remembers how each firing went.
+type Table struct {
+	opts  Options
+	clock clockwork.Clock
+	log   *slog.Logger
+	ctx   context.Context
+	stop  context.CancelFunc
+	wg    sync.WaitGroup // loops and firings
+
+	mu   sync.Mutex
+	jobs map[string]*entry
+}
+
+type entry struct {
+	compiled
+	stopLoop context.CancelFunc // nil under systemd
+	running  bool
+	pending  bool // a firing waits for the running one (overlap = "wait")
+	status   Status
+}
+
+// New makes an empty Table; Set gives it its jobs.
+func New(opts Options) (*Table, error) {
+	if opts.Fire == nil {
+		return nil, errors.New("cannot make a schedules table: it needs a Fire function")
+	}
+	if opts.Clock == nil {
+		opts.Clock = clockwork.NewRealClock()
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Table{opts: opts, clock: opts.Clock, log: opts.Logger, ctx: ctx, stop: stop, jobs: map[string]*entry{}}, nil
+}
+
+// Set makes jobs the Table's jobs: new ones are added, changed ones
+// replaced, gone ones removed (a firing of a removed job that is running
+// ends as its run ends). A job that is wrong, or an id used twice, changes
+// nothing. Under systemd the timers are reconciled after the Table changed.
+func (t *Table) Set(ctx context.Context, jobs []Job) error {
+	next := make(map[string]compiled, len(jobs))
+	for _, j := range jobs {
+		c, err := compile(j)
+		if err != nil {
+			return err
+		}
+		if _, dup := next[j.ID]; dup {
+			return fmt.Errorf("cannot use schedule %q: its id is used twice", j.ID)
+		}
+		next[j.ID] = c
+	}
+	t.mu.Lock()
+	if t.ctx.Err() != nil {
+		t.mu.Unlock()
+		return errClosed
+	}
+	for id, e := range t.jobs {
+		if c, kept := next[id]; !kept || c.job != e.job {
+			if e.stopLoop != nil {
+				e.stopLoop()
+			}
+			if !kept {
+				delete(t.jobs, id)
+			}
+		}
+	}
+	for id, c := range next {
+		e := t.jobs[id]
+		if e != nil && e.job == c.job {
+			continue
+		}
+		if e == nil {
+			e = &entry{status: Status{ID: id}}
+			t.jobs[id] = e
+		}
+		e.compiled = c
+		e.stopLoop = nil
+		if t.opts.Timers == nil {
+			loopCtx, stop := context.WithCancel(t.ctx)
+			e.stopLoop = stop
+			t.wg.Go(func() { t.loop(loopCtx, e, c) })
+		}
+	}
+	t.mu.Unlock()
+	if t.opts.Timers != nil {
+		if err := t.opts.Timers.Reconcile(ctx, jobs); err != nil {
+			return fmt.Errorf("cannot set the schedules' timers: %w", err)
+		}
+	}
+	return nil
+}
+
+// recheck bounds how long the loop sleeps at once, so a wall clock that
+// jumps (a suspended machine, a corrected clock) fires a due job within
+// that much instead of when the monotonic timer ends.
+const recheck = time.Minute
+
+// loop fires one job at its calendar's elapses, on the Table's clock.
+func (t *Table) loop(ctx context.Context, e *entry, c compiled) {
+	for {
+		due, ok := c.spec.Next(t.clock.Now())
+		if !ok {
+			t.log.Info("schedule will not fire again: its calendar has no elapse left", "schedule", c.job.ID, "on_calendar", c.spec.String())
+			return
+		}
+		for {
+			wait := due.Sub(t.clock.Now())
+			if wait <= 0 {
+				break
+			}
+			timer := t.clock.NewTimer(min(wait, recheck))
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case <-timer.Chan():
+			}
+		}
+		t.trigger(e, c, Scheduled)
+	}
+}
+
+// Trigger fires the job now: the systemd timer's FireSchedule call
+// (Scheduled) or an admin's (Manual). It returns at once; the run goes on.
+func (t *Table) Trigger(id string, cause Cause) (Outcome, error) {
+	t.mu.Lock()
+	e := t.jobs[id]
+	var c compiled
+	if e != nil {
+		c = e.compiled
+	}
+	t.mu.Unlock()
+	if e == nil {
+		return "", fmt.Errorf("cannot fire schedule %q: %w", id, ErrUnknown)
+	}
+	if t.ctx.Err() != nil {
+		return "", errClosed
+	}
+	return t.trigger(e, c, cause), nil
+}
+
+func (t *Table) trigger(e *entry, c compiled, cause Cause) Outcome {
+	now := t.clock.Now()
+	if cause == Scheduled && c.window != nil && !c.window.contains(t.inZone(c, now)) {
+		t.skip(e, "it is outside its active hours "+c.job.ActiveHours)
+		return Skipped
+	}
+	t.mu.Lock()
+	if t.ctx.Err() != nil { // closed: no firing may start once Close waits
+		t.mu.Unlock()
+		return Skipped
+	}
+	if e.running {
+		if c.job.Overlap == OverlapWait {
+			already := e.pending
+			e.pending = true
+			t.mu.Unlock()
+			if !already {
+				t.log.Info("schedule waits: its previous firing is still running", "schedule", c.job.ID)
+			}
+			return Queued
+		}
+		t.mu.Unlock()
+		t.skip(e, "its previous firing is still running")
+		return Skipped
+	}
+	e.running = true
+	t.startLocked(e, now)
+	t.mu.Unlock()
+	return Started
+}
+
+// startLocked runs the entry's current job; t.mu is held.
+func (t *Table) startLocked(e *entry, now time.Time) {
+	job := e.job
+	e.status.LastStart, e.status.LastEnd = now, time.Time{}
+	e.status.LastState, e.status.LastDetail = StateRunning, ""
+	t.log.Info("schedule fired", "schedule", job.ID, "agent", job.Agent)
+	t.wg.Go(func() {
+		err := t.opts.Fire(t.ctx, job)
+		end := t.clock.Now()
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		e.status.LastEnd = end
+		if err != nil {
+			e.status.LastState, e.status.LastDetail = StateFailed, err.Error()
+			t.log.Warn("schedule's run failed", "schedule", job.ID, "err", err)
+		} else {
+			e.status.LastState = StateSucceeded
+		}
+		if e.pending && t.jobs[job.ID] == e && t.ctx.Err() == nil {
+			e.pending = false
+			t.startLocked(e, end)
+			return
+		}
+		e.pending, e.running = false, false
+	})
+}
+
+func (t *Table) skip(e *entry, why string) {
+	t.mu.Lock()
+	e.status.LastState, e.status.LastDetail = StateSkipped, why
+	id := e.job.ID
+	t.mu.Unlock()
+	t.log.Info("schedule skipped: "+why, "schedule", id)
+}
+
+// inZone is now in the zone the job's calendar names, else the host's.
+func (t *Table) inZone(c compiled, now time.Time) time.Time {
+	if loc := c.spec.Location(); loc != nil {
+		return now.In(loc)
+	}
+	return now
+}
+
+// List is every job's status, by id.
+func (t *Table) List() []Status {
+	now := t.clock.Now()
+	t.mu.Lock()
+	out := make([]Status, 0, len(t.jobs))
+	for _, e := range t.jobs {
+		s := e.status
+		s.Running = e.running
+		if next, ok := e.spec.Next(now); ok {
+			s.Next = next
+		}
+		out = append(out, s)
+	}
+	t.mu.Unlock()
+	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+var errClosed = errors.New("cannot change or fire schedules: the table is closed")
+
+// Close stops the loops, cancels the running firings' contexts and waits
+// for them to return.
+func (t *Table) Close() {
+	t.mu.Lock()
+	t.stop()
+	t.mu.Unlock()
+	t.wg.Wait()
+}
