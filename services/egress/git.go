@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -53,11 +54,18 @@ func newGitState(pol Policy, api *http.Client, timeout time.Duration) (*gitState
 	if err := egresspolicy.CheckGitRules(pol.Git, names); err != nil {
 		return nil, fmt.Errorf("cannot make an egress proxy: %w", err)
 	}
+	// A secret goes only to a host it names, whichever rule names it.
+	for _, r := range pol.Git {
+		rem, _ := egresspolicy.ParseGitRemote(r.Remote)
+		if sec, ok := g.secrets[r.Credential]; ok && !sec.For(rem.Host, rem.Port) {
+			return nil, fmt.Errorf("cannot make an egress proxy: git rule %s: secret %s is not for %s:%d (its hosts: %s)", r.Remote, sec.Name, rem.Host, rem.Port, strings.Join(sec.Hosts, ", "))
+		}
+	}
 	return g, nil
 }
 
 // close revokes the run's app tokens.
-func (g *gitState) close(log interface{ Warn(string, ...any) }) {
+func (g *gitState) close(log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*g.timeout)
 	defer cancel()
 	for _, t := range g.apps {

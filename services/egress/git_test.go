@@ -533,6 +533,8 @@ func TestGitRulesAreCheckedWhenTheProxyIsMade(t *testing.T) {
 	t.Parallel()
 	for name, pol := range map[string]egress.Policy{
 		"unknown credential": {Git: []egresspolicy.GitRule{{Remote: "https://forge.test/acme/web.git", Fetch: true, Credential: "nope"}}},
+		"secret not for the remote's host": {Git: []egresspolicy.GitRule{{Remote: "https://forge.test/acme/web.git", Fetch: true, Credential: "pat"}},
+			Secrets: []egress.Secret{{Name: "pat", Hosts: []string{"api.forge.test"}, Header: "Authorization", Format: "Bearer {}", Value: "v"}}},
 		"bad app key": {Git: []egresspolicy.GitRule{{Remote: "https://forge.test/acme/web.git", Fetch: true, Credential: "app"}},
 			GitHubApps: []egress.GitHubApp{{Name: "app", AppID: 1, InstallationID: 2, PrivateKey: "not a key"}}},
 	} {
