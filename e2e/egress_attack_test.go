@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
@@ -1024,11 +1025,7 @@ allow = %s
 					}
 					proxyAllowed := !berthRefused(r.Answers[0].Status, r.Answers[0].Egress, r.Answers[0].Body) || r.Answers[0].Status == 502
 					out, _ := s.berthctl(t, "egress", "explain", "--json", "--method", c.explainMethod, a, c.explainURL)
-					var v struct {
-						Allowed bool   `json:"allowed"`
-						Reason  string `json:"reason"`
-						Note    string `json:"note"`
-					}
+					var v busapi.EgressVerdict
 					// The verdict, then (on stderr, here in the same output) why
 					// berthctl exits 1.
 					if err := json.NewDecoder(strings.NewReader(out)).Decode(&v); err != nil {
