@@ -24,7 +24,9 @@
 // whole file. A value is read once, into its type (Bytes, Duration,
 // NetworkMode, UIDRange: an UnmarshalText that refuses what it cannot hold);
 // what no file set is defaulted once, where the Config is resolved
-// (tree.config, Config.Agent), from the constants in load.go. A check that
+// (tree.config, Config.Agent), from the constants in load.go; a Config made
+// in code (a test's) starts from Defaults, the Config of an empty file, so
+// nothing downstream defaults a value again. A check that
 // spans keys (required, unique, one of two, a reference to another table) is
 // code in validate.go, which asks where a key was set with where(at, self,
 // key).

@@ -104,6 +104,11 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
+// Defaults is the Config of a berth.toml that sets nothing: every built-in
+// default and no agent. A Config made in code (a test's) starts from it, so
+// that a default is declared only where a Config is resolved.
+func Defaults() *Config { return newTree().config() }
+
 // decodeFile reads, parses, decodes and checks the values of one file. It
 // returns a nil tree when the file cannot be read or parsed.
 func decodeFile(file string) (*tree, Errors) {

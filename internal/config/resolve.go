@@ -41,11 +41,6 @@ func (c *Config) Agent(id string) (Agent, error) {
 	if defaultProvider == "" {
 		defaultProvider = localProvider
 	}
-	schedulerTimeout := c.Scheduler.DefaultTimeout
-	if schedulerTimeout <= 0 {
-		schedulerTimeout = defaultTimeout
-	}
-
 	a := Agent{
 		ID:            id,
 		Name:          first(s.Name, d.Name, id),
@@ -87,7 +82,9 @@ func (c *Config) Agent(id string) (Agent, error) {
 		},
 	}
 	if a.Timeout == 0 {
-		a.Timeout = schedulerTimeout
+		// Defaulted where the Config was resolved (tree.config); a Config
+		// built in code starts from Defaults.
+		a.Timeout = c.Scheduler.DefaultTimeout
 	}
 	switch {
 	case a.Container.Enabled:
