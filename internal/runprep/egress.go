@@ -13,7 +13,7 @@ import (
 
 // startEgress starts the run's egress proxy as [scheduler] egress_user on
 // the run's socket, holding the provider keys the request no longer carries.
-func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host runplan.HostFacts) (*egress.Proxy, string, error) {
+func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host runplan.HostFacts, keep *keepOptions) (*egress.Proxy, string, error) {
 	token, err := egress.NewToken()
 	if err != nil {
 		return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
@@ -35,7 +35,12 @@ func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host ru
 		for _, sec := range plan.Egress.Secrets {
 			hosts = append(hosts, sec.Hosts...)
 		}
-		ca, err := egress.NewCA(plan.RunID, hosts, egress.CALifetime(plan.Timeout+plan.KillGrace))
+		lifetime := plan.Timeout + plan.KillGrace
+		if keep != nil {
+			// A kept sandbox's proxy, and its CA, serve it for its whole life.
+			lifetime = keep.lifetime + plan.Timeout + plan.KillGrace
+		}
+		ca, err := egress.NewCA(plan.RunID, hosts, egress.CALifetime(lifetime))
 		if err != nil {
 			return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
 		}
@@ -44,13 +49,18 @@ func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host ru
 	}
 	startCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	var onDecision func(isolation.EgressDecision)
+	if keep != nil {
+		onDecision = keep.onEgress
+	}
 	proxy, err := egress.Launch(startCtx, pol, egress.LaunchOptions{
-		Binary:   plan.Egress.Proxy.Binary,
-		User:     host.EgressUser,
-		Client:   host.RunUser,
-		Socket:   plan.Egress.Socket,
-		Logger:   p.log,
-		CABundle: bundle,
+		OnDecision: onDecision,
+		Binary:     plan.Egress.Proxy.Binary,
+		User:       host.EgressUser,
+		Client:     host.RunUser,
+		Socket:     plan.Egress.Socket,
+		Logger:     p.log,
+		CABundle:   bundle,
 		// Private CAs the admin gave the scheduler hold for upstreams too.
 		UpstreamCAFile: p.opts.Getenv("SSL_CERT_FILE"),
 		Confine:        p.confineEgress(ctx, plan),

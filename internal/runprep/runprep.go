@@ -123,6 +123,11 @@ func (p *Prepared) Finish() egress.Record {
 // so the run's record says where it would have run; nothing of it then
 // needs finishing.
 func (p *Preparer) Prepare(ctx context.Context, in Input) (*Prepared, error) {
+	return p.prepare(ctx, in, nil)
+}
+
+// prepare is Prepare; keep, when set, readies a kept sandbox (kept.go).
+func (p *Preparer) prepare(ctx context.Context, in Input, keep *keepOptions) (*Prepared, error) {
 	a, err := in.Config.Agent(in.Agent)
 	if err != nil {
 		return nil, &isolation.RunError{Reason: isolation.ReasonAgentNotConfigured, Err: err}
@@ -159,7 +164,7 @@ func (p *Preparer) Prepare(ctx context.Context, in Input) (*Prepared, error) {
 			"run_id", in.RunID, "agent", a.ID, "backend", b.Name(), "network", out.Plan.Network.Mode)
 	}
 	if out.Plan.Egress != nil {
-		out.proxy, out.egressToken, err = p.startEgress(ctx, out.Plan, host)
+		out.proxy, out.egressToken, err = p.startEgress(ctx, out.Plan, host, keep)
 		if err != nil {
 			return out, err
 		}

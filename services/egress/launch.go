@@ -72,6 +72,9 @@ type LaunchOptions struct {
 	// MemoryMax, when set, is the memory the process is confined to: its
 	// Go runtime collects harder as it nears it (GOMEMLIMIT).
 	MemoryMax int64
+	// OnDecision, when set, is told each decision as the proxy reports it
+	// (a kept sandbox's activity); it must not block.
+	OnDecision func(isolation.EgressDecision)
 }
 
 // MakeRoot makes the directory of the runs' egress directories, or sets
@@ -143,6 +146,8 @@ type Proxy struct {
 	log     *slog.Logger
 	done    chan struct{}
 	release func()
+	// onDecision is LaunchOptions.OnDecision.
+	onDecision func(isolation.EgressDecision)
 
 	mu  sync.Mutex
 	rec record
@@ -254,7 +259,7 @@ func Launch(ctx context.Context, pol Policy, opts LaunchOptions) (p *Proxy, err 
 		return nil, fmt.Errorf("cannot start the egress proxy %s: %w", opts.Binary, err)
 	}
 	p = &Proxy{cmd: cmd, stdin: stdin, dir: dir, timeout: opts.StopTimeout, done: make(chan struct{}),
-		log: opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent)}
+		log: opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent), onDecision: opts.OnDecision}
 	ready := make(chan error, 1)
 	go p.read(stdout, ready)
 	// Confined before it has the policy, so before it serves anything.
@@ -313,6 +318,9 @@ func (p *Proxy) read(stdout io.Reader, ready chan<- error) {
 			p.mu.Lock()
 			p.rec.add(*l.Decision)
 			p.mu.Unlock()
+			if p.onDecision != nil {
+				p.onDecision(*l.Decision)
+			}
 		}
 	}
 	if !reported {
@@ -353,6 +361,18 @@ func (p *Proxy) Stop() Record {
 	defer p.mu.Unlock()
 	var rec Record
 	rec.Decisions, rec.Dropped, rec.Counts = p.rec.result()
+	return rec
+}
+
+// Cut returns the record so far and starts a fresh one: a kept sandbox's
+// proxy outlives each run, and each run's record keeps its own decisions.
+// Decisions still on their way from the proxy land in the next record.
+func (p *Proxy) Cut() Record {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var rec Record
+	rec.Decisions, rec.Dropped, rec.Counts = p.rec.result()
+	p.rec = record{}
 	return rec
 }
 
