@@ -82,7 +82,10 @@ const maxPushCommands = 1000
 // options after it when the client announced them; r is left at the pack.
 func readPushCommands(r io.Reader) (pushCommands, error) {
 	var cmds pushCommands
-	for first := true; ; first = false {
+	// Shallow lines come first; the first command (or push-cert) after
+	// them carries the capabilities.
+	first := true
+	for {
 		line, flush, err := readPktLine(r)
 		if err != nil {
 			return cmds, err
@@ -90,15 +93,16 @@ func readPushCommands(r io.Reader) (pushCommands, error) {
 		if flush {
 			break
 		}
+		if bytes.HasPrefix(line, []byte("shallow ")) && first {
+			continue
+		}
 		if first {
 			var caps []byte
 			line, caps, _ = bytes.Cut(line, []byte{0})
 			cmds.caps = strings.Fields(string(caps))
+			first = false
 		}
 		text := strings.TrimSuffix(string(line), "\n")
-		if strings.HasPrefix(text, "shallow ") {
-			continue
-		}
 		if strings.HasPrefix(text, "push-cert") {
 			return cmds, errors.New("a signed push (push-cert) is not judged by berth: push without --signed")
 		}
