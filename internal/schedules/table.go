@@ -197,6 +197,9 @@ func (t *Table) loop(ctx context.Context, e *entry, c compiled) {
 			case <-timer.Chan():
 			}
 		}
+		if ctx.Err() != nil { // replaced or removed while it slept
+			return
+		}
 		t.trigger(e, c, Scheduled)
 	}
 }
