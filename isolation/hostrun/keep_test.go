@@ -272,3 +272,53 @@ func testenvNeedAgent(t *testing.T) {
 		t.Fatalf("berth-agent %s is missing", berthAgent)
 	}
 }
+
+// A request past the plan's timeout fails with "timeout" and stops its
+// sandbox: what the agent was doing is unknown, so it takes no further
+// request, and nothing of it is left.
+func TestAKeptRequestPastItsTimeoutStopsTheSandbox(t *testing.T) {
+	t.Parallel()
+	needCgroups(t)
+	s := keptSpec(t)
+	s.Timeout = 2 * time.Second
+	k := startKept(t, s)
+	pid := backgroundPid(t, shell(t, k, "sleep 300 >/dev/null 2>&1 & echo $!"))
+	_, err := k.Run(context.Background(), agentproto.Request{RunID: "run-slow", Agent: agentproto.Agent{ID: "a", MaxIterations: 2},
+		Message: agentproto.Message{Text: "/sh sleep 60"}})
+	wantReason(t, err, isolation.ReasonTimeout)
+	select {
+	case <-k.Done():
+	default:
+		t.Fatalf("the sandbox still takes requests after a timed-out one")
+	}
+	if !gone(pid) {
+		t.Errorf("process %d of the timed-out sandbox is still running", pid)
+	}
+	if _, err := k.Run(context.Background(), agentproto.Request{RunID: "run-after", Message: agentproto.Message{Text: "hi"}}); isolation.ReasonOf(err) != isolation.ReasonCrashed {
+		t.Errorf("a request to the stopped sandbox: %v, want it refused as ended", err)
+	}
+}
+
+// Activity is every request, and what the owner reports with Touch (its
+// egress proxy's decisions); an older report does not move it back. The
+// sandbox's memory is its cgroup's.
+func TestAKeptSandboxReportsActivityAndMemory(t *testing.T) {
+	t.Parallel()
+	needCgroups(t)
+	k := startKept(t, keptSpec(t))
+	before := k.LastActivity()
+	shell(t, k, "true")
+	afterRun := k.LastActivity()
+	if !afterRun.After(before) {
+		t.Errorf("LastActivity %v did not move past %v with a request", afterRun, before)
+	}
+	later := afterRun.Add(time.Minute)
+	k.Touch(later)
+	k.Touch(afterRun.Add(-time.Hour))
+	if got := k.LastActivity(); !got.Equal(later) {
+		t.Errorf("LastActivity = %v after Touch(%v) and an older Touch, want %v", got, later, later)
+	}
+	if mem, err := k.Memory(context.Background()); err != nil || mem <= 0 {
+		t.Errorf("Memory = %d, %v; want the cgroup's use", mem, err)
+	}
+}
