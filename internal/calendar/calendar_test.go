@@ -158,6 +158,14 @@ func TestExpressionsElapseAsSystemdSays(t *testing.T) {
 		{expr: "*:45 Europe/Berlin", base: "2026-10-25 01:10:00", n: 3},
 		{expr: "*:*:00/20 Europe/Berlin", base: "2026-10-25 00:59:00", n: 6},
 		{expr: "daily Europe/Berlin", base: "2026-10-24 12:00:00", n: 3},
+		// zones by other names, odd offsets, a skipped day, half-hour DST
+		{expr: "daily Etc/UTC", base: late2025, n: 2},
+		{expr: "daily Zulu", base: late2025, n: 2},
+		{expr: "09:00 America/Argentina/Buenos_Aires", base: late2025, n: 2},
+		{expr: "Mon 09:00 Pacific/Chatham", base: late2025, n: 2},
+		{expr: "*-*-* 00:30 Pacific/Apia", base: "2011-12-29 00:00:00", n: 3},
+		{expr: "*-*-* 02:15 Australia/Lord_Howe", base: "2026-10-03 00:00:00", n: 3},
+		{expr: "hourly Australia/Lord_Howe", base: "2026-04-04 13:00:00", n: 4},
 		// the machine's own zone
 		{expr: "*-*-* 02:30", tz: "Europe/Berlin", base: "2026-03-28 23:00:00", n: 3},
 		{expr: "hourly", tz: "Europe/Berlin", base: "2026-10-24 23:00:00", n: 5},

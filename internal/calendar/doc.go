@@ -9,8 +9,10 @@
 // seconds with up to six decimals), *, lists, ranges and /repetitions in
 // every component, the shorthands (minutely … semiannually), and a time
 // zone at the end: UTC or an IANA name such as Europe/Berlin, and @EPOCH
-// for one instant. Not accepted: the local zone's abbreviation (CET after a
-// time), whose meaning depends on the machine's TZ; name the zone instead.
+// for one instant. One difference: systemd reads the machine's own zone
+// abbreviation (CET where TZ is Europe/Berlin) as "this zone, standard
+// time"; Parse reads it as the zone database's zone of that name, or
+// refuses it when there is none (CEST). Name the zone (Europe/Berlin).
 //
 // Spec.String is systemd's normalized form, and Spec.Next follows systemd's
 // walk through local time, including its choices in daylight saving

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -34,8 +35,8 @@ func ServiceName(id string) string { return UnitPrefix + id + ".service" }
 
 // SystemdTimers keeps the jobs' time in systemd: one transient timer per job.
 type SystemdTimers struct {
-	// Busctl is the busctl the services run (default: found on PATH,
-	// else /usr/bin/busctl).
+	// Busctl is the busctl the services run (default: /usr/bin/busctl,
+	// else the one on PATH).
 	Busctl string
 	Logger *slog.Logger
 	// connect reaches systemd (default: the system bus); tests replace it.
@@ -109,10 +110,7 @@ func (s *SystemdTimers) unit(c compiled) timerUnit {
 	id := c.job.ID
 	busctl := s.Busctl
 	if busctl == "" {
-		busctl = "/usr/bin/busctl"
-		if p, err := exec.LookPath("busctl"); err == nil {
-			busctl = p
-		}
+		busctl = defaultBusctl()
 	}
 	// The job's id is the call's only argument: the scheduler reads
 	// everything else from its own configuration, so the unit holds no
@@ -146,6 +144,20 @@ func (s *SystemdTimers) unit(c compiled) timerUnit {
 		timer:       append([]sdbus.Property{prop("Description", description)}, timer...),
 		service:     append([]sdbus.Property{prop("Description", "Fire berth schedule "+id)}, service...),
 	}
+}
+
+// defaultBusctl is systemd's busctl: /usr/bin/busctl where it is (one
+// fixed path, so the units' fingerprint does not follow $PATH), else the
+// one on PATH.
+func defaultBusctl() string {
+	const usual = "/usr/bin/busctl"
+	if _, err := os.Stat(usual); err == nil {
+		return usual
+	}
+	if p, err := exec.LookPath("busctl"); err == nil {
+		return p
+	}
+	return usual
 }
 
 // calendarTimer is one element of a timer's TimersCalendar, a(ss).
