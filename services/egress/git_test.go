@@ -339,6 +339,15 @@ func TestGitPushesAreJudgedRefByRefBeforeAnythingIsForwarded(t *testing.T) {
 	}
 	_ = c3
 
+	// A shallow clone's push (its shallow lines come before the commands).
+	shallow := filepath.Join(t.TempDir(), "shallow")
+	e.mustGit("", "clone", "-q", "--depth", "1", e.forge.URL+"/acme/web.git", shallow)
+	cs := e.commit(shallow, "s.txt", "shallow\n")
+	e.mustGit(shallow, "push", "-q", "origin", "HEAD:berth/s")
+	if e.forge.Ref("acme/web", "berth/s") != cs {
+		t.Fatal("a shallow clone's push did not land")
+	}
+
 	var refs []string
 	for _, d := range e.decisions() {
 		if d.Ref != "" {
