@@ -113,7 +113,9 @@ func (t *appTokens) get(ctx context.Context) (string, error) {
 		done := make(chan struct{})
 		t.minting = done
 		t.mu.Unlock()
-		tok, expires, err := t.mint(ctx)
+		// Not cancelled with the request that happens to mint: others wait
+		// on it (the call has its own deadline).
+		tok, expires, err := t.mint(context.WithoutCancel(ctx))
 		t.mu.Lock()
 		t.minting, t.lastErr = nil, err
 		if err == nil {
