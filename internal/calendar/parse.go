@@ -27,7 +27,8 @@ type component struct{ start, stop, repeat int }
 // chain is a component's list; nil means * (any value).
 type chain []component
 
-// Spec is a parsed calendar expression.
+// Spec is a parsed calendar expression; it does not change once parsed,
+// so one Spec may serve many goroutines.
 type Spec struct {
 	weekdays   uint8 // bit 0 is Monday; 0 means any day
 	year       chain
