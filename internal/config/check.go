@@ -1,10 +1,12 @@
 package config
 
 import (
+	"encoding"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -99,63 +101,16 @@ func (c *Config) writeAgent(w io.Writer, a Agent) {
 	t := tomlWriter{w}
 	table := "agents." + joinKey("", a.ID)
 	t.table(table)
-	t.str("name", a.Name)
+	t.str("isolation", a.Isolation) // not a key: which backend the keys below choose
+	notes := map[string]string{}
 	if a.Workspace == "" {
-		t.comment("workspace: chosen by the scheduler (<state>/agents/%s)", a.ID)
+		notes["workspace"] = fmt.Sprintf("workspace: chosen by the scheduler (<state>/agents/%s)", a.ID)
 	}
-	t.str("workspace", a.Workspace)
-	t.str("isolation", a.Isolation)
-	t.val("timeout_seconds", int64(a.Timeout.Seconds()))
-	t.str("provider", a.Provider)
-	t.str("model", a.Model)
-	t.val("max_iterations", a.MaxIterations)
-
-	t.table(table + ".tools")
-	t.list("allow", a.Tools.Allow)
-	t.list("deny", a.Tools.Deny)
-
-	t.table(table + ".container_mode")
-	t.val("enabled", a.Container.Enabled)
-	t.str("image", a.Container.Image)
-	t.str("memory_limit", a.Container.MemoryLimit.String())
-	t.str("network", a.Container.Network)
-	t.str("runtime", a.Container.Runtime)
-	t.val("warm", a.Container.Warm)
-	t.list("binds", a.Container.Binds)
-	t.list("security_opt", a.Container.SecurityOpt)
-
-	t.table(table + ".file_access")
-	t.val("unrestricted", a.FileAccess.Unrestricted)
-	t.list("allow_read", a.FileAccess.AllowRead)
-	t.list("allow_read_write", a.FileAccess.AllowReadWrite)
-	t.list("deny", a.FileAccess.Deny)
-	t.val("allow_home_dotfiles", a.FileAccess.AllowHomeDotfiles)
-	t.val("allow_network", a.FileAccess.AllowNetwork)
-
-	t.table(table + ".egress")
-	t.list("allow", a.EgressAllow)
-
-	t.table(table + ".sandbox")
-	t.str("scope", a.Sandbox.Scope)
-	if a.Sandbox.Conversation() {
-		t.str("idle_stop", a.Sandbox.IdleStop.String())
-		t.str("max_lifetime", a.Sandbox.MaxLifetime.String())
-		t.val("max_per_agent", a.Sandbox.MaxPerAgent)
-	} else if c.sandboxKeysSet(a.ID) {
-		t.comment("scope = \"message\" ignores idle_stop, max_lifetime and max_per_agent: every message gets a fresh sandbox")
+	if !a.Sandbox.Conversation() && c.sandboxKeysSet(a.ID) {
+		notes["sandbox.idle_stop"] = `scope = "message" ignores idle_stop, max_lifetime and max_per_agent: every message gets a fresh sandbox`
 	}
-
-	t.table(table + ".image_config")
-	t.val("enabled", a.Image.Enabled)
-	t.str("image", a.Image.Image)
-	t.str("base_image", a.Image.BaseImage)
-	t.list("packages", a.Image.Packages)
-	if len(a.Image.EnvVars) > 0 {
-		t.table(table + ".image_config.env_vars")
-		for _, name := range slices.Sorted(maps.Keys(a.Image.EnvVars)) {
-			t.val(joinKey("", name), strconv.Quote(a.Image.EnvVars[name]))
-		}
-	}
+	settings := settingsOf(a)
+	t.settings(table, "", reflect.ValueOf(&settings).Elem(), notes)
 
 	for i, name := range c.chainNames(a) {
 		p := c.Providers.Entries[name]
@@ -206,6 +161,139 @@ func (c *Config) writeAgent(w io.Writer, a Agent) {
 		t.comment("messages no binding or connector routes come here")
 		t.str("default_agent", a.ID)
 	}
+}
+
+// settingsOf is a resolved agent as the settings that give it, every key
+// that has a value set: config check writes them by walking their tags, so
+// a key is named once, in its field. A key no line here fills is missing
+// from the output (TestConfigCheckShowsEveryAgentKey fails).
+func settingsOf(a Agent) AgentSettings {
+	timeout := int(a.Timeout / time.Second)
+	s := AgentSettings{
+		Name:          a.Name,
+		Workspace:     a.Workspace,
+		Provider:      a.Provider,
+		Model:         a.Model,
+		MaxIterations: &a.MaxIterations,
+		Tools:         a.Tools,
+		ContainerMode: ContainerSettings{
+			Enabled:        &a.Container.Enabled,
+			Image:          a.Container.Image,
+			MemoryLimit:    &a.Container.MemoryLimit,
+			TimeoutSeconds: &timeout,
+			Network:        NetworkMode(a.Container.Network),
+			Runtime:        a.Container.Runtime,
+			Warm:           &a.Container.Warm,
+			Binds:          a.Container.Binds,
+			SecurityOpt:    a.Container.SecurityOpt,
+		},
+		FileAccess: FileAccessSettings{
+			Unrestricted:      &a.FileAccess.Unrestricted,
+			AllowRead:         a.FileAccess.AllowRead,
+			AllowReadWrite:    a.FileAccess.AllowReadWrite,
+			Deny:              a.FileAccess.Deny,
+			AllowHomeDotfiles: &a.FileAccess.AllowHomeDotfiles,
+			AllowNetwork:      &a.FileAccess.AllowNetwork,
+		},
+		WorkspaceQuota: &a.WorkspaceQuota,
+		ImageConfig: ImageSettings{
+			Enabled:   &a.Image.Enabled,
+			Image:     a.Image.Image,
+			BaseImage: a.Image.BaseImage,
+			Packages:  a.Image.Packages,
+			EnvVars:   a.Image.EnvVars,
+		},
+		Egress:  EgressSettings{Allow: a.EgressAllow},
+		Sandbox: SandboxSettings{Scope: a.Sandbox.Scope},
+	}
+	// Only a conversation's sandbox is kept, so only it has these.
+	if a.Sandbox.Conversation() {
+		idle, lifetime := Duration(a.Sandbox.IdleStop), Duration(a.Sandbox.MaxLifetime)
+		s.Sandbox.IdleStop, s.Sandbox.MaxLifetime, s.Sandbox.MaxPerAgent = &idle, &lifetime, &a.Sandbox.MaxPerAgent
+	}
+	return s
+}
+
+// settings writes the keys of v, a table's struct, that have a value: its
+// own keys first, then each sub-table under its header. rel is v's key
+// relative to the agent's table; notes are comments keyed the same way,
+// written where the key's line goes (or under the sub-table's header).
+func (t tomlWriter) settings(table, rel string, v reflect.Value, notes map[string]string) {
+	specs := specsOf(v.Type())
+	for _, f := range specs {
+		key := joinKey(rel, f.key)
+		if note, ok := notes[key]; ok && (f.kind == kindLeaf || f.kind == kindList) {
+			t.comment("%s", note)
+		}
+		fv := v.Field(f.index)
+		switch {
+		case f.key == "id":
+			// The table's name.
+		case f.kind == kindLeaf:
+			t.leaf(f.key, fv)
+		case f.kind == kindList && !fv.IsNil():
+			t.w.Write([]byte(f.key + " = " + listText(fv) + "\n"))
+		}
+	}
+	for _, f := range specs {
+		key, fv := joinKey(rel, f.key), v.Field(f.index)
+		switch f.kind {
+		case kindSection:
+			t.table(table + "." + joinKey("", f.key))
+			if note, ok := notes[key]; ok {
+				t.comment("%s", note)
+			}
+			t.settings(table+"."+joinKey("", f.key), key, fv, notes)
+		case kindStrings:
+			if fv.Len() == 0 {
+				continue
+			}
+			t.table(table + "." + joinKey("", f.key))
+			m := fv.Interface().(map[string]string)
+			for _, name := range slices.Sorted(maps.Keys(m)) {
+				t.val(joinKey("", name), strconv.Quote(m[name]))
+			}
+		case kindTables:
+			for i := range fv.Len() {
+				fmt.Fprintf(t.w, "\n[[%s.%s]]\n", table, joinKey("", f.key))
+				t.settings(table+"."+joinKey("", f.key), indexKey(key, i), fv.Index(i), notes)
+			}
+		}
+	}
+}
+
+// leaf writes one key's value as TOML, typed values as the text they are
+// read from ("512m", "15m0s"); nothing when it is unset or an empty string.
+func (t tomlWriter) leaf(key string, v reflect.Value) {
+	if v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return
+		}
+		v = v.Elem()
+	}
+	if m, ok := v.Interface().(encoding.TextMarshaler); ok {
+		text, _ := m.MarshalText()
+		t.str(key, string(text))
+		return
+	}
+	if v.Kind() == reflect.String {
+		t.str(key, v.String())
+		return
+	}
+	t.val(key, v.Interface())
+}
+
+// listText is a list of strings or integers in TOML syntax.
+func listText(v reflect.Value) string {
+	items := make([]string, v.Len())
+	for i := range v.Len() {
+		if e := v.Index(i); e.Kind() == reflect.String {
+			items[i] = strconv.Quote(e.String())
+		} else {
+			items[i] = fmt.Sprint(e.Interface())
+		}
+	}
+	return "[" + strings.Join(items, ", ") + "]"
 }
 
 // writeSummary writes what holds for every agent: [retention] and the
