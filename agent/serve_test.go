@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 
+	"github.com/berth-dev/berth/agent/confine"
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // serveSession is berth-agent in serve mode with its request and response
@@ -18,10 +21,11 @@ type serveSession struct {
 	out *bufio.Scanner
 }
 
-func startServe(t *testing.T) serveSession {
+func startServe(t *testing.T, attr *syscall.SysProcAttr) serveSession {
 	t.Helper()
 	cmd := exec.Command(agentBinary, agentproto.ServeArg)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	cmd.SysProcAttr = attr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +72,7 @@ func (s serveSession) ask(t *testing.T, req agentproto.Request) agentproto.Respo
 func TestServeModeRunsRequestsInTheConfinementItOpenedWith(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	s := startServe(t)
+	s := startServe(t, nil)
 
 	open := f.request("")
 	open.RunID = "sandbox-1"
@@ -101,5 +105,45 @@ func TestServeModeRunsRequestsInTheConfinementItOpenedWith(t *testing.T) {
 	again.RunID = "run-4"
 	if resp := s.ask(t, again); !strings.Contains(resp.Reply, "one") {
 		t.Errorf("the sandbox no longer serves after a refusal: %+v", resp)
+	}
+}
+
+// A kept sandbox's egress proxy is bound once, at the opening, and serves
+// every later request: each reaches the model through it with the key the
+// scheduler's proxy adds, under the one token of the sandbox.
+func TestServeModeServesItsEgressProxyToEveryRequest(t *testing.T) {
+	t.Parallel()
+	requireLandlock(t, confine.MinNetworkABI)
+	testenv.NeedRoot(t)
+	root := users(t)[1]
+	model := newFakeOpenAI(t, shellModel)
+	f := openFixture(t, root)
+	egress := startEgressRun(t, f, model, root)
+	s := startServe(t, &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET})
+
+	open := egress.request(f, "")
+	open.RunID = "sandbox-1"
+	if resp := s.ask(t, open); resp.RunID != "sandbox-1" || resp.Error != "" {
+		t.Fatalf("opening answer = %+v, want an empty response of sandbox-1", resp)
+	}
+	for i, text := range []string{"echo first", "echo second"} {
+		req := egress.request(f, text)
+		req.RunID = "run-" + text
+		resp := s.ask(t, req)
+		if resp.Error != "" || !strings.Contains(resp.Reply, "the tool said:") || !strings.Contains(resp.Reply, text[5:]) {
+			t.Errorf("request %d answered %+v; want the model reached through the sandbox's proxy", i+1, resp)
+		}
+	}
+	reqs := model.requests()
+	if len(reqs) != 4 {
+		t.Fatalf("the model got %d requests, want 4 (a call and a tool result per request)", len(reqs))
+	}
+	for _, r := range reqs {
+		if r.Auth != "Bearer "+providerKey {
+			t.Errorf("the model got Authorization %q, want the key the proxy adds", r.Auth)
+		}
+	}
+	if n := len(egress.decisions.all()); n < 4 {
+		t.Errorf("the scheduler's proxy streamed %d decisions, want one per model call (4)", n)
 	}
 }
