@@ -404,6 +404,14 @@ func (j *Judge) ExplainGit(op, remote, ref string) (Verdict, error) {
 	return v, nil
 }
 
+// gitHostNote is what explain says of a tunnel to a git rule's host.
+func gitHostNote(j *Judge, host string, port int) string {
+	if _, ok := MatchRule(j.Allow, http.MethodConnect, host, port); ok {
+		return "TLS intercepted with the run's CA: git's requests are judged by the git rules, others pass without their credentials"
+	}
+	return "TLS intercepted with the run's CA: only git's smart HTTP for the repositories of the git rules passes"
+}
+
 func credentialNote(r GitRule) string {
 	if r.Credential == "" {
 		return "sent without a credential (the rule names none)"

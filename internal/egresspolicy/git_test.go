@@ -140,6 +140,10 @@ func TestGitExplainAnswersWithTheProxysRules(t *testing.T) {
 	if r != nil || dest.Rule.Raw != "git https://forge.test/acme/web.git" {
 		t.Errorf("CONNECT to the git host: %+v, %v", dest, r)
 	}
+	v, err = gitJudge.Explain(t.Context(), Question{Method: "GET", URL: "https://forge.test/acme/web/pulls"})
+	if err != nil || !v.Allowed || !strings.Contains(v.Note, "only git's smart HTTP") {
+		t.Errorf("explain of the git host: %+v, %v; want the tunnel allowed for git only", v, err)
+	}
 	if _, r := gitJudge.Destination(t.Context(), "GET", "forge.test", 80); r == nil {
 		t.Error("plain HTTP to the git host was allowed")
 	}

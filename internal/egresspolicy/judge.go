@@ -216,6 +216,9 @@ func (j *Judge) Explain(ctx context.Context, q Question) (Verdict, error) {
 	if dest.Addrs == nil && !dest.Rule.Names(host) {
 		v.Note = joinNote(v.Note, "refused when sent if "+host+" resolves to an internal address (loopback, private, link-local, this host's networks or gateways): no rule names it exactly")
 	}
+	if method == http.MethodConnect && j.GitHost(host, port) {
+		v.Note = joinNote(v.Note, gitHostNote(j, host, port))
+	}
 	if method == http.MethodConnect {
 		if sec := j.SecretFor(host, port); sec != nil && v.Method == http.MethodConnect {
 			v.Rule = "secret " + sec.Name
