@@ -230,7 +230,9 @@ func Launch(ctx context.Context, pol Policy, opts LaunchOptions) (p *Proxy, err 
 		return nil, fmt.Errorf("cannot encode the egress policy: %w", err)
 	}
 	cmd := exec.Command(opts.Binary)
-	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C.UTF-8"}
+	// TMPDIR on disk: a push kept to be judged (git.go) must not fill a
+	// tmpfs /tmp, which would count against the proxy's memory.
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C.UTF-8", "TMPDIR=/var/tmp"}
 	if opts.UpstreamCAFile != "" {
 		cmd.Env = append(cmd.Env, "SSL_CERT_FILE="+opts.UpstreamCAFile)
 	}
