@@ -205,6 +205,10 @@ func settingsOf(a Agent) AgentSettings {
 		},
 		Egress:  EgressSettings{Allow: a.EgressAllow},
 		Sandbox: SandboxSettings{Scope: a.Sandbox.Scope},
+		MCP:     a.MCP,
+	}
+	if ws := a.WebSearch; ws != nil {
+		s.WebSearch = WebSearchSettings{Provider: ws.Provider, BaseURL: ws.BaseURL, Secret: ws.Secret}
 	}
 	// Only a conversation's sandbox is kept, so only it has these.
 	if a.Sandbox.Conversation() {

@@ -60,6 +60,26 @@ scope = "conversation"
 idle_stop = "5m"
 max_lifetime = "2h"
 max_per_agent = 2
+
+[[agents.mcp]]
+name = "files"
+command = ["mcp-files", "/srv"]
+tools = ["read"]
+timeout = "45s"
+
+[agents.web_search]
+provider = "searxng"
+base_url = "https://example.com"
+secret = "search"
+` + fullAgentSecret
+
+// fullAgentSecret is the [[egress.secrets]] entry fullAgent's web_search
+// names; config check --agent does not show it, so it is read back with it.
+const fullAgentSecret = `
+[[egress.secrets]]
+name = "search"
+env = "SEARCH_KEY"
+hosts = ["example.com"]
 `
 
 // `berthctl config check --agent` shows every key an agent has, found by
@@ -96,7 +116,7 @@ func TestConfigCheckShowsEveryAgentKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	againPath := filepath.Join(t.TempDir(), "berth.toml")
-	if err := os.WriteFile(againPath, again.Bytes(), 0o600); err != nil {
+	if err := os.WriteFile(againPath, append(again.Bytes(), fullAgentSecret...), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	want, _ := mustLoad(t, path).Agent("full")

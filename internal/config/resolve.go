@@ -80,6 +80,8 @@ func (c *Config) Agent(id string) (Agent, error) {
 			MaxLifetime: time.Duration(firstSet(defaultSandboxMaxLifetime, s.Sandbox.MaxLifetime, d.Sandbox.MaxLifetime)),
 			MaxPerAgent: firstSet(defaultSandboxMaxPerAgent, s.Sandbox.MaxPerAgent, d.Sandbox.MaxPerAgent),
 		},
+		MCP:       mcpOf(s.MCP, d.MCP),
+		WebSearch: webSearchOf(&s.WebSearch, &d.WebSearch),
 	}
 	if a.Timeout == 0 {
 		// Defaulted where the Config was resolved (tree.config); a Config

@@ -67,6 +67,9 @@ type AgentSettings struct {
 	ImageConfig    ImageSettings   `toml:"image_config"` // [agents.image_config]; never set in [agent_defaults]
 	Egress         EgressSettings  `toml:"egress"`
 	Sandbox        SandboxSettings `toml:"sandbox"`
+	// MCP are [[agents.mcp]]; an agent's list replaces [agent_defaults]'s.
+	MCP       []MCPServer       `toml:"mcp"`
+	WebSearch WebSearchSettings `toml:"web_search"`
 }
 
 // SandboxSettings is [agents.sandbox] (or [agent_defaults.sandbox]): whether
@@ -169,6 +172,11 @@ type Agent struct {
 	WorkspaceQuota Bytes
 	// Sandbox is [agents.sandbox], defaults filled in.
 	Sandbox Sandbox
+	// MCP are the agent's MCP servers ([[agents.mcp]]), checked against
+	// [[egress.secrets]] and the allow rules when loaded.
+	MCP []MCPServer
+	// WebSearch is [agents.web_search]; nil gives no web_search tool.
+	WebSearch *WebSearch
 }
 
 // Sandbox scopes: a fresh sandbox per message, or one per conversation

@@ -189,6 +189,12 @@ var valueChecks = map[string]any{
 	}),
 	"imageRef":      imageRef,
 	"debianPackage": debianPackage,
+	// [[agents.mcp]], [agents.web_search] (mcp.go)
+	"mcpName":           checkMCPName,
+	"mcpURL":            checkMCPURL,
+	"mcpTool":           checkMCPTool,
+	"mcpTimeout":        checkMCPTimeout,
+	"webSearchProvider": oneOf(WebSearchSearXNG, WebSearchBrave),
 
 	// [[connectors]]
 	"connectorType":    oneOf(ConnectorTypes...),
@@ -460,6 +466,7 @@ func (t *tree) validateMerged() Errors {
 		}
 	}
 	checkAgent(t.at, loc{}, "intake.default_agent", t.v.Intake.DefaultAgent)
+	t.agentToolsMerged(&c)
 	return c.errs
 }
 
