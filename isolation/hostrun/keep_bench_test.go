@@ -103,3 +103,49 @@ func reportPercentiles(b *testing.B, durations []time.Duration) {
 	b.ReportMetric(at(0.50), "p50-ms")
 	b.ReportMetric(at(0.95), "p95-ms")
 }
+
+// BenchmarkFiftyIdleKeptSandboxes opens 50 kept landlock sandboxes, each
+// having served one request, and measures a request to a fresh host run
+// per message while they are idle; it reports their memory together.
+//
+//	go test -run '^$' -bench FiftyIdle -benchtime 50x ./isolation/hostrun/
+func BenchmarkFiftyIdleKeptSandboxes(b *testing.B) {
+	const sandboxes = 50
+	var total int64
+	for i := range sandboxes {
+		s := benchSpec(b)
+		s.RunID = "bench-idle-" + strconv.Itoa(i)
+		s.Request.RunID = s.RunID
+		k, err := hostrun.Runner{}.Start(context.Background(), s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = k.Stop(context.Background(), 0) })
+		if _, err := k.Run(context.Background(), benchRequest(i)); err != nil {
+			b.Fatal(err)
+		}
+		mem, err := k.Memory(context.Background())
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += mem
+	}
+	durations := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		s := benchSpec(b)
+		s.RunID = "bench-beside-" + strconv.Itoa(i)
+		s.Request = benchRequest(i)
+		s.Request.RunID, s.Request.Version = s.RunID, agentproto.Version
+		s.Request.Provider = agentproto.Provider{Name: "local", Kind: "local"}
+		began := time.Now()
+		if _, err := (hostrun.Runner{}).Run(context.Background(), s); err != nil {
+			b.Fatal(err)
+		}
+		durations = append(durations, time.Since(began))
+	}
+	b.StopTimer()
+	reportPercentiles(b, durations)
+	b.ReportMetric(float64(total)/(1<<20), "idle-total-MiB")
+	b.ReportMetric(float64(total)/sandboxes/(1<<20), "idle-each-MiB")
+}
