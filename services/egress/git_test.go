@@ -444,6 +444,9 @@ func TestGitAppTokensAreScopedRefreshedRevokedAndNeverInside(t *testing.T) {
 			t.Errorf("token %s… still valid after the run", tok[:8])
 		}
 	}
+	if !strings.Contains(string(environ), "TMPDIR=/var/tmp\x00") {
+		t.Errorf("berth-egress's environment %q; want TMPDIR on disk for the pushes it keeps", environ)
+	}
 	if strings.Contains(string(cmdline)+string(environ), "PRIVATE KEY") {
 		t.Error("the app's private key is in the proxy's argv or environment")
 	}
