@@ -210,6 +210,7 @@ func compile(cfg *config.Config, agentID, runID string, attempt int, host HostFa
 
 	providers(&c, cfg, a, host)
 	egressPlan(&c, cfg, a, host)
+	agentToolsWhy(&c, a)
 	return c, nil
 }
 
