@@ -18,7 +18,7 @@ import (
 // the opening and then takes one request at a time as a line of JSON on its
 // stdin, answering each with one line on stdout. Its /tmp, and what its
 // tools started in the background, stay until it is stopped. The backend
-// only starts, signals, kills and measures it (KeptBody); how requests
+// only starts, signals, kills and measures it (KeptBody, OpenKept); how requests
 // travel, time out and are answered is decided here, for every backend.
 
 // Keeper is a backend that can keep a sandbox alive between requests.
@@ -193,12 +193,12 @@ const DefaultOpenTimeout = time.Minute
 // reach its ResponseFollows line (stdout and stderr travel apart).
 const logSettle = 100 * time.Millisecond
 
-// Open hands a started kept agent its opening request on stdin and waits
+// OpenKept hands a started kept agent its opening request on stdin and waits
 // until it is confined and ready: the backend's half of Keeper.Start after
 // it started body with out as its output. On failure the sandbox is killed
 // and released, and the error is a *RunError (ReasonConfinement when the
 // agent refused to confine itself).
-func Open(ctx context.Context, spec Spec, body KeptBody, stdin io.WriteCloser, out *KeptOutput) (Kept, error) {
+func OpenKept(ctx context.Context, spec Spec, body KeptBody, stdin io.WriteCloser, out *KeptOutput) (Kept, error) {
 	k := &kept{spec: spec, body: body, stdin: stdin, out: out, last: time.Now(), stopped: make(chan struct{})}
 	fail := func(err error) (Kept, error) {
 		k.kill()

@@ -67,7 +67,7 @@ func (b *Backend) Start(ctx context.Context, spec isolation.Spec) (isolation.Kep
 	s.output(out.Stdout(), out.Stderr())
 	body := &keptContainer{s: s, exited: make(chan struct{})}
 	go body.watch()
-	return isolation.Open(ctx, spec, body, attachedStdin{s}, out)
+	return isolation.OpenKept(ctx, spec, body, attachedStdin{s}, out)
 }
 
 // attachedStdin is the container's stdin over the attach stream.

@@ -96,7 +96,7 @@ func (r Runner) Start(ctx context.Context, spec isolation.Spec) (isolation.Kept,
 	if l.err != nil {
 		return nil, l.err
 	}
-	return isolation.Open(ctx, spec, l.body, l.stdin, out)
+	return isolation.OpenKept(ctx, spec, l.body, l.stdin, out)
 }
 
 // keptProcess is a kept sandbox's agent process and its limits.
