@@ -28,7 +28,8 @@ func TestKnownSecretsAreRedactedFromWhatARunReturns(t *testing.T) {
 	t.Parallel()
 	const key, token = "sk-live-KEY-0123456789", "egress-token-abcdef012345"
 	resp := agentproto.Response{Version: 1, RunID: "r1", Reply: "your key is " + key,
-		ToolCalls: []agentproto.ToolCall{{Name: "shell", Args: json.RawMessage(`{"command":"echo ` + key + `"}`), Output: key + "\n" + token}}}
+		ToolCalls: []agentproto.ToolCall{{Name: "shell", Args: json.RawMessage(`{"command":"echo ` + key + `"}`), Output: key + "\n" + token}},
+		MCP:       []agentproto.MCPStatus{{Name: "tracker", Transport: "http", Error: "MCP server tracker did not start: echoed " + token}}}
 	out, _ := json.Marshal(resp)
 	sb := &writingSandbox{scripted: &scripted{stdout: string(out), killed: make(chan struct{}), drained: make(chan struct{})}, errText: "log: token=" + token + "\n"}
 	spec := isolation.Spec{Plan: isolation.Plan{RunID: "r1", KillGrace: 100 * time.Millisecond,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -149,6 +150,14 @@ func redact(spec Spec, res Result, err error) (Result, error) {
 			calls[i] = tc
 		}
 		r.ToolCalls = calls
+	}
+	if len(r.MCP) > 0 {
+		// A server's error line may quote what the sandbox was given.
+		servers := slices.Clone(r.MCP)
+		for i := range servers {
+			servers[i].Error = clean(servers[i].Error)
+		}
+		r.MCP = servers
 	}
 	res.Stderr = clean(res.Stderr)
 	var re *RunError
