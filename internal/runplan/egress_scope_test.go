@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/runplan"
 )
 
@@ -15,17 +14,29 @@ import (
 // in the plan's JSON.
 func TestThePlanCarriesProviderSettingsAndSecretScopesButNoValues(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
-	cloud := cfg.Providers.Entries["cloud"]
-	cloud.Endpoints, cloud.Organization, cloud.Project = []string{"chat/completions"}, "org-admin", "proj-admin"
-	cfg.Providers.Entries["cloud"] = cloud
-	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
-	cfg.Agents[0].Egress.Allow = []string{"api.github.com", "hooks.example:8443"}
-	cfg.EgressSecrets = []config.EgressSecret{
-		{Name: "github", Env: "GITHUB_TOKEN", Hosts: []string{"api.github.com"}, Header: "Authorization", Format: "Bearer {}", Methods: []string{"get"}, Paths: []string{"/repos/acme"}},
-		// Only on 443, which no rule allows hooks.example: it does not apply.
-		{Name: "hooks", Env: "GITHUB_TOKEN", Hosts: []string{"hooks.example"}, Header: "X-Token", Format: "{}", Ports: []int{443}},
-	}
+	cfg := testConfig(t, opsWithoutNetwork+`egress.allow = ["api.github.com", "hooks.example:8443"]
+
+[providers.cloud]
+endpoints = ["chat/completions"]
+organization = "org-admin"
+project = "proj-admin"
+
+[[egress.secrets]]
+name = "github"
+env = "GITHUB_TOKEN"
+hosts = ["api.github.com"]
+methods = ["get"]
+paths = ["/repos/acme"]
+
+# Only on 443, which no rule allows hooks.example: it does not apply.
+[[egress.secrets]]
+name = "hooks"
+env = "GITHUB_TOKEN"
+hosts = ["hooks.example"]
+header = "X-Token"
+format = "{}"
+ports = [443]
+`)
 	const token = "ghp_scope_SECRET_7"
 	p, err := runplan.Compile(cfg, "ops", "r1", facts(t, map[string]string{"CLOUD_KEY": secret, "GITHUB_TOKEN": token}))
 	if err != nil {

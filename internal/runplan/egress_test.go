@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/berth-dev/berth/internal/agentproto"
-	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -16,11 +15,12 @@ import (
 func TestARunWithoutANetworkOfItsOwnLeavesOnlyThroughItsEgressSocket(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"CLOUD_KEY": secret}
-	cfg := testConfig(t)
-	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
-	cfg.Agents[0].Egress.Allow = []string{"pypi.org", "GET deb.example.org:8080"}
-	cfg.Agents[1].Provider = "cloud" // boxed: a container with network none
-	cfg.Scheduler.EgressBinary = "/usr/libexec/berth/berth-egress"
+	cfg := testConfig(t, opsWithoutNetwork+`egress.allow = ["pypi.org", "GET deb.example.org:8080"]
+
+[[agents]]
+id = "boxed" # a container with network none
+provider = "cloud"
+`)
 	tests := []struct {
 		name  string
 		agent string
@@ -123,9 +123,7 @@ func TestARunWithNothingToReachGetsNoProxy(t *testing.T) {
 
 func TestExplainShowsTheEgressSectionWithoutKeys(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
-	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
-	cfg.Agents[0].Egress.Allow = []string{"pypi.org"}
+	cfg := testConfig(t, opsWithoutNetwork+`egress.allow = ["pypi.org"]`)
 	e, err := runplan.Explain(cfg, "ops", facts(t, map[string]string{"CLOUD_KEY": secret}))
 	if err != nil {
 		t.Fatal(err)
@@ -144,8 +142,7 @@ func TestExplainShowsTheEgressSectionWithoutKeys(t *testing.T) {
 
 func TestTheProxyNeverRunsAsTheRunUser(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
-	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
+	cfg := testConfig(t, opsWithoutNetwork)
 	host := facts(t, map[string]string{"CLOUD_KEY": secret})
 	host.EgressUser = host.RunUser
 	if _, err := runplan.Compile(cfg, "ops", "r1", host); err == nil || !strings.Contains(err.Error(), "must be another user") {
@@ -155,14 +152,25 @@ func TestTheProxyNeverRunsAsTheRunUser(t *testing.T) {
 
 func TestEgressSecretsApplyToHostsTheAgentMayReachAndNeverShow(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
-	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
-	cfg.Agents[0].Egress.Allow = []string{"api.github.com", "pypi.org"}
-	cfg.EgressSecrets = []config.EgressSecret{
-		{Name: "github", Env: "GITHUB_TOKEN", Hosts: []string{"api.github.com", "github.com"}, Header: "Authorization", Format: "Bearer {}"},
-		{Name: "registry", Env: "REGISTRY_TOKEN", Hosts: []string{"registry.example"}, Header: "X-Token", Format: "{}"},
-	}
-	cfg.EgressSecrets = append(cfg.EgressSecrets, config.EgressSecret{Name: "deploy", File: "/etc/berth/deploy.token", Hosts: []string{"deploy.example"}, Header: "Authorization", Format: "Bearer {}"})
+	cfg := testConfig(t, opsWithoutNetwork+`egress.allow = ["api.github.com", "pypi.org"]
+
+[[egress.secrets]]
+name = "github"
+env = "GITHUB_TOKEN"
+hosts = ["api.github.com", "github.com"]
+
+[[egress.secrets]]
+name = "registry"
+env = "REGISTRY_TOKEN"
+hosts = ["registry.example"]
+header = "X-Token"
+format = "{}"
+
+[[egress.secrets]]
+name = "deploy"
+file = "/etc/berth/deploy.token"
+hosts = ["deploy.example"]
+`)
 	const token = "ghp_runplan_SECRET_42"
 	host := facts(t, map[string]string{"CLOUD_KEY": secret, "GITHUB_TOKEN": token})
 	p, err := runplan.Compile(cfg, "ops", "r1", host)
@@ -202,9 +210,7 @@ func TestEgressSecretsApplyToHostsTheAgentMayReachAndNeverShow(t *testing.T) {
 
 func TestAnEgressSocketPathTooLongForAUnixAddressIsAProblemNamingIt(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
-	cfg.Agents[0].FileAccess.AllowNetwork = ptr(false)
-	cfg.Agents[0].Egress.Allow = []string{"pypi.org"}
+	cfg := testConfig(t, opsWithoutNetwork+`egress.allow = ["pypi.org"]`)
 	host := facts(t, map[string]string{"CLOUD_KEY": secret})
 	host.StateDir = "/var/lib/" + strings.Repeat("d", 60)
 	host.EgressDir = ""

@@ -38,6 +38,7 @@ provider = "local"
 container_mode.memory_limit = "2G"
 
 [scheduler]
+run_as = "nobody"
 # Where this host has no writable cgroup, Explain shows the rlimit instead.
 allow_rlimit_fallback = true
 `
@@ -48,7 +49,6 @@ allow_rlimit_fallback = true
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
-	cfg.Scheduler.RunAs = "nobody"
 	b, err := container.New(container.Options{Instance: dir})
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package runplan_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,13 +18,15 @@ import (
 
 const secret = "sk-runplan-SECRET-0815"
 
-func ptr[T any](v T) *T { return &v }
+// opsWithoutNetwork is a drop-in that takes agent ops's direct network.
+const opsWithoutNetwork = "[[agents]]\nid = \"ops\"\nfile_access.allow_network = false\n"
 
 // testConfig has a landlock agent "ops", a container agent "boxed", an
 // unrestricted agent "free" and one with a workspace of its own, "docs". It
 // is loaded as the scheduler loads berth.toml: a plan is only ever compiled
 // from a checked, resolved config.
-func testConfig(t testing.TB) *config.Config {
+// dropIns are berth.d files read after it, as an admin's would be.
+func testConfig(t testing.TB, dropIns ...string) *config.Config {
 	t.Helper()
 	cfg := loadConfig(t, `
 [providers]
@@ -58,18 +61,27 @@ provider = "local"
 [scheduler]
 run_as = "nobody"
 default_timeout_seconds = 60
-`)
+`, dropIns...)
 	// As if read from /etc/berth: the plans protect the config's directory.
 	cfg.Sources = []string{"/etc/berth/berth.toml"}
 	return cfg
 }
 
-// loadConfig loads text as berth.toml.
-func loadConfig(t testing.TB, text string) *config.Config {
+// loadConfig loads text as berth.toml and dropIns as berth.d/NN.toml.
+func loadConfig(t testing.TB, text string, dropIns ...string) *config.Config {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "berth.toml")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "berth.toml")
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "berth.d"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range dropIns {
+		if err := os.WriteFile(filepath.Join(dir, "berth.d", fmt.Sprintf("%02d.toml", i)), []byte(d), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cfg, err := config.Load(path)
 	if err != nil {
@@ -182,8 +194,7 @@ func TestCompileDecidesEachRunsSandbox(t *testing.T) {
 
 func TestCompileRefusesARunThatCouldNotWork(t *testing.T) {
 	t.Parallel()
-	noNet := testConfig(t)
-	noNet.Agents[0].FileAccess.AllowNetwork = ptr(false)
+	noNet := testConfig(t, opsWithoutNetwork)
 	tests := []struct {
 		name   string
 		cfg    *config.Config

@@ -35,10 +35,11 @@ func TestThePlanSaysWhoTheAgentRunsAs(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cfg := testConfig(t)
+			var dropIns []string
 			if tc.off {
-				cfg.Scheduler.AgentUIDs = config.UIDRange{Off: true}
+				dropIns = append(dropIns, "[scheduler]\nagent_uids = \"off\"\n")
 			}
+			cfg := testConfig(t, dropIns...)
 			host := facts(t, nil)
 			host.RunUser, host.AgentUser, host.RunUserErr = tc.user, tc.agent, tc.err
 			e, err := runplan.Explain(cfg, "free", host)
