@@ -49,6 +49,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/events"
 	"github.com/moby/moby/api/types/system"
 	"github.com/moby/moby/client"
 
@@ -561,33 +562,48 @@ func (s *session) Kill(ctx context.Context) error {
 
 func (s *session) Drained() <-chan struct{} { return s.copied }
 
+// oomEventWait bounds how long a run in which something died of SIGKILL
+// waits for the engine to report an OOM kill.
+const oomEventWait = 5 * time.Second
+
 // Inspect asks the engine whether the kernel OOM-killed a process of the
-// container. The engine learns of an OOM kill asynchronously, so when
-// something in the run died of SIGKILL it is asked again for up to 5 s
-// before the answer counts as no.
+// container. The engine learns of an OOM kill asynchronously: under load it
+// may hear of it after the container's exit (seen 25-113 ms late), and then
+// Docker 20.10 never sets State.OOMKilled (it takes it from the exit event)
+// but still sends the container's "oom" event. So when something in the run
+// died of SIGKILL, the container's oom events since it started are awaited
+// for up to oomEventWait before the answer counts as no.
 func (s *session) Inspect(ctx context.Context, suspect bool) bool {
-	attempts := 1
-	if suspect {
-		// Seen here: the flag arriving more than a second after the exit on a
-		// loaded engine. Only runs where something died of SIGKILL wait.
-		attempts = 50
-	}
-	for i := 0; i < attempts; i++ {
-		if i > 0 {
-			select {
-			case <-ctx.Done():
-				return false
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-		callCtx, cancel := s.b.call(ctx)
-		st, err := s.b.cli.ContainerInspect(callCtx, s.id, client.ContainerInspectOptions{})
-		cancel()
-		if err == nil && st.Container.State != nil && st.Container.State.OOMKilled {
+	callCtx, cancel := s.b.call(ctx)
+	st, err := s.b.cli.ContainerInspect(callCtx, s.id, client.ContainerInspectOptions{})
+	cancel()
+	started := ""
+	if err == nil && st.Container.State != nil {
+		if st.Container.State.OOMKilled {
 			return true
 		}
+		started = st.Container.State.StartedAt
 	}
-	return false
+	return suspect && s.oomEventSince(ctx, started)
+}
+
+// oomEventSince waits for an oom event of the container since started (an
+// RFC 3339 time; "" is from now on).
+func (s *session) oomEventSince(ctx context.Context, started string) bool {
+	ctx, cancel := context.WithTimeout(ctx, oomEventWait)
+	defer cancel()
+	stream := s.b.cli.Events(ctx, client.EventsListOptions{Since: started,
+		Filters: make(client.Filters).Add("type", "container").Add("container", s.id).Add("event", string(events.ActionOOM))})
+	for {
+		select {
+		case m := <-stream.Messages:
+			if m.Action == events.ActionOOM {
+				return true
+			}
+		case <-stream.Err:
+			return false
+		}
+	}
 }
 
 // Release closes the streams and removes the container (in the

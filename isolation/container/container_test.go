@@ -378,9 +378,9 @@ func TestMemoryBombFailsTheRunWithOutOfMemory(t *testing.T) {
 	cli := engine(t)
 	b := newBackend(t, cli)
 	s := spec(t, workspace(t), `/sh set -o pipefail; head -c 400000000 /dev/zero | tr '\0' x | sort | wc -c`, box{MemoryLimit: "64m"})
-	_, err := run(t, b, s)
+	res, err := run(t, b, s)
 	if isolation.ReasonOf(err) != isolation.ReasonOutOfMemory {
-		t.Fatalf("memory bomb: %v; want reason %q", err, isolation.ReasonOutOfMemory)
+		t.Fatalf("memory bomb: %v; want reason %q\nexit %d, tool calls %+v\nstderr: %s", err, isolation.ReasonOutOfMemory, res.ExitCode, res.Response.ToolCalls, res.Stderr)
 	}
 }
 
