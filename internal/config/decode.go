@@ -53,16 +53,17 @@ func (e *entry[T]) selfLoc() *loc        { return &e.self }
 // document is a whole berth.toml: one field per top-level table. A new
 // table is a new field here (and its resolution in tree.config).
 type document struct {
-	Providers     providerSettings        `toml:"providers"`
-	AgentDefaults *entry[AgentSettings]   `toml:"agent_defaults" berth:"omit=id|image_config"`
-	Agents        []*entry[AgentSettings] `toml:"agents" berth:"merge=id"`
-	Intake        Intake                  `toml:"intake"`
-	Connectors    []*entry[Connector]     `toml:"connectors" berth:"merge=id"`
-	Egress        egressSettings          `toml:"egress"`
-	Bindings      []*entry[Binding]       `toml:"bindings"`
-	Scheduler     schedulerSettings       `toml:"scheduler"`
-	ImageConfig   ImageSettings           `toml:"image_config"`
-	Retention     retentionSettings       `toml:"retention"`
+	Providers     providerSettings           `toml:"providers"`
+	AgentDefaults *entry[AgentSettings]      `toml:"agent_defaults" berth:"omit=id|image_config"`
+	Agents        []*entry[AgentSettings]    `toml:"agents" berth:"merge=id"`
+	Intake        Intake                     `toml:"intake"`
+	Connectors    []*entry[Connector]        `toml:"connectors" berth:"merge=id"`
+	Egress        egressSettings             `toml:"egress"`
+	Bindings      []*entry[Binding]          `toml:"bindings"`
+	Scheduler     schedulerSettings          `toml:"scheduler"`
+	ImageConfig   ImageSettings              `toml:"image_config"`
+	Retention     retentionSettings          `toml:"retention"`
+	Schedules     []*entry[ScheduleSettings] `toml:"schedules" berth:"merge=id"`
 }
 
 // providerSettings is [providers]: its own keys, and every other key is a

@@ -1,6 +1,10 @@
 package config
 
-import "time"
+import (
+	"time"
+
+	"github.com/berth-dev/berth/internal/schedules"
+)
 
 // Config is the merged configuration: berth.toml plus its drop-ins.
 type Config struct {
@@ -15,6 +19,9 @@ type Config struct {
 	EgressSecrets []EgressSecret
 	Scheduler     Scheduler
 	Retention     Retention
+	// Schedules are [[schedules]]: jobs that send an agent a prompt at
+	// the times a calendar expression names.
+	Schedules []schedules.Job
 	// ImageConfig is the global [image_config]; an agent's
 	// [agents.image_config] overrides it key by key (see Agent.Image).
 	ImageConfig ImageSettings

@@ -365,6 +365,7 @@ func (t *tree) validateValues() Errors {
 	for _, e := range t.v.Egress.Secrets {
 		c.egressSecret(e, seenSecret)
 	}
+	c.schedulesValues(t.v.Schedules)
 	return c.errs
 }
 
@@ -467,6 +468,7 @@ func (t *tree) validateMerged() Errors {
 	}
 	checkAgent(t.at, loc{}, "intake.default_agent", t.v.Intake.DefaultAgent)
 	t.agentToolsMerged(&c)
+	t.schedulesMerged(&c)
 	return c.errs
 }
 

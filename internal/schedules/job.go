@@ -118,6 +118,21 @@ func compile(j Job) (compiled, error) {
 	return c, nil
 }
 
+// CheckID says what is wrong with a job's id, if anything; berth.toml's
+// loader asks it so that the error names the file, line and key.
+func CheckID(id string) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("%q is not a schedule id: use 1 to 64 lower-case letters, digits, - or _, starting with a letter or digit", id)
+	}
+	return nil
+}
+
+// CheckActiveHours says what is wrong with an active_hours window, if anything.
+func CheckActiveHours(s string) error {
+	_, err := parseWindow(s)
+	return err
+}
+
 // window is a part of the day, in minutes since midnight; from > to wraps
 // past midnight.
 type window struct{ from, to int }
