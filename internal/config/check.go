@@ -203,7 +203,7 @@ func settingsOf(a Agent) AgentSettings {
 			Packages:  a.Image.Packages,
 			EnvVars:   a.Image.EnvVars,
 		},
-		Egress:  EgressSettings{Allow: a.EgressAllow},
+		Egress:  EgressSettings{Allow: a.EgressAllow, Git: a.EgressGit},
 		Sandbox: SandboxSettings{Scope: a.Sandbox.Scope},
 		MCP:     a.MCP,
 	}

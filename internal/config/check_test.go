@@ -55,6 +55,14 @@ env_vars = { LANG = "C.UTF-8" }
 [agents.egress]
 allow = ["example.com"]
 
+[[agents.egress.git]]
+remote = "https://example.com/acme/web.git"
+fetch = true
+push = ["berth/*"]
+force = true
+delete = true
+credential = "search"
+
 [agents.sandbox]
 scope = "conversation"
 idle_stop = "5m"

@@ -76,7 +76,8 @@ type providerSettings struct {
 
 // egressSettings is [egress].
 type egressSettings struct {
-	Secrets []*entry[EgressSecret] `toml:"secrets"`
+	Secrets    []*entry[EgressSecret] `toml:"secrets"`
+	GitHubApps []*entry[GitHubApp]    `toml:"github_apps" berth:"merge=name"`
 }
 
 // schedulerSettings is [scheduler] as written; Scheduler is its resolution.

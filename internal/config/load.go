@@ -210,6 +210,7 @@ func (t *tree) config() *Config {
 		s.Format = first(s.Format, "Bearer {}")
 		c.EgressSecrets = append(c.EgressSecrets, s)
 	}
+	c.GitHubApps = t.resolveGitHubApps()
 	for _, e := range doc.Schedules {
 		c.Schedules = append(c.Schedules, resolveSchedule(e))
 	}

@@ -71,6 +71,7 @@ func (c *Config) Agent(id string) (Agent, error) {
 			AllowNetwork:      firstSet(false, sf.AllowNetwork, df.AllowNetwork),
 		},
 		EgressAllow:    firstList(s.Egress.Allow, d.Egress.Allow),
+		EgressGit:      gitRulesOf(s.Egress.Git, d.Egress.Git),
 		WorkspaceQuota: firstSet(defaultWorkspaceQuota, s.WorkspaceQuota, d.WorkspaceQuota),
 		Timeout:        time.Duration(firstSet(0, sc.TimeoutSeconds, dc.TimeoutSeconds)) * time.Second,
 		Image:          c.image(&s.ImageConfig),

@@ -17,8 +17,11 @@ type Config struct {
 	// EgressSecrets are [[egress.secrets]]: credentials the egress proxy
 	// adds on the way out, for their hosts only.
 	EgressSecrets []EgressSecret
-	Scheduler     Scheduler
-	Retention     Retention
+	// GitHubApps are [[egress.github_apps]]: apps whose installation tokens
+	// the egress proxy mints per run for the agents' git rules.
+	GitHubApps []GitHubApp
+	Scheduler  Scheduler
+	Retention  Retention
 	// Schedules are [[schedules]]: jobs that send an agent a prompt at
 	// the times a calendar expression names.
 	Schedules []schedules.Job
@@ -112,6 +115,8 @@ type EgressSettings struct {
 	// Allow are rules "[METHOD[,METHOD…] ]host[:port]", parsed by
 	// egresspolicy.ParseRule.
 	Allow []string `toml:"allow" berth:"check=egressRule"`
+	// Git are [[agents.egress.git]] (git.go); a list replaces the defaults' whole.
+	Git []GitRule `toml:"git"`
 }
 
 // ImageSettings is [image_config] or [agents.image_config], before
@@ -164,6 +169,9 @@ type Agent struct {
 	// EgressAllow are the agent's egress rules: what its tools may reach
 	// through berth's egress proxy when it has no direct network.
 	EgressAllow []string
+	// EgressGit are the agent's [[agents.egress.git]] rules, checked
+	// against [[egress.secrets]] and [[egress.github_apps]] when loaded.
+	EgressGit []GitRule
 	// Isolation is the backend that runs this agent: "container" when
 	// container_mode.enabled, "unrestricted" when file_access.unrestricted,
 	// else "landlock".

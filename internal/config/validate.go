@@ -468,6 +468,7 @@ func (t *tree) validateMerged() Errors {
 	}
 	checkAgent(t.at, loc{}, "intake.default_agent", t.v.Intake.DefaultAgent)
 	t.agentToolsMerged(&c)
+	t.gitMerged(&c)
 	t.schedulesMerged(&c)
 	return c.errs
 }
