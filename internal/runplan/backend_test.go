@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -35,5 +36,23 @@ func TestARefusedPlanStillNamesItsBackend(t *testing.T) {
 				t.Errorf("refused plan names backend %q, want %q", p.Backend, tc.want)
 			}
 		})
+	}
+}
+
+// Container settings are checked once, when berth.toml is loaded, and the
+// container backend checks the plan again at the engine; Compile does not
+// check a third time, and a malformed bind in a Config made in code is
+// passed on for the backend to refuse rather than panicking the scheduler.
+func TestCompilePassesAMalformedBindOnToTheBackend(t *testing.T) {
+	t.Parallel()
+	cfg := config.Defaults()
+	enabled := true
+	cfg.Agents = []config.AgentSettings{{ID: "boxed", ContainerMode: config.ContainerSettings{Enabled: &enabled, Binds: []string{"no-colon"}}}}
+	p, err := runplan.Compile(cfg, "boxed", "r1", facts(t, nil))
+	if err != nil {
+		t.Fatalf("Compile: %v", err)
+	}
+	if len(p.Mounts) != 2 || p.Mounts[1] != (isolation.Mount{Source: "no-colon"}) {
+		t.Errorf("mounts %+v, want the workspace and the bind as written", p.Mounts)
 	}
 }

@@ -264,8 +264,11 @@ func containerPlan(c *compiled, a config.Agent) {
 	p.Policy = isolation.ContainerPolicy(p.Network.Allowed)
 	p.Mounts = []isolation.Mount{{Source: p.Workspace, Target: isolation.ContainerWorkspace}}
 	for _, b := range cm.Binds {
-		parts := strings.Split(b, ":")
-		p.Mounts = append(p.Mounts, isolation.Mount{Source: parts[0], Target: parts[1], ReadOnly: len(parts) == 3 && parts[2] == "ro"})
+		// SRC:DST[:ro|rw]; cut, not indexed: a malformed bind in a Config
+		// made in code reaches the backend's check instead of panicking.
+		src, rest, _ := strings.Cut(b, ":")
+		dst, mode, _ := strings.Cut(rest, ":")
+		p.Mounts = append(p.Mounts, isolation.Mount{Source: src, Target: dst, ReadOnly: mode == "ro"})
 	}
 	p.Container = isolation.ContainerPlan{Image: cm.Image, Runtime: cm.Runtime, SecurityOpt: cm.SecurityOpt, Warm: cm.Warm}
 	if cm.Network == "none" {
