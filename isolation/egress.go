@@ -42,6 +42,12 @@ type EgressPlan struct {
 	Secrets         []EgressSecret `json:"secrets,omitempty"`
 	CABundle        string         `json:"ca_bundle,omitempty"`
 	SandboxCABundle string         `json:"sandbox_ca_bundle,omitempty"`
+	// Agent names the agent in git's reasons. Git are its git rules, whose
+	// hosts the proxy intercepts with the run's CA; GitHubApps the apps
+	// their credentials name (the private keys are never marshalled).
+	Agent      string                   `json:"agent,omitempty"`
+	Git        []egresspolicy.GitRule   `json:"git,omitempty"`
+	GitHubApps []egresspolicy.GitHubApp `json:"github_apps,omitempty"`
 }
 
 // EgressCABundleName is the CA bundle's name in the run's directory.
@@ -78,7 +84,16 @@ func ProviderProxyURL(proxyAddr, provider string) string {
 // them, with res resolving names (nil: addresses left undecided) and addrs
 // classifying addresses.
 func (e *EgressPlan) Judge(res egresspolicy.Resolver, addrs *egresspolicy.Classifier) *egresspolicy.Judge {
-	return &egresspolicy.Judge{Allow: e.Allow, Providers: e.Providers, Secrets: e.Secrets, Resolver: res, Addresses: addrs}
+	return &egresspolicy.Judge{Allow: e.Allow, Providers: e.Providers, Secrets: e.Secrets, Agent: e.Agent, Git: e.Git, Resolver: res, Addresses: addrs}
+}
+
+// DecideGit says what the run's proxy would do with a git fetch of remote
+// or a push of ref to it, judged by the proxy's own code.
+func (e *EgressPlan) DecideGit(op, remote, ref string) (EgressVerdict, error) {
+	if e == nil {
+		return EgressVerdict{Method: "git " + op, URL: remote, Reason: "the agent has no egress: its sandbox has a direct network, or nothing to reach (see sandbox explain)"}, nil
+	}
+	return e.Judge(nil, nil).ExplainGit(op, remote, ref)
 }
 
 // Decide says what the run's proxy would do with method on rawURL (https

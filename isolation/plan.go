@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/egresspolicy"
 )
 
 // BackendKind names the backend a plan is for; it is also the backend's
@@ -176,6 +177,15 @@ func (p Plan) Redacted() Plan {
 		for i, s := range p.Egress.Secrets {
 			s.Value = ""
 			e.Secrets[i] = s
+		}
+		p.Egress = &e
+	}
+	if p.Egress != nil && len(p.Egress.GitHubApps) > 0 {
+		e := *p.Egress
+		e.GitHubApps = make([]egresspolicy.GitHubApp, len(p.Egress.GitHubApps))
+		for i, a := range p.Egress.GitHubApps {
+			a.PrivateKey = ""
+			e.GitHubApps[i] = a
 		}
 		p.Egress = &e
 	}

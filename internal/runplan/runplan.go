@@ -379,7 +379,9 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		rules = append(rules, r)
 	}
 	secrets := egressSecrets(c, cfg, a, rules, host)
-	if len(endpoints) == 0 && len(rules) == 0 {
+	git := gitPlan(c, cfg, a, host)
+	secrets = git.withSecrets(c, cfg, secrets, host)
+	if len(endpoints) == 0 && len(rules) == 0 && len(git.rules) == 0 {
 		c.why["egress"] = "none: the agent calls no remote provider and [agents.egress] allow is empty, so nothing leaves the sandbox"
 		return
 	}
@@ -397,9 +399,12 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		Allow:     rules,
 		Providers: endpoints,
 		Proxy:     isolation.EgressProxyProcess{Binary: cfg.Scheduler.EgressBinary},
+		Agent:     a.ID,
 	}
 	e.SandboxSocket = e.Socket
-	if len(secrets) > 0 {
+	git.apply(e)
+	// The proxy intercepts the secrets' hosts and the git rules' with the run's CA.
+	if len(secrets) > 0 || len(git.rules) > 0 {
 		e.Secrets = secrets
 		e.CABundle = filepath.Join(runDir, isolation.EgressCABundleName)
 		e.SandboxCABundle = e.CABundle
@@ -454,7 +459,7 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 			why += fmt.Sprintf(", only on ports %v, for methods %v, under paths %v (empty: any); other requests to its hosts are sent without it", s.Ports, s.Methods, s.Paths)
 		}
 	}
-	c.why["egress"] = why
+	c.why["egress"] = why + git.why(e)
 	if host.EgressUnavailable != nil {
 		if len(endpoints) > 0 {
 			c.problems = append(c.problems, providerNeedsNetwork(a, *p, endpoints[0], host.EgressUnavailable))
@@ -605,6 +610,11 @@ func ProtectedPaths(cfg *config.Config, a config.Agent, host HostFacts) []string
 	for _, s := range cfg.EgressSecrets {
 		if filepath.IsAbs(s.File) {
 			add(filepath.Clean(s.File))
+		}
+	}
+	for _, app := range cfg.GitHubApps {
+		if filepath.IsAbs(app.PrivateKey) {
+			add(filepath.Clean(app.PrivateKey))
 		}
 	}
 	if host.ConfigDir != "" {
