@@ -50,6 +50,30 @@ type ToolCall struct {
 	Error  string          `json:"error,omitempty"`
 }
 
+// MCPStatus is how one of the agent's MCP servers fared in a run (Run.MCP):
+// the tools the model was offered, or why it gave none.
+type MCPStatus struct {
+	Name      string   `json:"name"`
+	Transport string   `json:"transport"` // "stdio" or "http"
+	Tools     []string `json:"tools,omitempty"`
+	Error     string   `json:"error,omitempty"`
+}
+
+// MCPWire is a run's MCP servers as GetRun returns them: a JSON array,
+// "[]" for none.
+func MCPWire(servers []MCPStatus) string {
+	if len(servers) == 0 {
+		return "[]"
+	}
+	return jsonWire(servers)
+}
+
+// MCPServers decodes r.MCP; a cut or empty text is none.
+func (r Run) MCPServers() ([]MCPStatus, error) {
+	var servers []MCPStatus
+	return servers, decodeOutput("mcp", r.MCP, &servers)
+}
+
 // EgressWire is a run's egress decisions as GetRun returns them: a JSON
 // array, "[]" when the run made none.
 func EgressWire(decisions []EgressDecision) string {

@@ -61,6 +61,9 @@ type Run struct {
 	Egress        Output
 	EgressCounts  Output
 	EgressDropped uint32
+	// MCP is the JSON array of how each of the agent's MCP servers fared
+	// (MCPServers decodes it); "[]" without servers.
+	MCP Output
 }
 
 // outputs pairs each long text of r with its key on the wire and its name
@@ -75,7 +78,7 @@ func (r *Run) outputs() []struct {
 	}{
 		{"text", OutputText, &r.Text}, {"reply", OutputReply, &r.Reply}, {"error", OutputError, &r.Error},
 		{"tool_calls", OutputToolCalls, &r.ToolCalls}, {"stderr_tail", OutputStderr, &r.StderrTail},
-		{"egress", "", &r.Egress}, {"egress_counts", "", &r.EgressCounts},
+		{"egress", "", &r.Egress}, {"egress_counts", "", &r.EgressCounts}, {"mcp", "", &r.MCP},
 	}
 }
 

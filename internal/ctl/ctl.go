@@ -464,9 +464,35 @@ func printRun(w io.Writer, run busapi.Run) {
 			fmt.Fprintln(w, line)
 		}
 	}
+	writeMCP(w, run)
 	writeEgress(w, run)
 	if r := run.Reply.Text; r != "" {
 		fmt.Fprintf(w, "\nreply:\n%s\n", indent(r))
+	}
+}
+
+// writeMCP prints each MCP server of the run: its transport and the tools
+// the model was offered, or why it gave none.
+func writeMCP(w io.Writer, run busapi.Run) {
+	servers, err := run.MCPServers()
+	if err != nil || len(servers) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nmcp servers:")
+	for _, s := range servers {
+		line := fmt.Sprintf("  %s (%s): ", s.Name, s.Transport)
+		switch {
+		case s.Error != "":
+			line += "FAILED " + s.Error
+			if len(s.Tools) > 0 {
+				line += " (its tools answer with this error: " + strings.Join(s.Tools, ", ") + ")"
+			}
+		case len(s.Tools) == 0:
+			line += "no tools"
+		default:
+			line += strings.Join(s.Tools, ", ")
+		}
+		fmt.Fprintln(w, line)
 	}
 }
 

@@ -66,6 +66,7 @@ func TestOutputMatchesTheGoldenFiles(t *testing.T) {
 				Egress:        busapi.Output{Text: `[{"time":"2026-12-01T09:30:02Z","method":"CONNECT","host":"example.org","port":443,"allowed":false,"reason":"no rule allows example.org"}]`},
 				EgressCounts:  busapi.Output{Text: `{"allowed":0,"refused":1,"hosts":[{"host":"example.org","allowed":0,"refused":1}],"other_hosts":{"allowed":0,"refused":0}}`},
 				EgressDropped: 0,
+				MCP:           busapi.Output{Text: `[{"name":"files","transport":"stdio","tools":["mcp__files__read","mcp__files__list"]},{"name":"tracker","transport":"http","tools":["mcp__tracker__get_issue"],"error":"MCP server tracker did not start: 401 Unauthorized"}]`},
 			})
 			return nil
 		}},

@@ -113,6 +113,19 @@ func explain(w io.Writer, e busapi.Explanation) {
 			line("", "missing: %s", m)
 		}
 	}
+	for i, server := range strings.Split(why("mcp"), "\n") {
+		if server == "" {
+			continue
+		}
+		key := ""
+		if i == 0 {
+			key = "mcp"
+		}
+		line(key, "%s", server)
+	}
+	if w := why("web_search"); w != "" {
+		line("search", "%s", w)
+	}
 	for i, pr := range p.Providers {
 		key := ""
 		if i == 0 {

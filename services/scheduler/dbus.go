@@ -329,6 +329,7 @@ func (r Run) BusRun() busapi.Run {
 		StderrTail:    output(r.StderrTail, false),
 		Egress:        output(egressJSON(r), false),
 		EgressCounts:  output(egressCountsJSON(r), false),
+		MCP:           output(mcpJSON(r), true),
 	}
 }
 

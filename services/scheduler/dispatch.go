@@ -210,6 +210,9 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 			}
 			cur.ToolCalls = calls
 		}
+		if runErr == nil {
+			cur.MCP = recordedMCP(res.Response.MCP)
+		}
 		final = cur
 		return putRun(tx, cur)
 	})

@@ -54,6 +54,8 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		Policy:    plan.Policy,
 		Workspace: plan.SandboxWorkspace,
 		History:   s.history(r),
+		MCP:       runplan.MCPServers(agent),
+		WebSearch: runplan.WebSearch(agent),
 	}
 	spec := prep.Spec(req, func(handle string) error {
 		s.hold(ctx, HoldBeforeHandle, r)

@@ -12,6 +12,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/boltstore"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -71,7 +72,10 @@ type Run struct {
 	Reply       string          `json:"reply,omitempty"`
 	Error       string          `json:"error,omitempty"` // the whole story, for admins
 	ToolCalls   json.RawMessage `json:"tool_calls,omitempty"`
-	StderrTail  string          `json:"stderr_tail,omitempty"`
+	// MCP is how each of the agent's MCP servers fared in the run: its
+	// tools, or why it gave none.
+	MCP        []agentproto.MCPStatus `json:"mcp,omitempty"`
+	StderrTail string                 `json:"stderr_tail,omitempty"`
 	// Egress is what the run's egress proxy decided, as far as the record
 	// keeps it (the first and last decisions and the refusals;
 	// EgressDropped says how many more); EgressCounts counts every one.
