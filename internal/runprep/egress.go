@@ -27,14 +27,11 @@ func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host ru
 			}
 		}
 	}
+	withGit(&pol, plan.Egress)
 	var bundle []byte
-	if len(plan.Egress.Secrets) > 0 {
-		// A CA for this run only, for its secrets' hosts only, for as long as
-		// the run may last: its key lives in the proxy while the run lasts.
-		var hosts []string
-		for _, sec := range plan.Egress.Secrets {
-			hosts = append(hosts, sec.Hosts...)
-		}
+	if hosts := caHosts(plan.Egress); len(hosts) > 0 {
+		// A CA for this run only, for the hosts it intercepts only, for as
+		// long as the run may last: its key lives in the proxy while the run lasts.
 		lifetime := plan.Timeout + plan.KillGrace
 		if keep != nil {
 			// A kept sandbox's proxy, and its CA, serve it for its whole life.
