@@ -40,6 +40,13 @@ const (
 // DefaultBraveBaseURL is where provider "brave" searches without base_url.
 const DefaultBraveBaseURL = "https://api.search.brave.com"
 
+// webSearchPaths are the paths under base_url each provider's searches
+// ask, as berth-agent's web_search does.
+var webSearchPaths = map[string]string{
+	WebSearchSearXNG: "/search",
+	WebSearchBrave:   "/res/v1/web/search",
+}
+
 // braveKeyHeader is the header the Brave Search API reads its key from.
 const braveKeyHeader = "X-Subscription-Token"
 
@@ -350,7 +357,10 @@ func (v agentView) webSearch(c *checks, at fieldLocs, self loc, ws *WebSearchSet
 		}
 		return
 	}
-	s := v.secretFor(c, l, what, ws.Secret, u, "GET")
+	// The secret must cover the path the tool asks, under base_url.
+	search := *u
+	search.Path = strings.TrimSuffix(u.Path, "/") + webSearchPaths[ws.Provider]
+	s := v.secretFor(c, l, what, ws.Secret, &search, "GET")
 	if s != nil && ws.Provider == WebSearchBrave && (!strings.EqualFold(s.Header, braveKeyHeader) || s.Format != "{}") {
 		c.fail(l, "secret %q must have header = %q and format = \"{}\": the Brave Search API reads its key from that header, as it is", ws.Secret, braveKeyHeader)
 	}

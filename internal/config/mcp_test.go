@@ -24,6 +24,8 @@ env    = "BRAVE_API_KEY"
 hosts  = ["api.search.brave.com"]
 header = "X-Subscription-Token"
 format = "{}"
+methods = ["GET"]
+paths  = ["/res/v1/web/search"]
 `
 
 func TestMCPServersAndWebSearchResolveFromTheAgentElseTheDefaults(t *testing.T) {
@@ -155,6 +157,9 @@ func TestMCPServersAndWebSearchRefuseWhatWouldNotWorkNamingFileLineAndKey(t *tes
 		{"A search host no allow rule reaches",
 			agent + "[agents.web_search]\nprovider = \"searxng\"\nbase_url = \"http://search.internal.example:8888\"\n",
 			`berth.toml:5: agents[0].web_search.base_url: no [agents.egress] allow rule of agent "ops" lets web_search (searxng) reach search.internal.example:8888`},
+		{"A search secret whose paths miss the search",
+			"[[egress.secrets]]\nname = \"s\"\nenv = \"K\"\nhosts = [\"search.example\"]\npaths = [\"/api\"]\n" + agent + "[agents.egress]\nallow = [\"search.example\"]\n[agents.web_search]\nprovider = \"searxng\"\nbase_url = \"https://search.example/\"\nsecret = \"s\"\n",
+			`secret "s" is not added under path /search of web_search (searxng): its paths are [/api]`},
 		{"Brave without its secret",
 			agent + "[agents.egress]\nallow = [\"api.search.brave.com\"]\n[agents.web_search]\nprovider = \"brave\"\n",
 			`agents[0].web_search.secret: is required for provider brave: name an [[egress.secrets]] entry for api.search.brave.com with header = "X-Subscription-Token" and format = "{}"`},
