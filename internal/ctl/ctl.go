@@ -39,6 +39,8 @@ Commands:
   sandbox explain [--json] AGENT              the plan the scheduler would use for AGENT: backend, image, limits, network, mounts, user, and why
   egress explain [--method M] [--json] AGENT URL|HOST:PORT
                                               would AGENT's egress proxy let the request pass, by which rule or why not (exit 0 pass, 1 refused, 2 bad question)
+  egress explain --git fetch|push [--json] AGENT REMOTE [REF]
+                                              the same for a git fetch of REMOTE, or a push of REF to it, by AGENT's [[agents.egress.git]] rules
   container build [--agent ID] [--no-cache]   build an agent's images (default: [image_config]) and follow the build
   container status | images [--json] | clean [--all] | dockerfile [--agent ID] | rm TAG
 

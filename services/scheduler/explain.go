@@ -178,6 +178,9 @@ func (s *Service) ExplainEgress(agent, method, rawURL string) (busapi.EgressVerd
 	if err != nil {
 		return busapi.EgressVerdict{}, fmt.Errorf("cannot explain the egress of %s: %w", agent, err)
 	}
+	if op, ref, isGit := busapi.ParseGitMethod(method); isGit {
+		return explainGit(e, agent, method, op, rawURL, ref)
+	}
 	target, err := egressTarget(method, rawURL)
 	if err != nil {
 		return busapi.EgressVerdict{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
