@@ -449,10 +449,20 @@
             h("td", { "data-label": "Connected since" }, fmtISO(c.connected_since)),
             h("td", { "data-label": "Last event" }, fmtISO(c.last_event)),
             h("td", { "data-label": "Reconnects" }, c.reconnects === undefined ? "—" : String(c.reconnects)),
-            h("td", { "data-label": "Last error" }, c.last_error || "—"),
+            h("td", { "data-label": "Last error" }, lastError(c)),
             h("td", { "data-label": "Warning", class: c.warning ? "berth-warning" : "" }, c.warning || "—")));
         table.tBodies[0].replaceChildren(...rows);
         table.hidden = false;
+    }
+
+    // lastError is a connector's last error with when it happened: an error
+    // of an hour ago reads differently from one of a second ago.
+    function lastError(c) {
+        if (!c.last_error)
+            return "—";
+        if (!c.last_error_at)
+            return c.last_error;
+        return [c.last_error, h("br"), h("time", { class: "berth-muted", datetime: c.last_error_at }, fmtISO(c.last_error_at))];
     }
 
     // ---------- runs ----------

@@ -2,11 +2,17 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -392,4 +398,101 @@ func TestCockpitRunDetailShowsTheEgressDecisions(t *testing.T) {
 	c.waitFor(live, `document.getElementById("run-egress").hidden === false && document.getElementById("run-egress-empty").hidden === true`)
 	c.waitFor(live, `[...document.querySelectorAll('#run-egress tbody tr')].some(r => r.textContent.includes("files.example:80") && r.textContent.includes("refused") && r.textContent.includes("no [agents.egress] allow rule matches"))`)
 	c.waitFor(live, `[...document.querySelectorAll('#run-egress tbody tr')].some(r => r.textContent.includes("POST") && r.textContent.includes("allowed"))`)
+}
+
+// refusingPlatform is a webhook platform that refuses the first replies
+// with 503 and then holds the next one unanswered until the test ends, so
+// intake's last error for its connector stays put while the page is read.
+type refusingPlatform struct {
+	srv     *httptest.Server
+	holding chan struct{} // closed once a reply POST is held
+	release chan struct{}
+}
+
+func newRefusingPlatform(t *testing.T, refusals int) *refusingPlatform {
+	p := &refusingPlatform{holding: make(chan struct{}), release: make(chan struct{})}
+	var mu sync.Mutex
+	posts := 0
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		posts++
+		n := posts
+		mu.Unlock()
+		if n <= refusals {
+			http.Error(w, "try again later", http.StatusServiceUnavailable)
+			return
+		}
+		if n == refusals+1 {
+			close(p.holding)
+		}
+		select {
+		case <-p.release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+// A connector's last error shows with when it happened, live, as intake's
+// Connectors property has it; a connector without an error shows none.
+func TestCockpitOverviewShowsWhenAConnectorsLastErrorHappened(t *testing.T) {
+	testenv.NeedRoot(t)
+	_, err := exec.LookPath("systemd-socket-activate")
+	testenv.Need(t, err == nil, "systemd-socket-activate is not installed")
+	if buildErr != nil {
+		t.Fatalf("cannot build berth: %v", buildErr)
+	}
+	platform := newRefusingPlatform(t, 2)
+	sink := newReplySink(t)
+	cfg := suiteConfig(cockpitAgents(), sink.srv.URL+"/replies") +
+		fmt.Sprintf("\n[[connectors]]\nid = \"refused\"\ntype = \"webhook\"\nsecret = %q\nreply_url = %q\n", secret, platform.srv.URL+"/replies")
+	s := launch(t, sink, cfg, nil, secret)
+	t.Cleanup(func() { close(platform.release) }) // before the suite stops: nothing left hanging
+	stopImaged(t, s)
+	c := openCockpit(t, s, "")
+	c.open("/")
+	cell := func(connector string) string {
+		return `document.querySelector('#connectors-table tr[data-connector=` + strconv.Quote(connector) + `] td[data-label="Last error"]')`
+	}
+	c.waitFor(live, cell("hooks")+`?.textContent === "—"`)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	body, _ := json.Marshal(map[string]string{"id": "refused-1", "channel": "ops", "author": "tester", "text": "hello"})
+	resp, err := s.Post(ctx, "refused", []byte(secret), body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("POST to refused: %d, want 202", resp.StatusCode)
+	}
+	select {
+	case <-platform.holding:
+	case <-ctx.Done():
+		t.Fatal("intake did not retry the refused reply")
+	}
+	// Intake publishes its connectors' status on its deliver loop's pass
+	// (at least every 5 s); the third POST is held, so the last error then
+	// stays until the test ends.
+	c.waitFor(5*time.Second+live, `!!`+cell("refused")+`?.querySelector("time")`)
+	var refused busapi.ConnectorStatus
+	for _, cs := range s.intakeStatus(t).Connectors {
+		if cs.ID == "refused" {
+			refused = cs
+		}
+	}
+	if !strings.Contains(refused.LastError, "503") || refused.LastErrorAt == "" {
+		t.Fatalf("intake's status of refused = %+v, want its 503 with a time", refused)
+	}
+	if at := evalString(c, cell("refused")+`.querySelector("time").getAttribute("datetime")`); at != refused.LastErrorAt {
+		t.Errorf("the refused connector's last error shows the time %q, want intake's %q", at, refused.LastErrorAt)
+	}
+	shown := evalString(c, cell("refused")+`.textContent`)
+	when := evalString(c, `new Date(`+strconv.Quote(refused.LastErrorAt)+`).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "medium" })`)
+	if !strings.Contains(shown, refused.LastError) || !strings.Contains(shown, when) {
+		t.Errorf("the refused connector's last error shows as %q, want %q at %s", shown, refused.LastError, when)
+	}
+	c.noReload()
 }
