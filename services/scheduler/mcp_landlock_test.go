@@ -204,3 +204,97 @@ timeout        = "20s"
 		t.Error("the header's value reached the sandbox")
 	}
 }
+
+const braveTestKey = "brave-key-SECRET-0123456789"
+
+// [agents.web_search] with provider brave gives a real run the web_search
+// tool: its search reaches the (fake) Brave API through the run's proxy,
+// which adds the key from the named secret as X-Subscription-Token.
+func TestAWebSearchOfARealRunGetsItsKeyFromTheRunsProxy(t *testing.T) {
+	t.Parallel()
+	testenv.NeedRoot(t)
+	_, proxyBin := egressBinaries(t)
+	var keys []string
+	var mu sync.Mutex
+	brave := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		keys = append(keys, r.Header.Get("X-Subscription-Token"))
+		mu.Unlock()
+		if r.Header.Get("X-Subscription-Token") != braveTestKey || r.URL.Path != "/res/v1/web/search" {
+			http.Error(w, `{"type":"ErrorResponse"}`, http.StatusUnauthorized)
+			return
+		}
+		io.WriteString(w, `{"type":"search","web":{"results":[{"title":"<b>berth</b> docs","url":"https://berth.example/docs","description":"for `+r.URL.Query().Get("q")+`"}]}}`)
+	}))
+	brave.Config.ErrorLog = log.New(io.Discard, "", 0)
+	brave.StartTLS()
+	t.Cleanup(brave.Close)
+	_, port, _ := net.SplitHostPort(brave.Listener.Addr().String())
+	caFile := filepath.Join(sharedStateDir(t), "upstream-ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: brave.Certificate().Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	path := filepath.Join(t.TempDir(), "berth.toml")
+	toml := fmt.Sprintf(`
+[scheduler]
+agent_binary = %q
+egress_binary = %q
+egress_user = "daemon"
+run_as = "nobody"
+
+[[egress.secrets]]
+name    = "brave"
+env     = "BRAVE_API_KEY"
+hosts   = ["127.0.0.1"]
+header  = "X-Subscription-Token"
+format  = "{}"
+methods = ["GET"]
+paths   = ["/res/v1/web/search"]
+
+[[agents]]
+id = "alpha"
+provider = "local"
+workspace_quota = "0"
+[agents.egress]
+allow = ["127.0.0.1:%s"]
+[agents.web_search]
+provider = "brave"
+base_url = "https://127.0.0.1:%s"
+secret   = "brave"
+`, berthAgent(t), proxyBin, port, port)
+	if err := os.WriteFile(path, []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(cfg, sharedStateDir(t), Options{
+		Backends: map[string]isolation.Backend{landlock.Name: landlock.New()},
+		Getenv: func(k string) string {
+			return map[string]string{"BRAVE_API_KEY": braveTestKey, "SSL_CERT_FILE": caFile}[k]
+		},
+		Logger: quietLog,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	start(t, s)
+
+	id := submit(t, s, "m1", "alpha", "text", `/tool web_search {"query":"sandboxes"}`)
+	r := waitFinished(t, s, id)
+	want := `[web_search]` + "\n" + `{"results":[{"title":"berth docs","url":"https://berth.example/docs","snippet":"for sandboxes"}]}`
+	if r.State != StateSucceeded || r.Reply != want {
+		t.Fatalf("run %s %s (%s): reply %q, want %q; error %q, stderr %q", r.ID, r.State, r.Reason, r.Reply, want, r.Error, r.StderrTail)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(keys) != 1 || keys[0] != braveTestKey {
+		t.Errorf("the search API saw keys %q, want the secret once", keys)
+	}
+	if strings.Contains(r.StderrTail+r.Reply, braveTestKey) {
+		t.Error("the key reached the sandbox's output")
+	}
+}
