@@ -9,6 +9,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/schedules"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/container"
 	"github.com/berth-dev/berth/isolation/hostrun"
@@ -31,6 +32,7 @@ func main() {
 				ForceUnrestricted: *unrestrictedFlag,
 				Deliverer:         scheduler.BusDeliverer{Conn: env.Bus},
 				Images:            busapi.NewImages(env.Bus),
+				ScheduleTimers:    scheduleTimers(env),
 				Logger:            env.Log,
 				// Crash tests only: hold a start where the test kills us.
 				Hold: scheduler.HoldAtFiles(os.Getenv("BERTH_TEST_HOLD_DIR")),
@@ -38,6 +40,17 @@ func main() {
 		},
 		Progress: (*scheduler.Service).LastProgress,
 	}))
+}
+
+// scheduleTimers keeps the schedules' time in systemd timers where systemd
+// runs the host: they outlive the scheduler, start it when a job is due and
+// catch up a firing missed while the machine was off. Elsewhere nil: the
+// scheduler keeps the time itself.
+func scheduleTimers(env daemon.Env) schedules.Timers {
+	if !hostrun.SystemdAvailable() {
+		return nil
+	}
+	return &schedules.SystemdTimers{Logger: env.Log}
 }
 
 // backends are the isolation backends this host offers. The engine is

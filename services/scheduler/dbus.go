@@ -418,6 +418,7 @@ func (s *Service) emitStateChanged(r Run) {
 }
 
 func (s *Service) emitFinished(r Run) {
+	s.scheduled.runEnded(r.ID)
 	s.emitStateChanged(r)
 	conn := s.bus()
 	if conn == nil {

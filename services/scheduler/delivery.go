@@ -12,6 +12,7 @@ import (
 	"github.com/berth-dev/berth/internal/boltstore"
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/schedules"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -185,7 +186,8 @@ func (s *Service) deliver(ctx context.Context, id string, rt *retry) (err, store
 		return nil, nil
 	}
 	undeliverable := ""
-	if r.Connector != "" {
+	quiet := quietHeartbeat(r)
+	if r.Connector != "" && !quiet {
 		dctx, cancel := context.WithTimeout(ctx, deliverTimeout)
 		err = s.opts.Deliverer.Deliver(dctx, ReplyOf(r))
 		cancel()
@@ -237,6 +239,8 @@ func (s *Service) deliver(ctx context.Context, id string, rt *retry) (err, store
 	if undeliverable != "" {
 		s.log.Error("reply cannot be delivered; the run is failed and keeps its reply", "run_id", id, "agent", r.Agent, "connector", r.Connector, "message_id", r.MessageID, "err", undeliverable)
 		s.emitFinished(final)
+	} else if quiet {
+		s.log.Info("scheduled run checked in with "+schedules.HeartbeatOK+"; its reply is not delivered", "run_id", id, "agent", r.Agent, "schedule", r.Schedule)
 	} else {
 		s.log.Info("reply delivered", "run_id", id, "agent", r.Agent, "connector", r.Connector, "message_id", r.MessageID)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/runprep"
+	"github.com/berth-dev/berth/internal/schedules"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -89,6 +90,9 @@ type Options struct {
 	Resolver interface {
 		LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
 	}
+	// ScheduleTimers keeps the time of [[schedules]] under systemd
+	// (schedules.SystemdTimers); nil: the scheduler keeps it on Clock.
+	ScheduleTimers schedules.Timers
 	// quotaRefusal is runprep.Options.QuotaRefusal, for tests.
 	quotaRefusal error
 }
@@ -122,6 +126,9 @@ type Service struct {
 	// queue is the dispatcher's memory of queue/ (queueview.go); only Run's
 	// goroutine and the writes it waits for use it.
 	queue queueView
+
+	// scheduled fires the [[schedules]] jobs (schedules.go).
+	scheduled scheduled
 
 	wakeDispatch chan struct{}
 	wakeWarm     chan struct{} // refill the warm pools (warm.go)
@@ -189,6 +196,10 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 	}
 	s.cfg.Store(cfg)
 	s.markProgress()
+	if err := s.startSchedules(cfg); err != nil {
+		st.close()
+		return nil, fmt.Errorf("cannot create scheduler: %w", err)
+	}
 	return s, nil
 }
 
@@ -199,6 +210,7 @@ func (s *Service) Reload(cfg *config.Config) {
 		return
 	}
 	s.cfg.Store(cfg)
+	s.setSchedules(cfg)
 	if s.warming.Load() {
 		wake(s.wakeWarm)
 	}
@@ -207,6 +219,7 @@ func (s *Service) Reload(cfg *config.Config) {
 
 // Close closes scheduler.db. Call it after Run has returned.
 func (s *Service) Close() error {
+	s.closeSchedules()
 	// Without systemd the scheduler mounted its agents' workspace images
 	// itself; under systemd they are units and stay.
 	if err := s.prep.ReleaseWorkspaces(); err != nil {

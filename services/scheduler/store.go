@@ -91,6 +91,10 @@ type Run struct {
 	Delivered     bool                       `json:"delivered"`
 	Seq           uint64                     `json:"seq"` // key in queue/
 
+	// Schedule is the [[schedules]] job that fired the run; empty for a
+	// message's run.
+	Schedule string `json:"schedule,omitempty"`
+
 	// Attempt numbers the run's latest start (1, 2, …) and is never handed
 	// back: committed with the claim, before the start makes anything, it
 	// names what that start leaves on the host (isolation.AttemptName), so
