@@ -10,17 +10,21 @@ import (
 // Schedule is one scheduled job as ListSchedules gives it: what it is,
 // when it fires next and how its last firing went.
 type Schedule struct {
-	ID         string
-	Agent      string
-	OnCalendar string // normalized
+	ID         string `json:"id"`
+	Agent      string `json:"agent"`
+	OnCalendar string `json:"on_calendar"` // normalized
 	// Connector, Channel and Thread are where its replies go.
-	Connector, Channel, Thread string
-	Next                       time.Time // zero: never again
-	LastStart, LastEnd         time.Time
+	Connector string    `json:"connector"`
+	Channel   string    `json:"channel"`
+	Thread    string    `json:"thread,omitempty"`
+	Next      time.Time `json:"next,omitzero"` // zero: never again
+	LastStart time.Time `json:"last_start,omitzero"`
+	LastEnd   time.Time `json:"last_end,omitzero"`
 	// LastState is "" (never fired), running, succeeded, failed or skipped;
 	// LastDetail says why it failed or was skipped.
-	LastState, LastDetail string
-	Running               bool
+	LastState  string `json:"last_state"`
+	LastDetail string `json:"last_detail,omitempty"`
+	Running    bool   `json:"running"`
 }
 
 // Wire is the schedule as an a{sv} entry of ListSchedules.
