@@ -7,9 +7,9 @@
 //
 // Adding a fact appends one line and syncs the file; deleting rewrites the
 // file through a temporary file and a rename. A torn last line (a crash in
-// the middle of an append) is skipped when reading. No locking: the
-// scheduler never runs two runs of one agent at the same time, and one run
-// calls its tools one after the other. Search ranks with BM25 (k1 1.2,
+// the middle of an append) is skipped when reading. Writes take the
+// workspace's shared-files lock (LockShared): conversations of one agent may
+// run at once (issue 22). Search ranks with BM25 (k1 1.2,
 // b 0.75) over lower-cased words, with a light plural folding.
 package memory
 
@@ -77,6 +77,11 @@ func (s *Store) Add(content, source string) (Fact, error) {
 	if err != nil {
 		return Fact{}, fmt.Errorf("cannot encode memory: %w", err)
 	}
+	unlock, err := LockShared(filepath.Dir(s.path))
+	if err != nil {
+		return Fact{}, err
+	}
+	defer unlock()
 	file, err := os.OpenFile(s.path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return Fact{}, fmt.Errorf("cannot open %s: %w", FileName, err)
@@ -122,6 +127,11 @@ func (s *Store) All() ([]Fact, error) {
 
 // Delete removes the fact with id; found is false when there is none.
 func (s *Store) Delete(id string) (found bool, err error) {
+	unlock, err := LockShared(filepath.Dir(s.path))
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
 	facts, err := s.All()
 	if err != nil {
 		return false, err

@@ -149,6 +149,13 @@ func (t memoryNote) Call(_ context.Context, raw json.RawMessage) (string, error)
 	if text == "" && !args.Replace {
 		return "", errors.New("bad arguments: content is empty")
 	}
+	// Read, change and write under the lock: another conversation of the
+	// agent may be noting at the same moment.
+	unlock, err := memory.LockShared(t.env.Workspace)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
 	var next string
 	if args.Replace {
 		next = text + "\n"
@@ -253,6 +260,11 @@ func (t soulEdit) Call(_ context.Context, raw json.RawMessage) (string, error) {
 	case len(text) > NoteFileLimit:
 		return "", fmt.Errorf("bad arguments: content is %d bytes (limit %d)", len(text), NoteFileLimit)
 	}
+	unlock, err := memory.LockShared(t.env.Workspace)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
 	if err := os.WriteFile(filepath.Join(t.env.Workspace, SoulFile), []byte(text+"\n"), 0o644); err != nil {
 		return "", fmt.Errorf("cannot write %s: %w", SoulFile, err)
 	}
