@@ -65,6 +65,7 @@ func (s *Service) claim() ([]Run, error) {
 	var registered []*activeRun
 	var bad []*corruptRecord
 	var update viewUpdate
+	var plan *sandboxPlan
 	err := s.store.write(func(tx *bolt.Tx) error {
 		// A second call (the group is applied again) starts over, keeping
 		// the registrations of runs it claims again: a CancelRun may hold
@@ -84,12 +85,15 @@ func (s *Service) claim() ([]Run, error) {
 		stopping, running := s.stopping, len(s.active)
 		busy := make(map[string]bool, len(s.active))
 		for _, a := range s.active {
-			busy[a.agent] = true
+			if !a.parallel {
+				busy[a.agent] = true
+			}
 		}
 		s.mu.Unlock()
+		plan = s.sandboxes.plan(cfg, now)
 		if !stopping && running < limit {
 			var err error
-			claimed, bad, update, err = s.queue.claimFromView(tx, limit-running, busy, now)
+			claimed, bad, update, err = s.queue.claimFromView(tx, limit-running, busy, plan.admit, now)
 			if err != nil {
 				return err
 			}
@@ -107,6 +111,7 @@ func (s *Service) claim() ([]Run, error) {
 				a = &activeRun{agent: r.Agent, ctx: ctx, cancel: cancel, done: make(chan struct{})}
 			}
 			a.attempt = r.Attempt
+			a.parallel = plan.decided[r.ID] != nil
 			delete(earlier, r.ID)
 			s.active[r.ID] = a
 			registered = append(registered, a)
@@ -135,6 +140,7 @@ func (s *Service) claim() ([]Run, error) {
 	if update.fresh != nil {
 		s.queue.apply(update)
 	}
+	s.sandboxes.apply(plan, claimed, s.sandboxID)
 	for _, c := range bad {
 		s.log.Error("quarantined an undecodable queued run; see berthctl status", "run_id", string(c.key), "err", c.err)
 	}
@@ -152,7 +158,16 @@ func (s *Service) claim() ([]Run, error) {
 // execute runs r to its end and records the outcome (outside s.mu).
 func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.Config) {
 	defer s.runs.Done()
-	res, backend, runErr := s.runOnce(ctx, r, cfg)
+	var res isolation.Result
+	var backend string
+	var runErr error
+	claim := s.sandboxes.claimOf(r.ID)
+	if claim != nil {
+		res, backend, runErr = s.runInSandbox(ctx, r, cfg, claim)
+	} else {
+		res, backend, runErr = s.runOnce(ctx, r, cfg)
+	}
+	defer s.sandboxes.forgetClaim(r.ID)
 	cause := context.Cause(ctx)
 
 	var final Run
@@ -175,6 +190,10 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 			cur.Backend = backend
 		}
 		cur.Handle = ""
+		if claim != nil {
+			cur.Sandbox = claim.sb.id
+			cur.SandboxNote = joinNotes(cur.SandboxNote, claim.notes())
+		}
 		cur.StderrTail = cleanText(tailUTF8(res.Stderr, maxStderrTail))
 		cur.Egress, cur.EgressDropped = res.Egress, res.EgressDropped
 		if c := res.EgressCounts; c.Allowed+c.Refused > 0 {

@@ -1,7 +1,9 @@
 // Package scheduler is berth-scheduler's logic: it accepts messages over
 // D-Bus (dev.berth.Scheduler1.Submit), keeps them as runs in scheduler.db,
 // runs each one through an isolation backend (one run per agent at a time,
-// FIFO per agent, at most [scheduler] max_concurrent_runs in total) and hands
+// FIFO per agent, at most [scheduler] max_concurrent_runs in total; an agent
+// with [agents.sandbox] scope = "conversation" runs one per conversation,
+// each in its conversation's kept sandbox, sandboxes.go) and hands
 // the reply to intake (dev.berth.Intake1.Deliver) until intake acknowledges it.
 //
 // Every hand-off is persist-then-acknowledge: Submit returns once the run is
@@ -80,6 +82,13 @@
 //	                 [scheduler] agent_uids (internal/runprep owns it); kept
 //	                 after the agent is removed, so no uid ever passes to
 //	                 another agent
+//	sandboxes/     (created by the first conversation sandbox, in its own
+//	               transaction)
+//	  <sandbox id> → JSON {id, agent, connector, channel, thread, backend,
+//	                 handle, started_at, last_activity, runs}: a live
+//	                 conversation sandbox, written before its agent reads
+//	                 anything; a restarted scheduler kills each by its handle
+//	                 and deletes it
 //
 // A run is in queue/ exactly while its state is queued, in deliveries/
 // exactly while it is finished and not delivered, and in summaries/,

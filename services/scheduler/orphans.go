@@ -40,6 +40,9 @@ func (s *Service) sweepOrphans(ctx context.Context) {
 
 // isLiveAttempt reports whether this process runs attempt of runID.
 func (s *Service) isLiveAttempt(runID string, attempt int) bool {
+	if s.sandboxes.live(runID, attempt) {
+		return true
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a, ok := s.active[runID]

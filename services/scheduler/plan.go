@@ -29,8 +29,23 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		rec := prep.Finish()
 		res.Egress, res.EgressDropped, res.EgressCounts = rec.Decisions, rec.Dropped, rec.Counts
 	}()
-	agent, plan := prep.Agent, prep.Plan
-	req := agentproto.Request{
+	req := s.runRequest(r, prep.Agent, prep.Plan)
+	spec := prep.Spec(req, func(handle string) error {
+		s.hold(ctx, HoldBeforeHandle, r)
+		if err := s.saveHandle(r.ID, backend, handle); err != nil {
+			return err
+		}
+		s.hold(ctx, HoldBeforeAnswer, r)
+		return nil
+	})
+	res, err = prep.Backend.Run(ctx, spec)
+	return res, backend, err
+}
+
+// runRequest is the request of run r of agent under plan: its message, its
+// conversation's history, the plan's providers, policy and workspace.
+func (s *Service) runRequest(r Run, agent config.Agent, plan isolation.Plan) agentproto.Request {
+	return agentproto.Request{
 		Version: agentproto.Version,
 		RunID:   r.ID,
 		Agent: agentproto.Agent{
@@ -57,16 +72,6 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		MCP:       runplan.MCPServers(agent),
 		WebSearch: runplan.WebSearch(agent),
 	}
-	spec := prep.Spec(req, func(handle string) error {
-		s.hold(ctx, HoldBeforeHandle, r)
-		if err := s.saveHandle(r.ID, backend, handle); err != nil {
-			return err
-		}
-		s.hold(ctx, HoldBeforeAnswer, r)
-		return nil
-	})
-	res, err = prep.Backend.Run(ctx, spec)
-	return res, backend, err
 }
 
 // agentFacts are the host facts a run of agentID is compiled with

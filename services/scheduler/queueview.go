@@ -71,7 +71,11 @@ func (v *queueView) apply(u viewUpdate) {
 // runs it claims. A queue entry without its queued run is dropped (with the
 // run's index entries, as unindexRun does); an undecodable run is returned
 // in bad, for quarantine.
-func (v *queueView) claimFromView(tx *bolt.Tx, n int, busy map[string]bool, now time.Time) (claimed []Run, bad []*corruptRecord, u viewUpdate, err error) {
+//
+// admit, when set, decides for each run at the front of its agent's line:
+// a run it refuses stays at the front and its agent starts nothing more in
+// this pass; a run it admits as parallel leaves its agent free for more.
+func (v *queueView) claimFromView(tx *bolt.Tx, n int, busy map[string]bool, admit func(*bolt.Tx, Run) (ok, parallel bool, err error), now time.Time) (claimed []Run, bad []*corruptRecord, u viewUpdate, err error) {
 	u = viewUpdate{fresh: map[string][]queueEntry{}, taken: map[string]int{}, next: v.next}
 	if v.byAgent == nil {
 		u.next = 0
@@ -158,7 +162,22 @@ func (v *queueView) claimFromView(tx *bolt.Tx, n int, busy map[string]bool, now 
 			}
 			continue
 		}
-		busy[r.Agent] = true
+		parallel := false
+		if admit != nil {
+			ok, par, err := admit(tx, r)
+			if err != nil {
+				return nil, nil, viewUpdate{}, err
+			}
+			if !ok {
+				u.taken[headAgent]-- // it stays at the front of its line
+				busy[r.Agent] = true
+				continue
+			}
+			parallel = par
+		}
+		if !parallel {
+			busy[r.Agent] = true
+		}
 		r.State = StateRunning
 		r.Attempts++
 		// A record from before Attempt existed counts its earlier starts.

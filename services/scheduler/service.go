@@ -115,13 +115,18 @@ type Service struct {
 	mu       sync.Mutex
 	active   map[string]*activeRun // run id → a run this process is running
 	stopping bool
-	runs     sync.WaitGroup
-	warming  atomic.Bool // Run keeps warm pools (warm.go)
+	// sandboxes are the conversations' kept sandboxes (sandboxes.go).
+	sandboxes *sandboxes
+	runs      sync.WaitGroup
+	warming   atomic.Bool // Run keeps warm pools (warm.go)
 
 	lastProgress atomic.Int64      // unix nanoseconds of the dispatcher's last pass
 	failed       chan error        // the first store failure of a running Run
 	passed       func()            // tests: called after each dispatcher pass
 	retained     chan retainReport // tests: each retention pass's outcome
+	// abandonSandboxes (tests) makes Run's stop leave the sandboxes alive,
+	// as a crash does.
+	abandonSandboxes atomic.Bool
 
 	// queue is the dispatcher's memory of queue/ (queueview.go); only Run's
 	// goroutine and the writes it waits for use it.
@@ -141,11 +146,14 @@ type Service struct {
 }
 
 type activeRun struct {
-	agent   string
-	attempt int             // Run.Attempt of the start this process runs
-	ctx     context.Context // the run's; canceled with errShutdown or errCanceledByUser
-	cancel  context.CancelCauseFunc
-	done    chan struct{}
+	agent string
+	// parallel: the run is in its conversation's sandbox, so its agent may
+	// run others meanwhile.
+	parallel bool
+	attempt  int             // Run.Attempt of the start this process runs
+	ctx      context.Context // the run's; canceled with errShutdown or errCanceledByUser
+	cancel   context.CancelCauseFunc
+	done     chan struct{}
 }
 
 // New opens <stateDir>/scheduler.db. Call Close when done.
@@ -189,6 +197,7 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 		log:          opts.Logger,
 		clock:        opts.Clock,
 		active:       make(map[string]*activeRun),
+		sandboxes:    newSandboxes(),
 		failed:       make(chan error, 1),
 		wakeDispatch: make(chan struct{}, 1),
 		wakeWarm:     make(chan struct{}, 1),
@@ -210,7 +219,7 @@ func (s *Service) Reload(cfg *config.Config) {
 		return
 	}
 	s.cfg.Store(cfg)
-	s.setSchedules(cfg)
+	// s.setSchedules(cfg)
 	if s.warming.Load() {
 		wake(s.wakeWarm)
 	}
@@ -262,6 +271,9 @@ func (s *Service) Run(ctx context.Context) error {
 	case <-s.failed:
 	default:
 	}
+	if err := s.removeRecordedSandboxes(ctx); err != nil {
+		return fmt.Errorf("cannot reconcile runs: %w", err)
+	}
 	if err := s.reconcileWhenThereIsRoom(ctx); err != nil {
 		return fmt.Errorf("cannot reconcile runs: %w", err)
 	}
@@ -283,6 +295,7 @@ func (s *Service) Run(ctx context.Context) error {
 	})
 	loops.Go(func() { s.retentionLoop(loopCtx) })
 	loops.Go(func() { s.sweepLoop(loopCtx) })
+	loops.Go(func() { s.reapLoop(loopCtx) })
 	s.publishCounts()
 	ticker := s.clock.NewTicker(progressInterval)
 	defer ticker.Stop()
@@ -318,6 +331,9 @@ loop:
 	}
 	s.mu.Unlock()
 	s.runs.Wait()
+	if !s.abandonSandboxes.Load() {
+		s.stopAllSandboxes()
+	}
 	s.warming.Store(false)
 	warmer.Wait() // no pool is filled after this drain
 	s.drainPools()

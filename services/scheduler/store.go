@@ -100,6 +100,12 @@ type Run struct {
 	// names what that start leaves on the host (isolation.AttemptName), so
 	// the sweep tells a dead attempt's sandbox from the live one's.
 	Attempt int `json:"attempt,omitempty"`
+
+	// Sandbox is the conversation sandbox the run ran in (sandboxes.go),
+	// and SandboxNote why it waited, or why a sandbox was stopped for it or
+	// after it.
+	Sandbox     string `json:"sandbox,omitempty"`
+	SandboxNote string `json:"sandbox_note,omitempty"`
 }
 
 // Summary is what ListRuns returns of a run, stored in summaries/ so that a
