@@ -76,14 +76,23 @@ type Plan struct {
 	KillGrace time.Duration `json:"kill_grace"`
 }
 
-// RequireMemoryLimit refuses a plan without a memory limit, as every
-// backend does before it starts anything: config defaults the limit once,
-// and a plan without one would run unbounded.
-func (p Plan) RequireMemoryLimit() error {
-	if p.Limits.MemoryBytes <= 0 {
-		return Errorf(ReasonStart, "cannot run the plan of run %s (agent %s): it has no memory limit", p.RunID, p.AgentID)
+// RequireLimits refuses a plan without a memory, process or CPU limit, as
+// every backend does before it starts anything: config and runplan default
+// each limit once, and to an engine or a cgroup a zero means no limit at
+// all, so a plan that lost one would run unbounded (fail closed instead).
+func (p Plan) RequireLimits() error {
+	var missing string
+	switch {
+	case p.Limits.MemoryBytes <= 0:
+		missing = "memory limit"
+	case p.Limits.Pids <= 0:
+		missing = "process limit"
+	case p.Limits.NanoCPUs <= 0:
+		missing = "CPU limit"
+	default:
+		return nil
 	}
-	return nil
+	return Errorf(ReasonStart, "cannot run the plan of run %s (agent %s): it has no %s", p.RunID, p.AgentID, missing)
 }
 
 // AttemptName names what one attempt of a run leaves on the host: its

@@ -76,13 +76,7 @@ const (
 	LabelPool = "berth.pool"
 )
 
-// Limits every container gets when its plan leaves one at zero.
 const (
-	DefaultPidsLimit = 256
-	DefaultNanoCPUs  = 1_000_000_000 // one CPU
-	DefaultTmpfs     = 256 << 20
-	// TmpfsSize is DefaultTmpfs as docker run --tmpfs writes it.
-	TmpfsSize = "256m"
 	// MaxResponse caps what is read from the agent's stdout.
 	MaxResponse = isolation.MaxResponse
 	// StderrTail is how much of the agent's stderr is kept.
@@ -361,8 +355,8 @@ func (b *Backend) prepare(ctx context.Context, p isolation.Plan) (prepared, erro
 		}
 		securityOpt = append(securityOpt, o)
 	}
-	memory := p.Limits.MemoryBytes // never 0: checkPlan refused that
-	pids := orDefault(p.Limits.Pids, DefaultPidsLimit)
+	memory := p.Limits.MemoryBytes // no limit is 0 here: checkPlan refused that
+	pids := p.Limits.Pids
 	out.config = &container.Config{
 		Image:       out.image,
 		User:        userSpec,
@@ -382,7 +376,7 @@ func (b *Backend) prepare(ctx context.Context, p isolation.Plan) (prepared, erro
 		Binds:          binds(p),
 		NetworkMode:    container.NetworkMode(p.Network.Mode),
 		ReadonlyRootfs: true,
-		Tmpfs:          map[string]string{isolation.ContainerTmp: "rw,nosuid,nodev,size=" + isolation.FormatBytes(orDefault(p.Limits.TmpfsBytes, DefaultTmpfs)) + ",mode=1777"},
+		Tmpfs:          map[string]string{isolation.ContainerTmp: "rw,nosuid,nodev,size=" + isolation.FormatBytes(p.Limits.TmpfsBytes) + ",mode=1777"},
 		CapDrop:        []string{"ALL"},
 		SecurityOpt:    securityOpt,
 		Runtime:        c.Runtime,
@@ -391,7 +385,7 @@ func (b *Backend) prepare(ctx context.Context, p isolation.Plan) (prepared, erro
 			Memory:     memory,
 			MemorySwap: memory, // no swap on top of the limit
 			PidsLimit:  &pids,
-			NanoCPUs:   orDefault(p.Limits.NanoCPUs, DefaultNanoCPUs),
+			NanoCPUs:   p.Limits.NanoCPUs,
 		},
 	}
 	out.hash = configHash(img.ID, out.config, out.host)
@@ -417,12 +411,6 @@ func binds(p isolation.Plan) []string {
 	return out
 }
 
-func orDefault(v, def int64) int64 {
-	if v > 0 {
-		return v
-	}
-	return def
-}
 
 // Environment is the complete environment of a container agent. It holds no
 // secret: the provider key travels on stdin only.
@@ -878,20 +866,27 @@ func firstNonEmpty(values ...string) string {
 // Explain says how a plan's container is confined, for `berthctl sandbox
 // explain`.
 func (b *Backend) Explain(p isolation.Plan) isolation.Confinement {
-	memory := p.Limits.MemoryBytes
-	c := isolation.Confinement{Mode: "container", Holds: []string{
-		fmt.Sprintf("PidsLimit=%d", orDefault(p.Limits.Pids, DefaultPidsLimit)),
-		fmt.Sprintf("NanoCPUs=%d", orDefault(p.Limits.NanoCPUs, DefaultNanoCPUs)),
-		fmt.Sprintf("read-only rootfs; tmpfs %s of %s", isolation.ContainerTmp, isolation.FormatBytes(orDefault(p.Limits.TmpfsBytes, DefaultTmpfs))),
+	l := p.Limits
+	c := isolation.Confinement{Mode: "container"}
+	// A limit the plan lacks is named, not shown with a default: checkPlan
+	// refuses such a plan.
+	limit := func(set bool, holds, missing string) {
+		if set {
+			c.Holds = append(c.Holds, holds)
+		} else {
+			c.Missing = append(c.Missing, missing+", so its runs are refused")
+		}
+	}
+	limit(l.MemoryBytes > 0, fmt.Sprintf("Memory=%s with MemorySwap=%s (no swap on top; an OOM kill fails the run with %q)", isolation.FormatBytes(l.MemoryBytes), isolation.FormatBytes(l.MemoryBytes), isolation.ReasonOutOfMemory),
+		"Memory: the plan has no memory limit")
+	limit(l.Pids > 0, fmt.Sprintf("PidsLimit=%d", l.Pids), "PidsLimit: the plan has no process limit")
+	limit(l.NanoCPUs > 0, fmt.Sprintf("NanoCPUs=%d", l.NanoCPUs), "NanoCPUs: the plan has no CPU limit")
+	limit(l.TmpfsBytes > 0, fmt.Sprintf("read-only rootfs; tmpfs %s of %s", isolation.ContainerTmp, isolation.FormatBytes(l.TmpfsBytes)),
+		fmt.Sprintf("tmpfs %s: the plan gives it no size", isolation.ContainerTmp))
+	c.Holds = append(c.Holds,
 		"CapDrop=ALL, no-new-privileges, a non-root user",
 		"no published ports, no engine socket; the container is removed after the run",
-		fmt.Sprintf("every engine call has a deadline of %s (an engine that does not answer fails the run with %q)", b.engineTimeout, isolation.ReasonEngineUnavailable),
-	}}
-	if memory > 0 {
-		c.Holds = slices.Insert(c.Holds, 0, fmt.Sprintf("Memory=%s with MemorySwap=%s (no swap on top; an OOM kill fails the run with %q)", isolation.FormatBytes(memory), isolation.FormatBytes(memory), isolation.ReasonOutOfMemory))
-	} else {
-		c.Missing = append(c.Missing, "Memory: the plan has no memory limit, so its runs are refused")
-	}
+		fmt.Sprintf("every engine call has a deadline of %s (an engine that does not answer fails the run with %q)", b.engineTimeout, isolation.ReasonEngineUnavailable))
 	if p.Network.Mode == "none" {
 		c.Holds = append(c.Holds, "NetworkMode=none")
 		if p.Egress != nil {

@@ -40,7 +40,7 @@ func TestAnEngineThatNeverAnswersFailsEveryCallWithinItsDeadline(t *testing.T) {
 	}{
 		{"A_run_fails_with_engine_unavailable", func() error {
 			s := isolation.Spec{Plan: isolation.Plan{RunID: "r1", AgentID: "a", Workspace: t.TempDir(), RunAs: "nobody", AgentBinary: "/bin/true",
-				Network: isolation.Network{Mode: "none"}, Timeout: time.Minute, Limits: isolation.Limits{MemoryBytes: 512 << 20}}}
+				Network: isolation.Network{Mode: "none"}, Timeout: time.Minute, Limits: isolation.Limits{MemoryBytes: 512 << 20, Pids: 256, NanoCPUs: 1e9, TmpfsBytes: 256 << 20}}}
 			_, err := b.Run(context.Background(), s)
 			if isolation.ReasonOf(err) != isolation.ReasonEngineUnavailable {
 				t.Errorf("reason %q, want %q", isolation.ReasonOf(err), isolation.ReasonEngineUnavailable)

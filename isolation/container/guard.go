@@ -18,8 +18,12 @@ import (
 var forbiddenSources = []string{"/etc", "/proc", "/sys", "/dev", "/run", "/var/run", "/var/lib/docker", "/boot"}
 
 func checkPlan(p isolation.Plan) error {
-	if err := p.RequireMemoryLimit(); err != nil {
+	if err := p.RequireLimits(); err != nil {
 		return err
+	}
+	// The kernel reads tmpfs size=0 as no size limit at all.
+	if p.Limits.TmpfsBytes <= 0 {
+		return isolation.Errorf(isolation.ReasonStart, "cannot run the plan of run %s (agent %s): it has no size for the container's %s tmpfs", p.RunID, p.AgentID, isolation.ContainerTmp)
 	}
 	switch mode := p.Network.Mode; {
 	case mode == "bridge" || mode == "none":

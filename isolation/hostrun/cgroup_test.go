@@ -84,7 +84,7 @@ func TestAMemoryHogOfSeveralProcessesEndsTheRunWithOutOfMemory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := landlockSpec(t, hog)
 			// 256 MiB: under RLIMIT_DATA the agent's own thread stacks count too.
-			s.Limits = isolation.Limits{MemoryBytes: 256 << 20, Pids: 256}
+			s.Limits = isolation.Limits{MemoryBytes: 256 << 20, Pids: 256, NanoCPUs: 1e9}
 			if tc.rlimits {
 				hostrun.OnlyCgroupsUnder(t, "/nonexistent")
 				s.Limits.RlimitFallback = true
@@ -107,7 +107,7 @@ func TestAForkBombIsHeldAtPidsMaxAndTheNextRunWorks(t *testing.T) {
 	// exec: once the bomb holds every pid, the tool must not need a fork to
 	// keep the run going (a refused fork of sleep ended the run early).
 	s := landlockSpec(t, "/sh b(){ b | b & }; b; exec sleep 60")
-	s.Limits = isolation.Limits{MemoryBytes: 512 << 20, Pids: pids}
+	s.Limits = isolation.Limits{MemoryBytes: 512 << 20, Pids: pids, NanoCPUs: 1e9}
 	dirs, _ := hostrun.RunCgroups(s.RunID)
 	var pidsDir string
 	for _, d := range dirs {

@@ -34,7 +34,7 @@ func egressRun(t *testing.T, agent string, uid uint32, socket, command string) i
 	runID := "run-" + agent + "-" + strings.ReplaceAll(t.Name(), "/", "-")
 	return isolation.Spec{
 		Plan: isolation.Plan{RunID: runID, AgentID: agent, Workspace: ws, AgentBinary: berthAgent, User: runplan.AgentUserFor(uid), Timeout: time.Minute,
-			Limits: isolation.Limits{MemoryBytes: 512 << 20},
+			Limits: isolation.Limits{MemoryBytes: 512 << 20, Pids: 256, NanoCPUs: 1e9},
 			Policy: isolation.HostPolicy(isolation.FileAccess{AllowRead: []string{sysprobe(t)}}, ws, nil),
 			Egress: &isolation.EgressPlan{Socket: socket, SandboxSocket: socket, ProxyAddr: "127.0.0.1:3128"}},
 		EgressToken: "tok-" + agent + "-0123456789abcdef",

@@ -22,7 +22,7 @@ func TestAHelperThatCannotBeConfinedIsAnError(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
-	h, err := hostrun.ConfineHelper(context.Background(), "egress", "nocg", sleeper.Process.Pid, hostrun.DefaultLimits, false)
+	h, err := hostrun.ConfineHelper(context.Background(), "egress", "nocg", sleeper.Process.Pid, hostrun.Limits{MemoryMax: 64 << 20, TasksMax: 16, CPUQuotaPercent: 100}, false)
 	if err == nil || !strings.Contains(err.Error(), "cannot limit the run's egress process") {
 		t.Fatalf("ConfineHelper without cgroups = %+v, %v; want an error that says so", h, err)
 	}

@@ -66,7 +66,7 @@ func (r Runner) units() bool {
 // run's own or, where the admin accepted them, rlimits (limits.go). Errors are *isolation.RunError; the Result that comes with an
 // error still carries the exit code and stderr tail when there were any.
 func (r Runner) Run(ctx context.Context, spec isolation.Spec) (isolation.Result, error) {
-	if err := spec.RequireMemoryLimit(); err != nil {
+	if err := spec.RequireLimits(); err != nil {
 		return isolation.Result{}, err
 	}
 	if !filepath.IsAbs(spec.AgentBinary) {

@@ -37,7 +37,7 @@ type report struct {
 func spec(t *testing.T, text string) isolation.Spec {
 	t.Helper()
 	runID := "run-" + strings.ReplaceAll(t.Name(), "/", "-")
-	return isolation.Spec{Plan: isolation.Plan{RunID: runID, AgentID: "a", Workspace: workspace(t), AgentBinary: testAgent, RunAs: "nobody", Timeout: 30 * time.Second, Limits: isolation.Limits{MemoryBytes: 512 << 20}}, Request: agentproto.Request{
+	return isolation.Spec{Plan: isolation.Plan{RunID: runID, AgentID: "a", Workspace: workspace(t), AgentBinary: testAgent, RunAs: "nobody", Timeout: 30 * time.Second, Limits: isolation.Limits{MemoryBytes: 512 << 20, Pids: 256, NanoCPUs: 1e9}}, Request: agentproto.Request{
 		Version:  agentproto.Version,
 		RunID:    runID,
 		Agent:    agentproto.Agent{ID: "a", MaxIterations: 1},

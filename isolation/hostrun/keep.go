@@ -40,7 +40,7 @@ var _ isolation.Keeper = Runner{}
 // for the sandbox as a whole; the plan's timeout bounds each request, not
 // the sandbox, so no CPU-time rlimit is set.
 func (r Runner) Start(ctx context.Context, spec isolation.Spec) (isolation.Kept, error) {
-	if err := spec.RequireMemoryLimit(); err != nil {
+	if err := spec.RequireLimits(); err != nil {
 		return nil, err
 	}
 	if !filepath.IsAbs(spec.AgentBinary) {

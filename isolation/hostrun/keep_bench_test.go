@@ -80,7 +80,7 @@ func benchSpec(b *testing.B) isolation.Spec {
 	}
 	b.Cleanup(func() { os.RemoveAll(ws) })
 	s := isolation.Spec{Plan: isolation.Plan{RunID: "bench-kept", AgentID: "a", Workspace: ws, AgentBinary: berthAgent, RunAs: "nobody",
-		Timeout: 30 * time.Second, Limits: isolation.Limits{MemoryBytes: 512 << 20},
+		Timeout: 30 * time.Second, Limits: isolation.Limits{MemoryBytes: 512 << 20, Pids: 256, NanoCPUs: 1e9},
 		Policy: isolation.HostPolicy(isolation.FileAccess{}, ws, nil)},
 		Request: agentproto.Request{Version: agentproto.Version, RunID: "bench-kept", Provider: agentproto.Provider{Name: "local", Kind: "local"}}}
 	return s

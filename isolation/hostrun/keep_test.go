@@ -180,7 +180,7 @@ type keepHelperOutcome struct {
 func runKeepHelper() int {
 	ws := os.Getenv("HELPER_WORKSPACE")
 	s := isolation.Spec{Plan: isolation.Plan{RunID: "sbx-orphan", Workspace: ws, AgentBinary: os.Getenv("HELPER_AGENT"), RunAs: "nobody", Timeout: 30 * time.Second,
-		Limits: isolation.Limits{MemoryBytes: 512 << 20}, Policy: isolation.HostPolicy(isolation.FileAccess{}, ws, nil)},
+		Limits: isolation.Limits{MemoryBytes: 512 << 20, Pids: 256, NanoCPUs: 1e9}, Policy: isolation.HostPolicy(isolation.FileAccess{}, ws, nil)},
 		Request: agentproto.Request{Version: agentproto.Version, RunID: "sbx-orphan", Provider: agentproto.Provider{Name: "local", Kind: "local"}}}
 	out := json.NewEncoder(os.Stdout)
 	k, err := hostrun.Runner{}.Start(context.Background(), s)

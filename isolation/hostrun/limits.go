@@ -111,8 +111,16 @@ func (rlimitLimits) oomKilled() bool     { return false }
 func (rlimitLimits) release()            {}
 
 // Explain reports how a plan's host run is confined on this machine: which
-// limits hold and which do not.
+// limits hold and which do not, and why a plan that lacks one is refused.
 func (r Runner) Explain(p isolation.Plan) isolation.Confinement {
+	c := r.explain(p)
+	if err := p.RequireLimits(); err != nil {
+		c.Missing = append(c.Missing, "the run is refused: "+err.Error())
+	}
+	return c
+}
+
+func (r Runner) explain(p isolation.Plan) isolation.Confinement {
 	lim := limitsOf(p.Limits)
 	allowNetwork := p.Policy.Network
 	if r.units() {

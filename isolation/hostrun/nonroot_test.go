@@ -36,7 +36,7 @@ func runHelper() int {
 		text = "whoami"
 	}
 	ws := os.Getenv("HELPER_WORKSPACE")
-	s := isolation.Spec{Plan: isolation.Plan{RunID: "r1", Workspace: ws, AgentBinary: os.Getenv("HELPER_AGENT"), RunAs: runAs, Timeout: 30 * time.Second, Limits: isolation.Limits{MemoryBytes: 512 << 20}}, Request: agentproto.Request{
+	s := isolation.Spec{Plan: isolation.Plan{RunID: "r1", Workspace: ws, AgentBinary: os.Getenv("HELPER_AGENT"), RunAs: runAs, Timeout: 30 * time.Second, Limits: isolation.Limits{MemoryBytes: 512 << 20, Pids: 256, NanoCPUs: 1e9}}, Request: agentproto.Request{
 		Version: agentproto.Version, RunID: "r1",
 		Message:  agentproto.Message{Text: text},
 		Provider: agentproto.Provider{Name: "local", Kind: "local"},

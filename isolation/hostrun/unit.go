@@ -58,18 +58,11 @@ type Limits struct {
 	CPUQuotaPercent uint64 // of one CPU
 }
 
-// DefaultLimits are the processes and CPU of a plan that leaves them at
-// zero. They hold no memory: the resolved config defaults it once
-// (config.DefaultMemoryLimit) and Run refuses a plan without one.
-var DefaultLimits = Limits{TasksMax: 256, CPUQuotaPercent: 100}
-
-// limitsOf is a plan's limits in the units systemd, cgroups and rlimits take.
+// limitsOf is a plan's limits in the units systemd, cgroups and rlimits
+// take. It defaults nothing: config and runplan did, once, and Run and
+// Start refuse a plan that lacks a limit (isolation.Plan.RequireLimits).
 func limitsOf(l isolation.Limits) Limits {
-	out := DefaultLimits
-	out.MemoryMax = uint64(max(l.MemoryBytes, 0))
-	if l.Pids > 0 {
-		out.TasksMax = uint64(l.Pids)
-	}
+	out := Limits{MemoryMax: uint64(max(l.MemoryBytes, 0)), TasksMax: uint64(max(l.Pids, 0))}
 	if l.NanoCPUs > 0 {
 		out.CPUQuotaPercent = max(1, uint64(l.NanoCPUs/10_000_000))
 	}

@@ -77,7 +77,7 @@ func spec(t *testing.T, binary, text string) isolation.Spec {
 	t.Cleanup(func() { os.RemoveAll(ws) })
 	mkdirNobody(t, ws, true)
 	runID := "run-" + strings.ReplaceAll(t.Name(), "/", "-")
-	return isolation.Spec{Plan: isolation.Plan{RunID: runID, AgentID: "a", Workspace: ws, AgentBinary: binary, RunAs: "nobody", Timeout: 30 * time.Second, Limits: isolation.Limits{MemoryBytes: 512 << 20}}, Request: agentproto.Request{
+	return isolation.Spec{Plan: isolation.Plan{RunID: runID, AgentID: "a", Workspace: ws, AgentBinary: binary, RunAs: "nobody", Timeout: 30 * time.Second, Limits: isolation.Limits{MemoryBytes: 512 << 20, Pids: 256, NanoCPUs: 1e9}}, Request: agentproto.Request{
 		Version:  agentproto.Version,
 		RunID:    runID,
 		Agent:    agentproto.Agent{ID: "a", MaxIterations: 2},

@@ -46,7 +46,7 @@ func TestUnrestrictedBackendRunsUnconfinedAndWarnsOnEveryRun(t *testing.T) {
 		t.Errorf("name is %q", b.Name())
 	}
 	ws := t.TempDir()
-	s := isolation.Spec{Plan: isolation.Plan{RunID: "r-unres", AgentID: "ops", Workspace: ws, AgentBinary: testAgent, RunAs: "root", Timeout: 30 * time.Second, Policy: agentproto.Policy{Unrestricted: true}, Limits: isolation.Limits{MemoryBytes: 512 << 20}}, Request: agentproto.Request{
+	s := isolation.Spec{Plan: isolation.Plan{RunID: "r-unres", AgentID: "ops", Workspace: ws, AgentBinary: testAgent, RunAs: "root", Timeout: 30 * time.Second, Policy: agentproto.Policy{Unrestricted: true}, Limits: isolation.Limits{MemoryBytes: 512 << 20, Pids: 256, NanoCPUs: 1e9}}, Request: agentproto.Request{
 		Version:  agentproto.Version,
 		RunID:    "r-unres",
 		Message:  agentproto.Message{Text: "whoami private words"},

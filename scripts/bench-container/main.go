@@ -351,7 +351,7 @@ func viaDockerRun(image, workspace string, i int) (time.Duration, time.Duration,
 	})
 	args := []string{"run", "--rm", "-i", "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
 		"--memory", "512m", "--memory-swap", "512m", "--pids-limit", "256", "--cpus", "1", "--network", "none",
-		"--tmpfs", config.ContainerTmp + ":rw,nosuid,nodev,size=" + container.TmpfsSize + ",mode=1777",
+		"--tmpfs", config.ContainerTmp + ":rw,nosuid,nodev,size=256m,mode=1777",
 		"-v", workspace + ":" + config.ContainerWorkspace + ":rw", "-w", config.ContainerWorkspace,
 		"-u", "65534:65534", "--log-driver", "none"}
 	for _, e := range container.Environment() {
