@@ -411,7 +411,6 @@ func binds(p isolation.Plan) []string {
 	return out
 }
 
-
 // Environment is the complete environment of a container agent. It holds no
 // secret: the provider key travels on stdin only.
 func Environment() []string {
