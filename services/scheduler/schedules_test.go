@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -211,5 +212,28 @@ func TestRunScheduleAndListSchedulesOverTheBus(t *testing.T) {
 	// test's own uid is the service's, so it may; a user may not.
 	if out := e.bus.BusctlAs(t, "nobody", "call", bus.SchedulerName, string(bus.SchedulerPath), bus.SchedulerInterface, "FireSchedule", "s", "standup"); !strings.Contains(out, "Access denied") && !strings.Contains(out, "AccessDenied") {
 		t.Errorf("FireSchedule as nobody answered %q, want access denied", out)
+	}
+}
+
+func TestReloadGivesTheTableTheNewConfigurationsJobs(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(4)
+	cfg.Schedules = []schedules.Job{standup("echo one")}
+	s := newTestService(t, cfg, "", newGateBackend("landlock"), nil)
+	if list := s.ListSchedules(); len(list) != 1 || list[0].ID != "standup" {
+		t.Fatalf("listed %+v after New, want standup", list)
+	}
+
+	next := testConfig(4)
+	nightly := standup("echo two")
+	nightly.ID, nightly.OnCalendar = "nightly", "02:00 UTC"
+	next.Schedules = []schedules.Job{nightly}
+	s.Reload(next)
+	list := s.ListSchedules()
+	if len(list) != 1 || list[0].ID != "nightly" || list[0].OnCalendar != "*-*-* 02:00:00 UTC" {
+		t.Fatalf("listed %+v after Reload, want nightly alone", list)
+	}
+	if _, err := s.TriggerSchedule("standup", schedules.Manual); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("firing the removed job: %v, want ErrNotFound", err)
 	}
 }

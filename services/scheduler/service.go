@@ -219,7 +219,7 @@ func (s *Service) Reload(cfg *config.Config) {
 		return
 	}
 	s.cfg.Store(cfg)
-	// s.setSchedules(cfg)
+	s.setSchedules(cfg)
 	if s.warming.Load() {
 		wake(s.wakeWarm)
 	}
