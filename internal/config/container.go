@@ -31,21 +31,21 @@ var forbiddenBindSources = []string{"/etc", "/proc", "/sys", "/dev", "/run", "/v
 var runtimePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$`)
 
 // NetworkMode is container_mode.network, read once: "bridge" or "none";
-// anything else is refused with CheckNetwork's reason.
+// anything else is refused with checkNetwork's reason.
 type NetworkMode string
 
-// UnmarshalText accepts only the modes CheckNetwork allows.
+// UnmarshalText accepts only the modes checkNetwork allows.
 func (m *NetworkMode) UnmarshalText(text []byte) error {
-	if msg := CheckNetwork(string(text)); msg != "" {
+	if msg := checkNetwork(string(text)); msg != "" {
 		return errors.New(msg)
 	}
 	*m = NetworkMode(text)
 	return nil
 }
 
-// CheckNetwork explains why a container_mode.network value is refused, or
+// checkNetwork explains why a container_mode.network value is refused, or
 // returns "".
-func CheckNetwork(s string) string {
+func checkNetwork(s string) string {
 	switch {
 	case s == "bridge" || s == "none":
 		return ""
@@ -57,10 +57,10 @@ func CheckNetwork(s string) string {
 	return fmt.Sprintf(`%q is not one of bridge, none`, s)
 }
 
-// CheckBind explains why a container_mode.binds entry is refused, or
+// checkBind explains why a container_mode.binds entry is refused, or
 // returns "". An entry is SRC:DST or SRC:DST:MODE with absolute paths and
 // MODE ro or rw.
-func CheckBind(s string) string {
+func checkBind(s string) string {
 	parts := strings.Split(s, ":")
 	if len(parts) < 2 || len(parts) > 3 {
 		return fmt.Sprintf("%q is not SRC:DST or SRC:DST:ro|rw", s)
@@ -109,11 +109,11 @@ func resolvedPath(p string) string {
 	return p
 }
 
-// CheckSecurityOpt explains why a container_mode.security_opt entry is
+// checkSecurityOpt explains why a container_mode.security_opt entry is
 // refused, or returns "". Allowed: apparmor=PROFILE, label=... (SELinux) and
 // seccomp=/absolute/profile.json; never "unconfined", label=disable or
 // no-new-privileges=false.
-func CheckSecurityOpt(s string) string {
+func checkSecurityOpt(s string) string {
 	key, value, ok := strings.Cut(s, "=")
 	if !ok {
 		key, value, ok = strings.Cut(s, ":")

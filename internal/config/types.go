@@ -238,8 +238,8 @@ type Container struct {
 	Network     string   // "bridge" (default) or "none"
 	Runtime     string   // engine runtime (runc, runsc, ...); empty means the engine's default
 	Warm        int      // containers kept started per agent, waiting for a request; default 0
-	Binds       []string // extra "SRC:DST[:ro|rw]" binds, checked by CheckBind
-	SecurityOpt []string // extra security options, checked by CheckSecurityOpt
+	Binds       []string // extra "SRC:DST[:ro|rw]" binds, checked by checkBind
+	SecurityOpt []string // extra security options, checked by checkSecurityOpt
 }
 
 type FileAccess struct {

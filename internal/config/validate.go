@@ -181,8 +181,8 @@ var valueChecks = map[string]any{
 	"workspaceQuota": workspaceQuotaRule,
 	"runtime":        CheckRuntime,
 	"warm":           between(0, MaxWarm),
-	"bind":           CheckBind,
-	"securityOpt":    CheckSecurityOpt,
+	"bind":           checkBind,
+	"securityOpt":    checkSecurityOpt,
 	"egressRule": errorText(func(s string) error {
 		_, err := egresspolicy.ParseRule(s)
 		return err
