@@ -25,11 +25,13 @@ import (
 	"github.com/berth-dev/berth/isolation/workspace"
 )
 
-// Defaults of a plan.
+// The limits berth.toml has no key for are defaulted here and nowhere else
+// (memory is the resolved config's, config.DefaultMemoryLimit); a backend
+// refuses a plan that lacks one instead of defaulting it again.
 const (
 	DefaultPids     = 256
-	DefaultNanoCPUs = 1_000_000_000
-	DefaultTmpfs    = 256 << 20
+	DefaultNanoCPUs = 1_000_000_000 // one CPU
+	DefaultTmpfs    = 256 << 20     // the container's /tmp
 	// KillGrace is how long an ended agent's output is drained.
 	KillGrace = 2 * time.Second
 )
@@ -222,22 +224,12 @@ func AgentUserFor(uid uint32) *isolation.RunUser {
 	return &isolation.RunUser{Name: strconv.FormatUint(uint64(uid), 10), UID: uid, GID: uid, Groups: []uint32{uid}}
 }
 
-// AgentUIDs is the range agents' own uids come from: [scheduler]
-// agent_uids, or config.DefaultAgentUIDs in a Config built without Load
-// (the zero range).
-func AgentUIDs(cfg *config.Config) config.UIDRange {
-	if r := cfg.Scheduler.AgentUIDs; r != (config.UIDRange{}) {
-		return r
-	}
-	return config.DefaultAgentUIDs
-}
-
 // userWhy says who the agent runs as and why.
 func userWhy(cfg *config.Config, host HostFacts) string {
 	u := host.RunUser
 	switch {
 	case u != nil && host.AgentUser:
-		return fmt.Sprintf("uid %d, gid %d, allocated from [scheduler] agent_uids (%s) for this agent only: file permissions keep other agents out of its workspace and per-user limits (RLIMIT_NPROC) count its processes alone; the uid has no passwd entry (tools see a bare number, HOME is the workspace) and is never given to another agent", u.UID, u.GID, AgentUIDs(cfg))
+		return fmt.Sprintf("uid %d, gid %d, allocated from [scheduler] agent_uids (%s) for this agent only: file permissions keep other agents out of its workspace and per-user limits (RLIMIT_NPROC) count its processes alone; the uid has no passwd entry (tools see a bare number, HOME is the workspace) and is never given to another agent", u.UID, u.GID, cfg.Scheduler.AgentUIDs)
 	case u != nil:
 		why := fmt.Sprintf("%s (uid %d, gid %d): [scheduler] run_as; never root", u.Name, u.UID, u.GID)
 		if cfg.Scheduler.AgentUIDs.Off {
@@ -245,7 +237,7 @@ func userWhy(cfg *config.Config, host HostFacts) string {
 		}
 		return why
 	case host.RunUserErr != nil && host.AgentUser:
-		return fmt.Sprintf("the agent's own uid from [scheduler] agent_uids (%s), which cannot be had: %v", AgentUIDs(cfg), host.RunUserErr)
+		return fmt.Sprintf("the agent's own uid from [scheduler] agent_uids (%s), which cannot be had: %v", cfg.Scheduler.AgentUIDs, host.RunUserErr)
 	case host.RunUserErr != nil:
 		return fmt.Sprintf("%s: [scheduler] run_as (cannot look it up: %v)", cfg.Scheduler.RunAs, host.RunUserErr)
 	}

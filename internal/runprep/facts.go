@@ -25,7 +25,7 @@ func (p *Preparer) Facts(cfg *config.Config, agentID string) runplan.HostFacts {
 	}
 	host.AgentUser = true
 	host.RunUser, host.RunUserErr = nil, nil
-	uid, err := p.agentUID(a.ID, runplan.AgentUIDs(cfg))
+	uid, err := p.agentUID(a.ID, cfg.Scheduler.AgentUIDs)
 	if err != nil {
 		host.RunUserErr = err
 		return host

@@ -50,10 +50,20 @@ func storedAgentUID(tx *bolt.Tx, agent string) (uid uint32, ok bool) {
 // the range r, else the lowest id of r that no agent (configured or
 // removed) holds and the host's user and group databases do not name,
 // which is then recorded. An exhausted range fails the run with an error
-// naming agent_uids.
+// naming agent_uids, and so does a range agent_uids could not hold: the
+// zero range of a Config made without config.Defaults would hand out uid
+// 0, root.
 func (p *Preparer) agentUID(agent string, r config.UIDRange) (uint32, error) {
 	if p.opts.UIDs == nil {
 		return 0, fmt.Errorf("cannot allocate a uid for agent %s: this scheduler keeps no uids", agent)
+	}
+	switch _, err := config.ParseUIDRange(r.String()); {
+	case r == (config.UIDRange{}):
+		return 0, fmt.Errorf("cannot allocate a uid for agent %s: [scheduler] agent_uids is empty (a Config made without config.Defaults)", agent)
+	case r.Off:
+		return 0, fmt.Errorf("cannot allocate a uid for agent %s: [scheduler] agent_uids is \"off\"", agent)
+	case err != nil:
+		return 0, fmt.Errorf("cannot allocate a uid for agent %s from [scheduler] agent_uids: %w", agent, err)
 	}
 	var uid uint32
 	var found bool

@@ -69,6 +69,7 @@ func BenchmarkHandOffToTheScheduler(b *testing.B) {
 						DefaultTimeout:    time.Minute,
 						RunAs:             "nobody",
 						AgentBinary:       "/nonexistent/berth-agent",
+						AgentUIDs:         config.DefaultAgentUIDs,
 					},
 				}
 				for i := range tc.agents {

@@ -97,7 +97,8 @@ func seededDir(b *testing.B, size int) string {
 }
 
 func benchConfig() *config.Config {
-	cfg := &config.Config{Scheduler: config.Scheduler{MaxConcurrentRuns: 4}}
+	cfg := config.Defaults()
+	cfg.Scheduler.MaxConcurrentRuns = 4
 	for i := range 10 {
 		cfg.Agents = append(cfg.Agents, config.AgentSettings{ID: fmt.Sprintf("agent%d", i)})
 	}

@@ -168,18 +168,18 @@ func (r *gatedRun) reply(text string) {
 	r.finish <- outcome{res: isolation.Result{Response: agentproto.Response{Version: 1, RunID: r.spec.RunID, Reply: text}}}
 }
 
-// testConfig has agents alpha, beta and gamma on the landlock backend.
+// testConfig has agents alpha, beta and gamma on the landlock backend. It
+// starts from config.Defaults, where every default (agent_uids among them)
+// is declared once.
 func testConfig(maxConcurrent int) *config.Config {
-	return &config.Config{
-		Agents:        []config.AgentSettings{{ID: "alpha"}, {ID: "beta"}, {ID: "gamma"}},
-		AgentDefaults: config.AgentSettings{WorkspaceQuota: new(config.Bytes)},
-		Scheduler: config.Scheduler{
-			MaxConcurrentRuns: maxConcurrent,
-			DefaultTimeout:    time.Minute,
-			RunAs:             "nobody",
-			AgentBinary:       "/nonexistent/berth-agent",
-		},
-	}
+	cfg := config.Defaults()
+	cfg.Agents = []config.AgentSettings{{ID: "alpha"}, {ID: "beta"}, {ID: "gamma"}}
+	cfg.AgentDefaults = config.AgentSettings{WorkspaceQuota: new(config.Bytes)}
+	cfg.Scheduler.MaxConcurrentRuns = maxConcurrent
+	cfg.Scheduler.DefaultTimeout = time.Minute
+	cfg.Scheduler.RunAs = "nobody"
+	cfg.Scheduler.AgentBinary = "/nonexistent/berth-agent"
+	return cfg
 }
 
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -35,13 +35,12 @@ func TestAHungEngineFailsContainerRunsInTimeAndFreezesNothingElse(t *testing.T) 
 		t.Fatal(err)
 	}
 	enabled := true
-	cfg := &config.Config{
-		Agents: []config.AgentSettings{
-			{ID: "boxed", ContainerMode: config.ContainerSettings{Enabled: &enabled}},
-			{ID: "ops"},
-		},
-		Scheduler: config.Scheduler{MaxConcurrentRuns: 4, DefaultTimeout: time.Minute, RunAs: "nobody", AgentBinary: testAgent(t)},
+	cfg := config.Defaults()
+	cfg.Agents = []config.AgentSettings{
+		{ID: "boxed", ContainerMode: config.ContainerSettings{Enabled: &enabled}},
+		{ID: "ops"},
 	}
+	cfg.Scheduler.DefaultTimeout, cfg.Scheduler.RunAs, cfg.Scheduler.AgentBinary = time.Minute, "nobody", testAgent(t)
 	s, err := New(cfg, stateDir, Options{
 		Backends: map[string]isolation.Backend{landlock.Name: landlock.New(), container.Name: boxes},
 		Getenv:   func(string) string { return "" },
