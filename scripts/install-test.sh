@@ -19,7 +19,8 @@
 # through Cockpit's login and berth's page (installprobe cockpit). The
 # screenshots land in $BERTH_INSTALL_TEST_ARTIFACTS (default
 # /var/tmp/berth-install-test-artifacts). BERTH_INSTALL_TEST_ONLY=cockpit
-# installs berth and runs only that step.
+# installs berth and runs only that step; BERTH_INSTALL_TEST_ONLY=schedules
+# the step of scheduled jobs (systemd timers), just before the purge.
 #
 # After it, with the host's engine still the container's, an agent with
 # image_config packages = ["jq"] gets its image through `berthctl container
@@ -256,6 +257,69 @@ local_mirror() {
 # berth-imaged (D-Bus-activated by systemd) on the host's engine, with the
 # .debs from the container's apt; then a message whose shell command runs
 # jq in that agent's container.
+# schedules_step: a [[schedules]] job becomes a systemd timer that
+# `systemctl list-timers` shows; a firing is a run whose reply reaches the
+# webhook receiver; removing the job removes its timer. It brings its own
+# connector and agent, and the secret and receiver when it runs alone
+# (BERTH_INSTALL_TEST_ONLY=schedules).
+schedules_step() {
+  inside 'set -e
+if [ ! -f /etc/berth/hooks.secret ]; then
+  head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n" >/etc/berth/hooks.secret
+  chgrp berth /etc/berth/hooks.secret && chmod 0640 /etc/berth/hooks.secret
+fi
+systemctl is-active -q install-test-receiver ||
+  systemd-run --quiet --unit=install-test-receiver /usr/local/bin/installprobe receive --secret-file /etc/berth/hooks.secret
+for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/9999) 2>/dev/null && break; sleep 0.1; done
+cat >/etc/berth/berth.d/70-install-test-schedules.toml <<EOF
+[[connectors]]
+id = "ticks"
+type = "webhook"
+secret_file = "/etc/berth/hooks.secret"
+reply_url = "http://127.0.0.1:9999/replies"
+
+[[agents]]
+id = "ticker"
+[agents.file_access]
+unrestricted = true
+allow_network = false
+
+[[schedules]]
+id = "tick"
+agent = "ticker"
+on_calendar = "*:*:00/10"
+prompt = "/sh echo scheduled-tick"
+deliver_to = { connector = "ticks", channel = "CTICK" }
+EOF
+berthctl config check >/dev/null
+systemctl reload-or-restart berth-scheduler' || fail "cannot configure a schedule"
+  local timers="" reply_file=""
+  for _ in $(seq 1 100); do
+    timers=$(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'" || true)
+    grep -q 'berth-schedule-tick\.timer' <<<"$timers" && break
+    sleep 0.1
+  done
+  grep -q 'berth-schedule-tick\.timer' <<<"$timers" ||
+    fail "systemctl list-timers does not show the schedule's timer: $timers $(inside 'journalctl --no-pager -u berth-scheduler -n 20')"
+  grep -q '\*-\*-\* \*:\*:00/10' <<<"$(inside 'systemctl show -p TimersCalendar berth-schedule-tick.timer')" ||
+    fail "the timer's calendar: $(inside 'systemctl show -p TimersCalendar berth-schedule-tick.timer')"
+  # Fired by the timer every 10 s: its service calls FireSchedule over D-Bus.
+  for _ in $(seq 1 300); do
+    reply_file=$(inside 'ls /var/tmp/replies/schedule:tick:*.json 2>/dev/null | head -1' || true)
+    [ -n "$reply_file" ] && break
+    sleep 0.1
+  done
+  [ -n "$reply_file" ] || fail "no reply of the scheduled job within 30s: $(inside 'journalctl --no-pager -u berth-scheduler -u berth-schedule-tick.service -n 30')"
+  grep -qx scheduled-tick <<<"$(inside "installprobe wait --id $(basename "$reply_file" .json) --timeout 5s --field text")" || fail "the scheduled job's reply: $(inside "cat $reply_file")"
+  grep -q '^tick  *ticker ' <<<"$(inside 'berthctl schedules')" || fail "berthctl schedules: $(inside 'berthctl schedules')"
+  inside 'rm /etc/berth/berth.d/70-install-test-schedules.toml && systemctl reload berth-scheduler' || fail "cannot remove the schedule"
+  for _ in $(seq 1 100); do
+    grep -q 'berth-schedule-tick' <<<"$(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'")" || return 0
+    sleep 0.1
+  done
+  fail "the removed schedule's timer is still there: $(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'")"
+}
+
 jq_step() {
   local t0=$SECONDS build tag images sandbox
   local_mirror || fail "cannot give the container a local Debian mirror with jq"
@@ -324,6 +388,17 @@ docker cp "$olddeb" "$container:/root/old.deb"
 docker cp "$cockpit_deb" "$container:/root/berth-cockpit.deb"
 docker cp "$work/installprobe" "$container:/usr/local/bin/installprobe"
 docker cp scripts/check-unit-security.sh "$container:/usr/local/bin/check-unit-security"
+
+if [ "${BERTH_INSTALL_TEST_ONLY:-}" = schedules ]; then
+  step "apt install berth"
+  inside 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends /root/pkg.deb' >"$work/apt.log" 2>&1 ||
+    { cat "$work/apt.log"; fail "apt-get install"; }
+  container_limits || fail "cannot write the container's limits drop-in"
+  step "schedules: a job's systemd timer is listed, fires, and its reply reaches the webhook"
+  schedules_step
+  echo "install test (schedules step only) passed in $((SECONDS - started))s"
+  exit 0
+fi
 
 if [ "${BERTH_INSTALL_TEST_ONLY:-}" = cockpit ]; then
   step "apt install berth"
@@ -713,6 +788,9 @@ cockpit_step
 step "image_config: a jq image built with berthctl through the installed berth-imaged and the container's apt; a container run uses it"
 jq_step
 inside 'rm -r /etc/systemd/system/berth-scheduler.service.d && systemctl daemon-reload'
+
+step "schedules: a job's systemd timer is listed, fires, and its reply reaches the webhook"
+schedules_step
 
 step "apt-get purge leaves no berth files, units or users behind"
 inside 'DEBIAN_FRONTEND=noninteractive apt-get purge -y -q berth berth-cockpit' >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; fail "purge"; }
