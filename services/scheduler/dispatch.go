@@ -191,7 +191,9 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 		}
 		cur.Handle = ""
 		if claim != nil {
-			cur.Sandbox = claim.sb.id
+			if !claim.fellBack {
+				cur.Sandbox = claim.sb.id
+			}
 			cur.SandboxNote = joinNotes(cur.SandboxNote, claim.notes())
 		}
 		cur.StderrTail = cleanText(tailUTF8(res.Stderr, maxStderrTail))

@@ -20,7 +20,7 @@ import (
 
 // Conversation sandboxes (issue 22, ADR 21): an agent with [agents.sandbox]
 // scope = "conversation" runs each message in the kept sandbox of its
-// (connector, channel, thread), started on its sandboxConv's first message
+// (connector, channel, thread), started on its conversation's first message
 // and stopped idle_stop after its last activity (a run, an egress request),
 // after the run under way once it is max_lifetime old, or to make room for
 // another conversation when max_per_agent of the agent's are alive. Each is
@@ -64,7 +64,7 @@ func sandboxConvOf(r Run) sandboxConv {
 	return sandboxConv{agent: r.Agent, connector: r.Connector, channel: r.Channel, thread: r.Thread}
 }
 
-// sandbox is one sandboxConv's sandbox in this process.
+// sandbox is one conversation's sandbox in this process.
 type sandbox struct {
 	id   string
 	conv sandboxConv
@@ -94,6 +94,9 @@ type sandbox struct {
 type sandboxClaim struct {
 	sb    *sandbox
 	evict *sandbox
+	// fellBack: the run ran in a sandbox of its own, as with scope
+	// "message" (runInSandbox).
+	fellBack bool
 
 	mu   sync.Mutex
 	note []string
@@ -162,7 +165,7 @@ func (m *sandboxes) touch(sb *sandbox, now time.Time) {
 	m.mu.Unlock()
 }
 
-// remove forgets sb if it is still its sandboxConv's.
+// remove forgets sb if it is still its conversation's.
 func (m *sandboxes) remove(sb *sandbox) {
 	m.mu.Lock()
 	if m.byConv[sb.conv] == sb {
@@ -213,7 +216,7 @@ func (m *sandboxes) plan(cfg *config.Config, now time.Time) *sandboxPlan {
 
 // admit decides for the first queued run r of its agent (queueView). A run
 // of an agent without conversation sandboxes is admitted as before, one
-// per agent (parallel false). A sandboxConv's run is admitted when its
+// per agent (parallel false). A conversation's run is admitted when its
 // conversation has no run under way and its sandbox is alive or may be
 // started: under max_per_agent, or by stopping the agent's sandbox idle
 // the longest. Otherwise it waits, FIFO with its agent's other runs, and
@@ -294,7 +297,7 @@ func (m *sandboxes) apply(p *sandboxPlan, claimed []Run, newID func() string) {
 		}
 		sb := d.view.sb
 		if sb == nil || m.byConv[sb.conv] != sb {
-			// A new sandboxConv, or its sandbox stopped since the plan.
+			// A new conversation, or its sandbox stopped since the plan.
 			sb = &sandbox{id: newID(), conv: d.view.conv, ended: make(chan struct{})}
 			m.byConv[sb.conv] = sb
 		}
@@ -308,7 +311,7 @@ func (m *sandboxes) apply(p *sandboxPlan, claimed []Run, newID func() string) {
 // sandbox leaves on the host as a run id does) with its own prefix.
 func (s *Service) sandboxID() string { return "sbx_" + newRunID(s.clock.Now()) }
 
-// runInSandbox runs r in its sandboxConv's sandbox (claim), starting it
+// runInSandbox runs r in its conversation's sandbox (claim), starting it
 // first when it is new, and stops it after the run when the run failed or
 // it reached max_lifetime.
 func (s *Service) runInSandbox(ctx context.Context, r Run, cfg *config.Config, claim *sandboxClaim) (res isolation.Result, backend string, err error) {
@@ -326,13 +329,21 @@ func (s *Service) runInSandbox(ctx context.Context, r Run, cfg *config.Config, c
 			s.sandboxes.mu.Lock()
 			sb.busy = false
 			s.sandboxes.mu.Unlock()
+			if isolation.ReasonOf(err) == isolation.ReasonNoBackend {
+				// This backend cannot keep a sandbox here (a host backend
+				// under systemd, a backend without Keeper): the message
+				// still gets its answer, in a fresh sandbox of its own.
+				claim.addNote("ran in a fresh sandbox of its own: %v", err)
+				claim.fellBack = true
+				return s.runOnce(ctx, r, cfg)
+			}
 			return res, backend, err
 		}
 		s.sandboxes.mu.Lock()
 		kept, prep = sb.kept, sb.prep
 		s.sandboxes.mu.Unlock()
 	}
-	s.log.Info("run in its sandboxConv's sandbox", "run_id", r.ID, "agent", r.Agent, "sandbox_id", sb.id)
+	s.log.Info("run in its conversation's sandbox", "run_id", r.ID, "agent", r.Agent, "sandbox_id", sb.id)
 	s.sandboxes.touch(sb, s.clock.Now())
 	res, err = kept.Run(ctx, s.runRequest(r, prep.Agent, prep.Plan))
 	rec := prep.CutEgress()
@@ -352,7 +363,7 @@ func (s *Service) runInSandbox(ctx context.Context, r Run, cfg *config.Config, c
 	}
 	retire := !ended && sb.lifetime > 0 && now.Sub(sb.started) >= sb.lifetime
 	if ended || retire {
-		// Gone from the listing before its sandboxConv's next message is
+		// Gone from the listing before its conversation's next message is
 		// claimed: that one gets a fresh sandbox.
 		if s.sandboxes.byConv[sb.conv] == sb {
 			delete(s.sandboxes.byConv, sb.conv)
@@ -362,10 +373,10 @@ func (s *Service) runInSandbox(ctx context.Context, r Run, cfg *config.Config, c
 	s.sandboxes.mu.Unlock()
 	switch {
 	case ended:
-		claim.addNote("the sandbox %s was stopped after this run failed; the sandboxConv's next message gets a fresh one", sb.id)
+		claim.addNote("the sandbox %s was stopped after this run failed; the conversation's next message gets a fresh one", sb.id)
 		s.stopSandbox(sb, "its run failed")
 	case retire:
-		claim.addNote("the sandbox %s reached max_lifetime (%s) and was stopped after this run; the sandboxConv's next message gets a fresh one (its /workspace stays)", sb.id, sb.lifetime)
+		claim.addNote("the sandbox %s reached max_lifetime (%s) and was stopped after this run; the conversation's next message gets a fresh one (its /workspace stays)", sb.id, sb.lifetime)
 		s.stopSandbox(sb, "reached max_lifetime")
 	default:
 		s.saveSandbox(sb)
@@ -417,7 +428,7 @@ func (s *Service) startSandbox(ctx context.Context, r Run, cfg *config.Config, s
 	if err != nil {
 		prep.Finish()
 		s.deleteSandbox(sb.id)
-		s.log.Warn("cannot start a sandboxConv's sandbox", "sandbox_id", sb.id, "agent", r.Agent, "run_id", r.ID, "err", err)
+		s.log.Warn("cannot start a conversation's sandbox", "sandbox_id", sb.id, "agent", r.Agent, "run_id", r.ID, "err", err)
 		return backend, err
 	}
 	s.sandboxes.mu.Lock()
@@ -668,7 +679,7 @@ func (s *Service) ListSandboxes(ctx context.Context, agent string) []SandboxInfo
 }
 
 // StopSandbox stops a live sandbox that has no run under way; its
-// sandboxConv's next message gets a fresh one.
+// conversation's next message gets a fresh one.
 func (s *Service) StopSandbox(id string) error {
 	s.sandboxes.mu.Lock()
 	var found *sandbox

@@ -482,3 +482,24 @@ func shellOut(reply string) string {
 	out, _, _ = strings.Cut(out, "\n[stderr]\n")
 	return strings.TrimSpace(out)
 }
+
+// A backend that cannot keep a sandbox here (one without Keeper, a host
+// backend under systemd) still answers a conversation agent's message, in
+// a fresh sandbox of its own, and the run record says why.
+func TestAConversationMessageOnABackendThatCannotKeepRunsInAFreshSandbox(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(4)
+	cfg.Agents[0].Sandbox = config.SandboxSettings{Scope: config.SandboxScopeConversation}
+	b := newGateBackend("landlock")
+	s := newTestService(t, cfg, "", b, nil)
+	start(t, s)
+	id := submit(t, s, "m1", "alpha", "thread", "T")
+	b.next(t).reply("answered")
+	r := waitFinished(t, s, id)
+	if r.State != StateSucceeded || r.Reply != "answered" || r.Sandbox != "" || !strings.Contains(r.SandboxNote, "ran in a fresh sandbox of its own") {
+		t.Fatalf("run = %s %q, sandbox %q, note %q; want it answered in a fresh sandbox, saying why", r.State, r.Reply, r.Sandbox, r.SandboxNote)
+	}
+	if list := s.ListSandboxes(context.Background(), ""); len(list) != 0 {
+		t.Errorf("sandboxes listed: %+v", list)
+	}
+}
