@@ -127,6 +127,29 @@ type EgressPlan struct {
 	Secrets         []EgressSecret     `json:"secrets,omitempty"`
 	CABundle        string             `json:"ca_bundle,omitempty"`
 	SandboxCABundle string             `json:"sandbox_ca_bundle,omitempty"`
+	// Agent names the agent in git's reasons; Git are its git rules and
+	// GitHubApps the apps they name, without their keys.
+	Agent      string      `json:"agent,omitempty"`
+	Git        []GitRule   `json:"git,omitempty"`
+	GitHubApps []GitHubApp `json:"github_apps,omitempty"`
+}
+
+// GitRule is one [[agents.egress.git]] entry.
+type GitRule struct {
+	Remote     string   `json:"remote"`
+	Fetch      bool     `json:"fetch,omitempty"`
+	Push       []string `json:"push,omitempty"`
+	Force      bool     `json:"force,omitempty"`
+	Delete     bool     `json:"delete,omitempty"`
+	Credential string   `json:"credential,omitempty"`
+}
+
+// GitHubApp is an [[egress.github_apps]] entry without its private key.
+type GitHubApp struct {
+	Name           string `json:"name"`
+	AppID          int64  `json:"app_id"`
+	InstallationID int64  `json:"installation_id"`
+	APIBaseURL     string `json:"api_base_url,omitempty"`
 }
 
 // EgressRule is one allow entry, as written (Raw) and as parsed.

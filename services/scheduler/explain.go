@@ -95,6 +95,13 @@ func busPlan(p isolation.Plan) busapi.Plan {
 			be.Secrets = append(be.Secrets, busapi.EgressSecret{Name: sec.Name, Hosts: sec.Hosts, Header: sec.Header, Format: sec.Format,
 				Ports: sec.Ports, Methods: sec.Methods, Paths: sec.Paths})
 		}
+		be.Agent = e.Agent
+		for _, g := range e.Git {
+			be.Git = append(be.Git, busapi.GitRule(g))
+		}
+		for _, a := range e.GitHubApps {
+			be.GitHubApps = append(be.GitHubApps, busapi.GitHubApp{Name: a.Name, AppID: a.AppID, InstallationID: a.InstallationID, APIBaseURL: a.APIBaseURL})
+		}
 		out.Egress = be
 	}
 	return out
