@@ -37,6 +37,7 @@ Commands:
   send [--timeout D] AGENT TEXT               submit TEXT to AGENT and wait for the reply
   providers test [NAME]                       a probe run of an agent calls each provider (or NAME) once through its egress proxy, as runs do: reachability, auth, model, latency
   sandbox explain [--json] AGENT              the plan the scheduler would use for AGENT: backend, image, limits, network, mounts, user, and why
+  sandboxes [--agent A] [--json] | stop ID    the live conversation sandboxes: conversation, backend, last activity, idle for, runs, memory; stop one
   schedules [--json] | run ID                  the [[schedules]] jobs: next run, last run and its state; fire one now
   egress explain [--method M] [--json] AGENT URL|HOST:PORT
                                               would AGENT's egress proxy let the request pass, by which rule or why not (exit 0 pass, 1 refused, 2 bad question)
@@ -80,6 +81,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = c.providers(args[1:])
 	case "sandbox":
 		err = c.sandbox(args[1:])
+	case "sandboxes":
+		err = c.sandboxes(args[1:])
 	case "schedules":
 		err = c.schedules(args[1:])
 	case "egress":
