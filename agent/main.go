@@ -45,6 +45,8 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 		return agentproto.ExitBadRequest
 	}
 	log = log.With("run_id", req.RunID, "agent", req.Agent.ID)
+	// Opened before Landlock, which would refuse the cgroup filesystem.
+	oom := watchOOM(log)
 	launcher, release, ok := confineFor(req, log)
 	if !ok {
 		return agentproto.ExitConfinement
@@ -53,7 +55,9 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	before := oom.now()
 	resp, code := runSafely(ctx, req, launcher, log)
+	resp.OOMKills = oom.since(before)
 	// The last log line: with it and the response the supervisor may
 	// answer the run before the sandbox is seen to exit.
 	log.Info(agentproto.LogResponseFollows)

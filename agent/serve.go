@@ -74,6 +74,7 @@ func Serve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return agentproto.ExitBadRequest
 	}
 	log = log.With("sandbox", open.RunID, "agent", open.Agent.ID)
+	oom := watchOOM(log)
 	launcher, release, ok := confineFor(open, log)
 	if !ok {
 		return agentproto.ExitConfinement
@@ -121,7 +122,9 @@ func Serve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			log.Error("bad request", "reason", err.Error())
 			return agentproto.ExitBadRequest
 		case line := <-requests:
+			before := oom.now()
 			resp := serveOne(ctx, open, line, launcher, log)
+			resp.OOMKills = oom.since(before)
 			// The last log line of the request, as in a one-shot run.
 			log.Info(agentproto.LogResponseFollows, "run_id", resp.RunID)
 			if err := out.Encode(deliverable(resp)); err != nil {

@@ -382,6 +382,10 @@ func (k *kept) run(ctx context.Context, spec Spec, input []byte, tail *Tail) (Re
 			return res, &RunError{Reason: ReasonBadResponse, Detail: WithTail("the sandbox's answer; the sandbox was stopped", res.Stderr), Err: err}
 		}
 		res.Response = resp
+		if resp.OOMKills > 0 {
+			// The agent lives on; only a tool of this run was OOM-killed.
+			return res, Errorf(ReasonOutOfMemory, "%s", WithTail(fmt.Sprintf("the sandbox hit its memory limit of %s", FormatBytes(spec.Limits.MemoryBytes)), res.Stderr))
+		}
 		if resp.Error != "" {
 			res.ExitCode = agentproto.ExitAgentError
 		}

@@ -204,7 +204,7 @@ func answered(spec Spec, stdout *Stdout, stderr *Tail) (Result, bool) {
 	if resp.Error != "" {
 		res.ExitCode = agentproto.ExitAgentError
 	}
-	if sigkilled(Exit{}, res) {
+	if sigkilled(Exit{}, res) || resp.OOMKills > 0 {
 		return Result{}, false
 	}
 	return res, true

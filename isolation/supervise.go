@@ -345,7 +345,9 @@ func interpret(spec Spec, sb Sandbox, exit Exit, res Result, stdout *Stdout) (Re
 	if exit.Signal == 0 && exit.Code >= 0 {
 		out, err = Interpret(res, stdout, spec.RunID)
 	}
-	oom := exit.OOM
+	// The agent's own count of OOM kills in its cgroup holds when the
+	// engine's word comes late or never.
+	oom := exit.OOM || out.Response.OOMKills > 0
 	if !oom {
 		ctx, cancel := context.WithTimeout(context.Background(), killTimeout)
 		oom = sb.Inspect(ctx, sigkilled(exit, out))

@@ -334,6 +334,12 @@ func TestARunWhoseAnswerDoesNotStandEndsTheWayItDidBefore(t *testing.T) {
 		{"A_line_that_is_not_JSON_is_a_bad_response", "not json\n", agentLog, false, isolation.Exit{Code: 0}, isolation.ReasonBadResponse},
 		{"A_tool_killed_by_SIGKILL_in_an_OOM_killed_sandbox_is_out_of_memory",
 			`{"version":1,"run_id":"r1","reply":"hi","tool_calls":[{"name":"sh","output":"{\"exit_code\":137}"}]}` + "\n", agentLog, true, isolation.Exit{Code: 0}, isolation.ReasonOutOfMemory},
+		// The engine's oom event may never come under load; the agent's
+		// own count of its cgroup's OOM kills is enough.
+		{"A_tool_killed_by_SIGKILL_that_the_agent_counted_as_OOM_killed_is_out_of_memory_though_the_sandbox_says_nothing",
+			`{"version":1,"run_id":"r1","reply":"hi","tool_calls":[{"name":"sh","output":"{\"exit_code\":137}"}],"oom_kills":1}` + "\n", agentLog, false, isolation.Exit{Code: 0}, isolation.ReasonOutOfMemory},
+		{"An_OOM_kill_the_agent_counted_is_out_of_memory_even_when_no_tool_call_shows_it",
+			`{"version":1,"run_id":"r1","reply":"hi","oom_kills":2}` + "\n", agentLog, false, isolation.Exit{Code: 0}, isolation.ReasonOutOfMemory},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

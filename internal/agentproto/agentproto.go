@@ -205,6 +205,10 @@ type Response struct {
 	Probes []ProbeResult `json:"probes,omitempty"`
 	// MCP says how each of Request.MCP fared: its tools, or why it gave none.
 	MCP []MCPStatus `json:"mcp,omitempty"`
+	// OOMKills is how many processes of the agent's memory cgroup the
+	// kernel OOM-killed while the run lasted (its oom_kill counter's rise):
+	// the run hit its memory limit even when the engine never says so.
+	OOMKills int `json:"oom_kills,omitempty"`
 }
 
 // MCPStatus is one MCP server in a run's record.
