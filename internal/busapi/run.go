@@ -64,6 +64,10 @@ type Run struct {
 	// MCP is the JSON array of how each of the agent's MCP servers fared
 	// (MCPServers decodes it); "[]" without servers.
 	MCP Output
+	// Sandbox is the conversation sandbox the run ran in ("" for a sandbox
+	// of its own); SandboxNote why it waited for one, or why one was
+	// stopped for it or after it.
+	Sandbox, SandboxNote string
 }
 
 // outputs pairs each long text of r with its key on the wire and its name
@@ -110,6 +114,8 @@ func (r *Run) ReadCut(ctx context.Context, s Scheduler) error {
 func (r Run) Wire() map[string]dbus.Variant {
 	m := r.RunHead.wire()
 	m["egress_dropped"] = dbus.MakeVariant(r.EgressDropped)
+	m["sandbox"] = dbus.MakeVariant(r.Sandbox)
+	m["sandbox_note"] = dbus.MakeVariant(r.SandboxNote)
 	for _, o := range r.outputs() {
 		m[o.key] = dbus.MakeVariant(o.out.Text)
 		m[o.key+"_bytes"] = dbus.MakeVariant(o.out.Bytes)
@@ -124,6 +130,8 @@ func RunFromWire(m map[string]dbus.Variant) (Run, error) {
 	f := fields{m: m}
 	r.RunHead.read(&f)
 	f.u32("egress_dropped", &r.EgressDropped)
+	f.str("sandbox", &r.Sandbox)
+	f.str("sandbox_note", &r.SandboxNote)
 	for _, o := range r.outputs() {
 		f.str(o.key, &o.out.Text)
 		f.u32(o.key+"_bytes", &o.out.Bytes)

@@ -452,7 +452,7 @@ func printRun(w io.Writer, run busapi.Run) {
 		{"backend", run.Backend}, {"message_id", run.MessageID}, {"connector", run.Connector}, {"channel", run.Channel},
 		{"thread", run.Thread}, {"author", run.Author}, {"attempts", fmt.Sprint(run.Attempts)},
 		{"created", localTime(run.CreatedAt)}, {"started", localTime(run.StartedAt)}, {"finished", localTime(run.FinishedAt)},
-		{"delivered", fmt.Sprint(run.Delivered)},
+		{"delivered", fmt.Sprint(run.Delivered)}, {"sandbox", run.Sandbox}, {"sandbox_note", run.SandboxNote},
 	} {
 		if f.val != "" {
 			fmt.Fprintf(tw, "%s:\t%s\n", f.key, f.val)

@@ -330,6 +330,8 @@ func (r Run) BusRun() busapi.Run {
 		Egress:        output(egressJSON(r), false),
 		EgressCounts:  output(egressCountsJSON(r), false),
 		MCP:           output(mcpJSON(r), true),
+		Sandbox:       r.Sandbox,
+		SandboxNote:   r.SandboxNote,
 	}
 }
 

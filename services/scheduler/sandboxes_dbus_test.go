@@ -48,6 +48,9 @@ func TestSandboxesAreListedAndStoppedOverTheBus(t *testing.T) {
 		list[0].Backend != "landlock" || list[0].Busy || list[0].Started.IsZero() || list[0].MemoryBytes == 0 {
 		t.Fatalf("ListSandboxes = %+v; want the run's sandbox %s, its conversation verbatim, 1 run, its memory", list, run.Sandbox)
 	}
+	if got, err := sched.GetRun(ctx, run.ID); err != nil || got.Sandbox != run.Sandbox {
+		t.Errorf("GetRun = sandbox %q, %v; want the run's sandbox %s", got.Sandbox, err, run.Sandbox)
+	}
 	if other, err := sched.ListSandboxes(ctx, "beta"); err != nil || len(other) != 0 {
 		t.Errorf("ListSandboxes(beta) = %+v, %v; want none", other, err)
 	}
