@@ -191,6 +191,9 @@ func (s *Service) startLocked(r *running, prev <-chan struct{}) {
 	r.cancel = cancel
 	r.done = make(chan struct{})
 	log := s.log.With("connector", r.cfg.ID)
+	if w, ok := r.conn.(connector.StatusWatcher); ok {
+		s.conns.wg.Go(func() { s.publishStatusChanges(ctx, w) })
+	}
 	s.conns.wg.Go(func() {
 		defer close(r.done)
 		if prev != nil {
@@ -217,6 +220,22 @@ func (s *Service) startLocked(r *running, prev <-chan struct{}) {
 			}
 		}
 	})
+}
+
+// publishStatusChanges asks for the Connectors property to be published
+// each time w's status changes, until ctx ends. Changes coalesce in
+// wakePublish; the channel is taken before the wake, so a change made while
+// the publisher reads is never missed.
+func (s *Service) publishStatusChanges(ctx context.Context, w connector.StatusWatcher) {
+	for {
+		_, changed := w.WatchStatus()
+		s.refreshConnectors()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // stopConnectors stops every connector and waits for their Run to return.
@@ -323,6 +342,8 @@ func (w *webhookConnector) Send(context.Context, connector.Reply) error {
 }
 
 func (w *webhookConnector) Status() connector.Status { return w.status.Snapshot() }
+
+func (w *webhookConnector) WatchStatus() (connector.Status, <-chan struct{}) { return w.status.Watch() }
 
 func (w *webhookConnector) noteEvent(at time.Time) { w.status.Saw(at) }
 

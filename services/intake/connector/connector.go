@@ -98,6 +98,15 @@ type HTTPReceiver interface {
 	Handler(sink Sink) http.Handler
 }
 
+// StatusWatcher is implemented by connectors that can say when their Status
+// changes (StatusKeeper.Watch), so that intake publishes a change at once
+// rather than on its deliver loop's next pass.
+type StatusWatcher interface {
+	// WatchStatus returns the current Status and a channel closed at the
+	// next change.
+	WatchStatus() (Status, <-chan struct{})
+}
+
 // LongLived is implemented by connectors whose Run holds a connection open
 // (WebSocket gateways): while one is configured intake does not exit idle.
 type LongLived interface {

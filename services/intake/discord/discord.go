@@ -305,6 +305,9 @@ func (c *Connector) LongLived() bool { return c.o.BotToken != "" }
 // Status is the connection's state for `berthctl status`.
 func (c *Connector) Status() connector.Status { return c.status.Snapshot() }
 
+// WatchStatus says when Status changes, for intake to publish it at once.
+func (c *Connector) WatchStatus() (connector.Status, <-chan struct{}) { return c.status.Watch() }
+
 func (c *Connector) noteEvent() { c.status.Saw(c.clock.Now()) }
 
 // redact removes credentials from text that may quote a request or answer.

@@ -266,3 +266,6 @@ func (c *Connector) LongLived() bool { return true }
 
 // Status is the connection's state for `berthctl status`.
 func (c *Connector) Status() connector.Status { return c.status.Snapshot() }
+
+// WatchStatus says when Status changes, for intake to publish it at once.
+func (c *Connector) WatchStatus() (connector.Status, <-chan struct{}) { return c.status.Watch() }

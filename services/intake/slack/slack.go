@@ -290,6 +290,9 @@ func (c *Connector) LongLived() bool { return c.o.Mode == ModeSocket }
 // Status is the connection's state for `berthctl status`.
 func (c *Connector) Status() connector.Status { return c.status.Snapshot() }
 
+// WatchStatus says when Status changes, for intake to publish it at once.
+func (c *Connector) WatchStatus() (connector.Status, <-chan struct{}) { return c.status.Watch() }
+
 func (c *Connector) sawEvent() { c.status.Saw(c.clock.Now()) }
 
 // redact removes the connector's credentials from s; every error text that

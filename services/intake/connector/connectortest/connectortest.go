@@ -39,6 +39,7 @@ type Connector struct {
 	typing  []string
 	typeCh  chan string
 	status  connector.Status
+	changed chan struct{} // closed and replaced by SetStatus
 }
 
 // New returns a fake connector whose Status starts as st.
@@ -49,6 +50,7 @@ func New(st connector.Status) *Connector {
 		sentCh:  make(chan connector.Reply, 1024),
 		typeCh:  make(chan string, 1024),
 		status:  st,
+		changed: make(chan struct{}),
 	}
 }
 
@@ -143,10 +145,19 @@ func (c *Connector) Status() connector.Status {
 	return c.status
 }
 
+// WatchStatus returns the status and a channel closed at the next SetStatus.
+func (c *Connector) WatchStatus() (connector.Status, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status, c.changed
+}
+
 // SetStatus changes what Status returns.
 func (c *Connector) SetStatus(st connector.Status) {
 	c.mu.Lock()
 	c.status = st
+	close(c.changed)
+	c.changed = make(chan struct{})
 	c.mu.Unlock()
 }
 
