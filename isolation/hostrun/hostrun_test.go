@@ -282,36 +282,52 @@ func TestRunCutsTheNetworkUnlessAllowed(t *testing.T) {
 func TestKillEndsARunningAgentAndIgnoresStaleHandles(t *testing.T) {
 	t.Parallel()
 	requireRoot(t)
-	s := spec(t, "spawn")
-	handles := make(chan string, 1)
-	s.OnStart = func(h string) error { handles <- h; return nil }
-	done := make(chan error, 1)
-	go func() {
-		_, err := hostrun.Runner{}.Run(context.Background(), s)
-		done <- err
-	}()
-	handle := <-handles
-	pid := handlePID(t, handle)
-	waitForExec(t, pid, testAgent)
+	type ended struct {
+		res isolation.Result
+		err error
+	}
+	start := func(s isolation.Spec) (handle string, done <-chan ended) {
+		handles := make(chan string, 1)
+		s.OnStart = func(h string) error { handles <- h; return nil }
+		out := make(chan ended, 1)
+		go func() {
+			res, err := hostrun.Runner{}.Run(context.Background(), s)
+			out <- ended{res, err}
+		}()
+		return <-handles, out
+	}
 
+	// The agent answers when sent SIGUSR1 after the stale handle's kill:
+	// had that kill sent SIGKILL, which comes first, the run would crash.
+	s := spec(t, "untilusr1")
+	handle, done := start(s)
+	pid := handlePID(t, handle)
+	waitForFile(t, filepath.Join(s.Workspace, "ready"), nil)
 	parts := strings.Split(handle, ":")
 	st, _ := strconv.ParseUint(parts[2], 10, 64)
-	stale := hostrun.Handle(pid, st+1)
-	if err := hostrun.Kill(context.Background(), stale); err != nil {
+	if err := hostrun.Kill(context.Background(), hostrun.Handle(pid, st+1)); err != nil {
 		t.Fatalf("kill of a stale handle failed: %v", err)
 	}
+	if err := syscall.Kill(pid, syscall.SIGUSR1); err != nil {
+		t.Fatalf("cannot tell the agent to answer (did the stale handle kill it?): %v", err)
+	}
 	select {
-	case err := <-done:
-		t.Fatalf("a stale handle killed the agent: %v", err)
-	case <-time.After(300 * time.Millisecond):
+	case e := <-done:
+		if e.err != nil || e.res.Response.Reply != "released" {
+			t.Fatalf("a stale handle killed the agent: %v (reply %q)", e.err, e.res.Response.Reply)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent did not answer after SIGUSR1")
 	}
 
+	handle, done = start(spec(t, "spawn"))
+	waitForExec(t, handlePID(t, handle), testAgent)
 	if err := hostrun.Kill(context.Background(), handle); err != nil {
 		t.Fatalf("kill failed: %v", err)
 	}
 	select {
-	case err := <-done:
-		wantReason(t, err, isolation.ReasonCrashed)
+	case e := <-done:
+		wantReason(t, e.err, isolation.ReasonCrashed)
 	case <-time.After(10 * time.Second):
 		t.Fatal("agent still runs after Kill")
 	}

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentproto"
@@ -75,6 +77,16 @@ func main() {
 			fmt.Fprintln(os.Stderr, "cannot write pid:", err)
 		}
 		time.Sleep(time.Hour)
+	case "untilusr1":
+		// Answers once sent SIGUSR1; <workspace>/ready says it listens.
+		usr1 := make(chan os.Signal, 1)
+		signal.Notify(usr1, syscall.SIGUSR1)
+		if err := os.WriteFile(filepath.Join(req.Workspace, "ready"), nil, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "cannot write ready:", err)
+			os.Exit(agentproto.ExitInternal)
+		}
+		<-usr1
+		resp.Reply = "released"
 	case "confinement":
 		fmt.Fprintln(os.Stderr, "cannot enforce policy: landlock ABI too old")
 		os.Exit(agentproto.ExitConfinement)
