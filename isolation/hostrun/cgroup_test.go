@@ -104,9 +104,12 @@ func TestAForkBombIsHeldAtPidsMaxAndTheNextRunWorks(t *testing.T) {
 	t.Parallel()
 	needCgroups(t)
 	const pids = 64
-	// exec: once the bomb holds every pid, the tool must not need a fork to
-	// keep the run going (a refused fork of sleep ended the run early).
-	s := landlockSpec(t, "/sh b(){ b | b & }; b; exec sleep 60")
+	// Once the bomb holds every pid the tool's shell must need no fork to
+	// keep the run going: it forks once, before the bomb exists, and execs
+	// sleep. (dash forks each member of "b | b &" itself: under load the
+	// first filled pids.max before the second fork, which failed, and the
+	// shell exited, ending the run.)
+	s := landlockSpec(t, "/sh (b(){ b | b & }; b) & exec sleep 60")
 	s.Limits = isolation.Limits{MemoryBytes: 512 << 20, Pids: pids, NanoCPUs: 1e9}
 	dirs, _ := hostrun.RunCgroups(s.RunID)
 	var pidsDir string
