@@ -262,11 +262,13 @@ func TestPlatformMeepaChatWholePath(t *testing.T) {
 	})
 	t.Run("A long reply with a code block arrives in fenced chunks within 4000 characters", func(t *testing.T) {
 		send(t, longReply, "thread-long")
+		// The reply's first chunk starts it; waitPosts may already
+		// have seen more than one, so the chunks are counted from before it.
+		first := posts
 		waitPosts(t, 1)
-		posts--
 		s.settle(t)
-		got := fake.Posted()[posts:]
-		posts += len(got)
+		got := fake.Posted()[first:]
+		posts = first + len(got)
 		runs++
 		var chunks []string
 		for _, p := range got {
@@ -383,11 +385,13 @@ func TestPlatformDiscordWholePath(t *testing.T) {
 	})
 	t.Run("A long reply with a code block arrives in fenced chunks within 2000 characters", func(t *testing.T) {
 		send(t, channel, longReply)
+		// The reply's first chunk starts it; waitPosts may already
+		// have seen more than one, so the chunks are counted from before it.
+		first := posts
 		waitPosts(t, 1)
-		posts--
 		s.settle(t)
-		got := fake.Posts()[posts:]
-		posts += len(got)
+		got := fake.Posts()[first:]
+		posts = first + len(got)
 		runs++
 		var chunks []string
 		for _, p := range got {
@@ -528,11 +532,13 @@ func TestPlatformSlackSocketModeWholePath(t *testing.T) {
 	})
 	t.Run("A long reply with a code block arrives in fenced chunks within 4000 characters", func(t *testing.T) {
 		ev, _ := send(t, longReply, "1699999999.000001")
+		// The reply's first chunk starts it; waitPosts may already
+		// have seen more than one, so the chunks are counted from before it.
+		first := posts
 		waitPosts(t, 1)
-		posts--
 		s.settle(t)
-		got := fake.Posts()[posts:]
-		posts += len(got)
+		got := fake.Posts()[first:]
+		posts = first + len(got)
 		runs++
 		var chunks []string
 		for _, p := range got {
