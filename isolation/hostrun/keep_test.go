@@ -146,7 +146,9 @@ func TestStoppingAKeptSandboxIsTermGraceKill(t *testing.T) {
 	t.Run("A_process_ignoring_SIGTERM_is_killed_after_the_grace", func(t *testing.T) {
 		t.Parallel()
 		k := startKept(t, keptSpec(t))
-		pid := backgroundPid(t, shell(t, k, "sh -c 'trap \"\" TERM; while :; do sleep 1; done' >/dev/null 2>&1 & echo $!"))
+		// The reply waits until the trap is set: a TERM that reached the
+		// shell before it ran trap ended it, and Stop with it (under load).
+		pid := backgroundPid(t, shell(t, k, "sh -c 'trap \"\" TERM; : > trapped; while :; do sleep 1; done' >/dev/null 2>&1 & echo $!; while [ ! -e trapped ]; do sleep 0.01; done"))
 		const grace = 1500 * time.Millisecond
 		began := time.Now()
 		if err := k.Stop(context.Background(), grace); err != nil {
