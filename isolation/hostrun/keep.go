@@ -25,7 +25,8 @@ import (
 // handed back. A scheduler that dies takes the agent with it (Pdeathsig);
 // what its tools left in the cgroup is removed by Kill(handle), or by the
 // next scheduler's leftover sweep. A kept host sandbox is never reattached:
-// its stdin and stdout were the dead scheduler's pipes.
+// its stdin and stdout were the dead scheduler's pipes. Under systemd it is
+// a transient unit instead (keep_unit.go).
 
 // keptHandlePrefix marks handles of kept host sandboxes:
 // kept:<pid>:<start time>:<cgroup name, "" without one>.
@@ -49,16 +50,14 @@ func (r Runner) Start(ctx context.Context, spec isolation.Spec) (isolation.Kept,
 	if fi, err := os.Stat(spec.Workspace); err != nil || !fi.IsDir() {
 		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: fmt.Sprintf("workspace %q is not a directory", spec.Workspace), Err: err}
 	}
-	if r.units() {
-		// A transient unit per sandbox is the next step; until then a kept
-		// sandbox is not run with weaker limits than a unit's.
-		return nil, isolation.Errorf(isolation.ReasonNoBackend, "kept host sandboxes do not run as systemd units yet; use scope = \"message\" under systemd")
-	}
 	cred, err := r.credential(spec.Plan)
 	if err != nil {
 		return nil, err
 	}
 	spec.Policy = withScratch(spec.Policy)
+	if r.units() {
+		return startKeptUnit(ctx, spec, cred)
+	}
 	lifelong := spec
 	lifelong.Timeout = 0
 	lim, err := newRunLimits(lifelong)

@@ -470,7 +470,7 @@ func stopUnit(ctx context.Context, conn *sdbus.Conn, name string) {
 // killUnit is Kill for a run that is a transient unit.
 func killUnit(ctx context.Context, handle string) error {
 	name := strings.TrimPrefix(handle, unitHandlePrefix)
-	if !strings.HasPrefix(name, UnitPrefix) || !strings.HasSuffix(name, ".service") {
+	if !strings.HasPrefix(name, UnitPrefix) && !strings.HasPrefix(name, SandboxUnitPrefix) || !strings.HasSuffix(name, ".service") {
 		return fmt.Errorf("cannot kill %q: not a berth run unit", handle)
 	}
 	conn, err := sdbus.NewSystemdConnectionContext(ctx)
