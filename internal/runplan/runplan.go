@@ -96,27 +96,12 @@ func Compile(cfg *config.Config, agentID, runID string, host HostFacts) (isolati
 // carries it, and it names the run's egress directory
 // (isolation.AttemptName), so a dead attempt's is told from the live one's.
 func CompileAttempt(cfg *config.Config, agentID, runID string, attempt int, host HostFacts) (isolation.Plan, error) {
-	c, err := compile(cfg, agentID, runID, attempt, host)
-	if err != nil {
-		return isolation.Plan{Backend: c.plan.Backend}, err
-	}
-	if len(c.problems) > 0 {
-		return isolation.Plan{Backend: c.plan.Backend}, c.problems[0]
-	}
-	return c.plan, nil
+	return CompileWith(cfg, agentID, runID, attempt, Overrides{}, host)
 }
 
 // Explain returns the plan a run of agentID would get, without keys, and why.
 func Explain(cfg *config.Config, agentID string, host HostFacts) (Explanation, error) {
-	c, err := compile(cfg, agentID, "", 0, host)
-	if err != nil {
-		return Explanation{}, err
-	}
-	e := Explanation{Plan: c.plan.Redacted(), Why: c.why}
-	for _, p := range c.problems {
-		e.Problems = append(e.Problems, p.Error())
-	}
-	return e, nil
+	return ExplainWith(cfg, agentID, Overrides{}, host)
 }
 
 type compiled struct {
@@ -125,7 +110,7 @@ type compiled struct {
 	problems []*isolation.RunError
 }
 
-func compile(cfg *config.Config, agentID, runID string, attempt int, host HostFacts) (compiled, error) {
+func compileWith(cfg *config.Config, agentID, runID string, attempt int, ov Overrides, host HostFacts) (compiled, error) {
 	if cfg == nil {
 		return compiled{}, errors.New("cannot compile a run plan: no configuration")
 	}
@@ -133,6 +118,7 @@ func compile(cfg *config.Config, agentID, runID string, attempt int, host HostFa
 	if err != nil {
 		return compiled{}, &isolation.RunError{Reason: isolation.ReasonAgentNotConfigured, Err: err}
 	}
+	ov.apply(&a)
 	c := compiled{why: map[string]string{}}
 	p := &c.plan
 	p.RunID, p.Attempt, p.AgentID = runID, attempt, a.ID
@@ -213,6 +199,7 @@ func compile(cfg *config.Config, agentID, runID string, attempt int, host HostFa
 	providers(&c, cfg, a, host)
 	egressPlan(&c, cfg, a, host)
 	agentToolsWhy(&c, a)
+	ov.explain(&c)
 	return c, nil
 }
 
