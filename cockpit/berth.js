@@ -9,8 +9,8 @@
  * bus (no systemd, no image service, an older service without a property)
  * gets a panel that says so, and lights up when it appears.
  *
- * Live: PropertiesChanged, RunStateChanged/RunFinished, Progress/Finished and
- * NameOwnerChanged signals drive the page; the only timer re-reads the units
+ * Live: PropertiesChanged, RunStateChanged/RunFinished, SandboxesChanged,
+ * Progress/Finished and NameOwnerChanged signals drive the page; the only timer re-reads the units
  * and counts every 10 s, in case a signal was missed.
  *
  * Texts from chat platforms are untrusted: they only ever reach the page as
@@ -50,8 +50,8 @@
     // What is on the bus: "running", "activatable" or "absent" per name.
     const presence = {};
     // What this user may do, learned by calling: true, false, or null (not yet known).
-    const may = { cancel: null, images: null };
-    const mayError = { cancel: null, images: null };
+    const may = { cancel: null, images: null, sandboxes: null, schedules: null };
+    const mayError = { cancel: null, images: null, sandboxes: null, schedules: null };
 
     const state = {
         sched: {}, // Scheduler1 properties
@@ -66,6 +66,10 @@
         agents: new Set(),
         explained: {}, // agent -> {json} or {error}
         images_list: null,
+        sandboxes: null, // ListSandboxes as last read
+        sandboxesError: null,
+        schedules: null, // ListSchedules as last read
+        schedulesError: null,
         job: null, // {path, step, total, lines, tag, error, done}
     };
 
@@ -351,6 +355,24 @@
             });
     }
 
+    // StopSandbox("") and RunSchedule("") change nothing either: no sandbox
+    // and no job has an empty id. An older scheduler without the method
+    // leaves the permission unknown; its list call says why.
+    function probeScheduler(permission, method) {
+        if (may[permission] !== null || presence[SCHED.name] === "absent")
+            return Promise.resolve();
+        return call(SCHED.name, SCHED.path, SCHED.iface, method, [""], "s")
+            .then(() => { may[permission] = true })
+            .catch(err => {
+                if (isRefusal(err)) {
+                    may[permission] = false;
+                    mayError[permission] = err;
+                } else if (!isUnknownMethod(err)) {
+                    may[permission] = true;
+                }
+            });
+    }
+
     // Remove("") on the image service: no image has an empty tag.
     function probeImages() {
         if (may.images !== null || !(presence[IMAGES.name] === "running" || presence[IMAGES.name] === "activatable"))
@@ -602,6 +624,17 @@
         tbody.replaceChildren(...rows.map(r => runRow(r, fromSignals)));
         $("runs-empty").hidden = rows.length > 0 || (err && !fromSignals);
         $("runs-more").hidden = fromSignals || !!err || state.runsCursorDone || rows.length === 0;
+    }
+
+    function onSchedulerSignal(path, iface, signal, args) {
+        if (signal === "SandboxesChanged") {
+            sandboxesChanged();
+            return;
+        }
+        if (signal === "RunStateChanged" || signal === "RunFinished") {
+            onRunSignal(path, iface, signal, args);
+            schedulesChanged();
+        }
     }
 
     function onRunSignal(path, iface, signal, args) {
@@ -1031,19 +1064,187 @@
         log.scrollTop = log.scrollHeight;
     }
 
+    // ---------- conversation sandboxes ----------
+
+    // SandboxesChanged carries nothing: list again, coalescing bursts.
+    let sandboxesTimer = null;
+    function sandboxesChanged() {
+        if (sandboxesTimer)
+            return;
+        sandboxesTimer = window.setTimeout(() => {
+            sandboxesTimer = null;
+            if (currentView === "sandboxes")
+                loadSandboxes();
+        }, 200);
+    }
+
+    let sandboxesToken = 0;
+    function loadSandboxes() {
+        const token = ++sandboxesToken;
+        return call(SCHED.name, SCHED.path, SCHED.iface, "ListSandboxes", [""], "s")
+            .then(([list]) => {
+                if (token !== sandboxesToken)
+                    return;
+                state.sandboxes = plain(list);
+                state.sandboxesError = null;
+                state.sandboxes.forEach(sb => noteAgent(sb.agent));
+            })
+            .catch(err => {
+                if (token !== sandboxesToken)
+                    return;
+                state.sandboxes = null;
+                state.sandboxesError = err;
+            })
+            .then(() => { if (token === sandboxesToken) renderSandboxes() });
+    }
+
+    function verbatim(text) {
+        return text ? h("code", { class: "berth-verbatim" }, text) : h("span", { class: "berth-muted" }, "—");
+    }
+
+    function sandboxRow(sb) {
+        const memory = Number(sb.memory_bytes);
+        return h("tr", { "data-sandbox-id": sb.id, "data-busy": sb.busy ? "true" : "false" },
+            h("th", { scope: "row", "data-label": "Sandbox" }, h("code", {}, sb.id)),
+            h("td", { "data-label": "Agent" }, sb.agent || "—"),
+            h("td", { "data-label": "Connector" }, verbatim(sb.connector)),
+            h("td", { "data-label": "Channel" }, verbatim(sb.channel)),
+            h("td", { "data-label": "Thread" }, verbatim(sb.thread)),
+            h("td", { "data-label": "Backend" }, sb.backend || "—"),
+            h("td", { "data-label": "Started" }, fmtTime(sb.started_usec)),
+            h("td", { "data-label": "Last activity" }, fmtTime(sb.last_activity_usec)),
+            h("td", { "data-label": "Idle for" }, sb.busy ? stateLabel("running") : fmtDuration(Number(sb.idle_usec || 0) / 1000)),
+            h("td", { "data-label": "Runs" }, String(sb.runs ?? "—")),
+            h("td", { "data-label": "Memory" }, memory >= 0 ? fmtBytes(memory) : "—"),
+            h("td", { class: "berth-actions" }, adminButton("Stop", "pf-m-secondary pf-m-small", "sandboxes",
+                ev => stopSandbox(sb.id, ev.currentTarget), { "data-stop": sb.id })));
+    }
+
+    function renderSandboxes() {
+        const err = state.sandboxesError;
+        if (err && isUnknownMethod(err))
+            showError("sandboxes-error", { message: "This berth-scheduler does not keep conversation sandboxes (no ListSandboxes)." });
+        else
+            showError("sandboxes-error", err, "Listing sandboxes");
+        const list = state.sandboxes || [];
+        $("sandboxes-table").tBodies[0].replaceChildren(...list.map(sandboxRow));
+        $("sandboxes-table").hidden = !!err;
+        $("sandboxes-empty").hidden = !!err || state.sandboxes === null || list.length > 0;
+        setText("sandboxes-live", err ? "" : "Live: sandboxes update as they start, run and stop.");
+    }
+
+    function stopSandbox(id, button) {
+        button.disabled = true;
+        call(SCHED.name, SCHED.path, SCHED.iface, "StopSandbox", [id], "s")
+            .then(() => {
+                showError("sandboxes-error", null);
+                setText("sandboxes-done", "Stopped " + id + ".");
+            })
+            .catch(err => {
+                button.disabled = false;
+                showError("sandboxes-error", err, "Stopping " + id);
+            })
+            .then(loadSandboxes);
+    }
+
+    // ---------- scheduled jobs ----------
+
+    // A job's firing is a run: its run signals say when its last state may
+    // have changed.
+    let schedulesTimer = null;
+    function schedulesChanged() {
+        if (schedulesTimer)
+            return;
+        schedulesTimer = window.setTimeout(() => {
+            schedulesTimer = null;
+            if (currentView === "schedules")
+                loadSchedules();
+        }, 200);
+    }
+
+    let schedulesToken = 0;
+    function loadSchedules() {
+        const token = ++schedulesToken;
+        return call(SCHED.name, SCHED.path, SCHED.iface, "ListSchedules", [], "")
+            .then(([list]) => {
+                if (token !== schedulesToken)
+                    return;
+                state.schedules = plain(list);
+                state.schedulesError = null;
+                state.schedules.forEach(sc => noteAgent(sc.agent));
+            })
+            .catch(err => {
+                if (token !== schedulesToken)
+                    return;
+                state.schedules = null;
+                state.schedulesError = err;
+            })
+            .then(() => { if (token === schedulesToken) renderSchedules() });
+    }
+
+    function destination(sc) {
+        const parts = [h("code", {}, sc.connector || "?"), " / ", h("code", { class: "berth-verbatim" }, sc.channel || "?")];
+        if (sc.thread)
+            parts.push(" / ", h("code", { class: "berth-verbatim" }, sc.thread));
+        return parts;
+    }
+
+    function scheduleRow(sc) {
+        const last = Number(sc.last_start_usec || 0);
+        const lastState = sc.running ? "running" : sc.last_state;
+        return h("tr", { "data-schedule-id": sc.id, "data-last-state": lastState || "" },
+            h("th", { scope: "row", "data-label": "Schedule" }, h("code", {}, sc.id)),
+            h("td", { "data-label": "Agent" }, sc.agent || "—"),
+            h("td", { "data-label": "Calendar" }, h("code", {}, sc.on_calendar || "—")),
+            h("td", { "data-label": "Destination" }, destination(sc)),
+            h("td", { "data-label": "Next run" }, Number(sc.next_usec || 0) ? fmtTime(sc.next_usec) : "never again"),
+            h("td", { "data-label": "Last run" }, last ? fmtTime(last) : "never"),
+            h("td", { "data-label": "Last state" }, lastState ? stateLabel(lastState) : h("span", { class: "berth-muted" }, "—"),
+                sc.last_detail ? h("div", { class: "berth-reason" }, sc.last_detail) : null),
+            h("td", { class: "berth-actions" }, adminButton("Run now", "pf-m-secondary pf-m-small", "schedules",
+                ev => runSchedule(sc.id, ev.currentTarget), { "data-run-schedule": sc.id })));
+    }
+
+    function renderSchedules() {
+        const err = state.schedulesError;
+        if (err && isUnknownMethod(err))
+            showError("schedules-error", { message: "This berth-scheduler has no scheduled jobs (no ListSchedules)." });
+        else
+            showError("schedules-error", err, "Listing schedules");
+        const list = state.schedules || [];
+        $("schedules-table").tBodies[0].replaceChildren(...list.map(scheduleRow));
+        $("schedules-table").hidden = !!err;
+        $("schedules-empty").hidden = !!err || state.schedules === null || list.length > 0;
+    }
+
+    function runSchedule(id, button) {
+        button.disabled = true;
+        call(SCHED.name, SCHED.path, SCHED.iface, "RunSchedule", [id], "s")
+            .then(([outcome]) => {
+                showError("schedules-error", null);
+                setText("schedules-done", "Run now of " + id + ": " + outcome + ".");
+            })
+            .catch(err => {
+                button.disabled = false;
+                showError("schedules-error", err, "Running " + id);
+            })
+            .then(loadSchedules);
+    }
+
     // ---------- views ----------
 
     let currentView = null;
+    const VIEWS = ["overview", "runs", "run", "sandboxes", "schedules", "agents", "images"];
 
     function route() {
         const path = cockpit.location.path;
         let view = path[0] || "overview";
         if (view === "runs" && path[1])
             view = "run";
-        if (!["overview", "runs", "run", "agents", "images"].includes(view))
+        if (!VIEWS.includes(view))
             view = "overview";
         currentView = view;
-        for (const v of ["overview", "runs", "run", "agents", "images"])
+        for (const v of VIEWS)
             $("view-" + v).hidden = v !== view;
         const tab = view === "run" ? "runs" : view;
         document.querySelectorAll(".pf-c-tabs__item").forEach(li => {
@@ -1060,6 +1261,8 @@
         case "overview": renderOverview(); break;
         case "runs": renderRuns(); loadRuns(); break;
         case "run": $("run-body").hidden = true; showError("run-error", null); loadRun(shownRun); break;
+        case "sandboxes": renderSandboxes(); loadSandboxes(); break;
+        case "schedules": renderSchedules(); loadSchedules(); break;
         case "agents": renderAgents(); break;
         case "images": loadImages(); break;
         }
@@ -1084,6 +1287,8 @@
                 readProps(IMAGES, "images"),
                 refreshUnits(),
                 probeCancel(),
+                probeScheduler("sandboxes", "StopSandbox"),
+                probeScheduler("schedules", "RunSchedule"),
                 probeImages(),
             ]))
             .then(() => {
@@ -1093,6 +1298,12 @@
                     renderImages();
                 if (currentView === "runs")
                     renderRuns();
+                // The slow safety net: a missed signal, and "idle for" moving on.
+                const reload = currentView === "sandboxes" ? loadSandboxes :
+                    currentView === "schedules" ? loadSchedules : () => Promise.resolve();
+                return reload();
+            })
+            .then(() => {
                 document.body.dataset.ready = "true";
             })
             .catch(err => console.warn("berth: refresh failed", err))
@@ -1107,7 +1318,7 @@
     }
 
     function subscribe() {
-        client(SCHED.name).subscribe({ interface: SCHED.iface, path: SCHED.path }, onRunSignal);
+        client(SCHED.name).subscribe({ interface: SCHED.iface, path: SCHED.path }, onSchedulerSignal);
         client(SCHED.name).subscribe({ interface: PROPS, member: "PropertiesChanged", path: SCHED.path }, onPropertiesChanged("sched"));
         client(INTAKE.name).subscribe({ interface: PROPS, member: "PropertiesChanged", path: INTAKE.path }, onPropertiesChanged("intake"));
         driver.subscribe({ interface: "org.freedesktop.DBus", member: "NameOwnerChanged", path: "/org/freedesktop/DBus" },
