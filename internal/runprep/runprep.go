@@ -83,6 +83,8 @@ type Input struct {
 	// from the live one's.
 	RunID   string
 	Attempt int
+	// Overrides are the run's own model and timeout (a scheduled job's).
+	Overrides runplan.Overrides
 }
 
 // Prepared is a run ready for its backend: call Finish once Backend.Run
@@ -135,7 +137,7 @@ func (p *Preparer) prepare(ctx context.Context, in Input, keep *keepOptions) (*P
 	host := p.Facts(in.Config, a.ID)
 	// Compile alone chooses the backend; a refused plan still names it, and
 	// a missing backend is said before the plan's own problems.
-	plan, compileErr := runplan.CompileAttempt(in.Config, a.ID, in.RunID, in.Attempt, host)
+	plan, compileErr := runplan.CompileWith(in.Config, a.ID, in.RunID, in.Attempt, in.Overrides, host)
 	b, err := p.backendFor(plan.Backend)
 	if err != nil {
 		if plan.Backend == "" {

@@ -17,7 +17,7 @@ import (
 // workspace, image, egress proxy), hands it to its backend and finishes it.
 // backend is the name of the backend used, if any.
 func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res isolation.Result, backend string, err error) {
-	prep, err := s.prep.Prepare(ctx, runprep.Input{Config: cfg, Agent: r.Agent, RunID: r.ID, Attempt: r.Attempt})
+	prep, err := s.prep.Prepare(ctx, runprep.Input{Config: cfg, Agent: r.Agent, RunID: r.ID, Attempt: r.Attempt, Overrides: r.overrides()})
 	if prep != nil {
 		backend = prep.Backend.Name()
 	}

@@ -226,6 +226,11 @@ func (p *sandboxPlan) admit(tx *bolt.Tx, r Run) (ok, parallel bool, err error) {
 	if err != nil || !a.Sandbox.Conversation() {
 		return true, false, nil
 	}
+	if r.overridden() {
+		// A kept sandbox's proxy allows the agent's model and its lifetime
+		// is not the job's max_runtime: such a run gets a sandbox of its own.
+		return true, false, nil
+	}
 	c := sandboxConvOf(r)
 	if v := p.byConv[c]; v != nil {
 		if v.busy {

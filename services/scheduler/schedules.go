@@ -61,12 +61,6 @@ func (s *Service) setSchedules(cfg *config.Config) {
 	if err := s.scheduled.table.Set(ctx, cfg.Schedules); err != nil {
 		s.log.Error("cannot set the scheduled jobs", "err", err)
 	}
-	for _, j := range cfg.Schedules {
-		if j.Model != "" || j.MaxRuntime != 0 {
-			// A run has no model or limit of its own yet: the agent's apply.
-			s.log.Warn("schedule's model and max_runtime are not applied yet; its runs use the agent's", "schedule", j.ID)
-		}
-	}
 }
 
 // closeSchedules stops the table: no job fires after it, and the firings
@@ -100,7 +94,7 @@ func (s *Service) fireSchedule(ctx context.Context, job schedules.Job) error {
 		Author:    "schedule:" + job.ID,
 		Text:      text,
 	}
-	runID, err := s.submitScheduled(msg, job.ID)
+	runID, err := s.submitScheduled(msg, job)
 	if err != nil {
 		return fmt.Errorf("cannot fire schedule %q: %w", job.ID, err)
 	}
@@ -128,7 +122,7 @@ func (s *Service) fireSchedule(ctx context.Context, job schedules.Job) error {
 
 // submitScheduled is Submit for a fired job: the run is marked as the
 // job's in the same transaction that queues it, so its delivery knows it.
-func (s *Service) submitScheduled(msg busapi.Submission, jobID string) (string, error) {
+func (s *Service) submitScheduled(msg busapi.Submission, job schedules.Job) (string, error) {
 	known := s.cfg.Load().AgentIDs()
 	var (
 		r       Run
@@ -141,7 +135,7 @@ func (s *Service) submitScheduled(msg busapi.Submission, jobID string) (string, 
 		if err != nil || !created {
 			return err
 		}
-		r.Schedule = jobID
+		markScheduled(&r, job)
 		return putRun(tx, r)
 	})
 	if err != nil {
@@ -151,7 +145,8 @@ func (s *Service) submitScheduled(msg busapi.Submission, jobID string) (string, 
 		return "", refused
 	}
 	if created {
-		s.log.Info("run queued", "run_id", r.ID, "agent", r.Agent, "message_id", r.MessageID, "connector", r.Connector, "schedule", jobID)
+		s.log.Info("run queued", "run_id", r.ID, "agent", r.Agent, "message_id", r.MessageID, "connector", r.Connector, "schedule", job.ID,
+			"model", r.Model, "max_runtime_seconds", r.MaxRuntimeSeconds)
 		s.emitStateChanged(r)
 		s.publishCounts()
 		wake(s.wakeDispatch)

@@ -94,6 +94,10 @@ type Run struct {
 	// Schedule is the [[schedules]] job that fired the run; empty for a
 	// message's run.
 	Schedule string `json:"schedule,omitempty"`
+	// Model and MaxRuntimeSeconds are the job's model and max_runtime the
+	// run was queued with (schedule_run.go); empty: the agent's.
+	Model             string `json:"model,omitempty"`
+	MaxRuntimeSeconds int64  `json:"max_runtime_seconds,omitempty"`
 
 	// Attempt numbers the run's latest start (1, 2, …) and is never handed
 	// back: committed with the claim, before the start makes anything, it
