@@ -87,6 +87,7 @@ func (c *Connector) session(ctx context.Context, sink connector.Sink, pending **
 	defer conn.CloseNow()
 	conn.SetReadLimit(c.o.MaxFrameBytes)
 	touch()
+	opened := c.clock.Now() // taken here, not in the watcher, which may start late
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -96,7 +97,7 @@ func (c *Connector) session(ctx context.Context, sink connector.Sink, pending **
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		c.watch(ctx, conn, &lastSeen, &isReady, dead)
+		c.watch(ctx, conn, opened, &lastSeen, &isReady, dead)
 	}()
 	defer func() {
 		c.mu.Lock()
@@ -141,6 +142,11 @@ func (c *Connector) session(ctx context.Context, sink connector.Sink, pending **
 		}
 		switch f.Type {
 		case "ready":
+			// Marked before onReady's subscribe writes and status: a ready
+			// read in time is in time, and a reader of the status never sees
+			// connected while the watcher still waits for ready. A malformed
+			// first ready ends the session anyway.
+			isReady.Store(true)
 			if err := c.onReady(ctx, conn, f.Data); err != nil {
 				c.log.Warn("meepachat gateway sent a malformed ready event", "error", err)
 				if !ready {
@@ -149,7 +155,6 @@ func (c *Connector) session(ctx context.Context, sink connector.Sink, pending **
 				continue
 			}
 			ready = true
-			isReady.Store(true)
 			if *pending != nil {
 				if err := c.accept(ctx, sink, **pending); err != nil {
 					return false, err // intake in trouble: let the back-off grow
@@ -195,11 +200,10 @@ func (c *Connector) dialError(resp *http.Response, err error) error {
 }
 
 // watch pings after pingAfter of silence and closes the connection after
-// deadAfter of silence, or when no ready came within readyWithin.
-func (c *Connector) watch(ctx context.Context, conn *websocket.Conn, lastSeen *atomic.Int64, ready *atomic.Bool, dead chan<- string) {
+// deadAfter of silence, or when no ready came within readyWithin of opened.
+func (c *Connector) watch(ctx context.Context, conn *websocket.Conn, opened time.Time, lastSeen *atomic.Int64, ready *atomic.Bool, dead chan<- string) {
 	t := c.clock.NewTicker(pingAfter / 2)
 	defer t.Stop()
-	opened := c.clock.Now()
 	for {
 		select {
 		case <-ctx.Done():

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -362,34 +363,18 @@ func TestASilentGatewayIsTakenAsDeadAfterSixtySeconds(t *testing.T) {
 		o.Clock = clock
 		o.BackoffMin, o.BackoffMax = time.Second, time.Second
 	})
-	connected(ctx, t, f, c, newSink())
-	start := clock.Now() // the ready frame, the last the gateway sends
+	connected(ctx, t, f, c, newSink()) // the ready frame is the last the gateway sends
 
 	if err := clock.BlockUntilContext(ctx, 1); err != nil { // the heartbeat ticker
 		t.Fatal(err)
 	}
-	// The watcher judges silence at each of its ticks (every 15 s); a tick
-	// it takes while the fake clock is between two of them sees less than
-	// 30 s. So the clock goes on a tick at a time until the ping, at least
-	// 30 s and at most 60 s after the last frame.
-	pinged := false
-	for range 3 {
-		clock.Advance(15 * time.Second)
-		if clock.Since(start) < 30*time.Second {
-			continue
-		}
-		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := f.WaitFrame(wctx, 1, "ping")
-		cancel()
-		if err == nil {
-			pinged = true
-			break
-		}
+	// The fake clock sends every tick of an Advance under its lock, so the
+	// watcher judges each tick at the clock's time after the Advance.
+	clock.Advance(30 * time.Second)
+	if _, err := f.WaitFrame(ctx, 1, "ping"); err != nil {
+		t.Fatalf("after 30 s of silence the bot did not ping: %v", err)
 	}
-	if !pinged {
-		t.Fatalf("after %s of silence the bot did not ping", clock.Since(start))
-	}
-	clock.Advance(60*time.Second - clock.Since(start))
+	clock.Advance(30 * time.Second)
 	if err := f.WaitClosed(ctx, 1); err != nil {
 		t.Fatalf("after 60 s of silence the connection was not dropped: %v", err)
 	}
@@ -408,6 +393,50 @@ func TestASilentGatewayIsTakenAsDeadAfterSixtySeconds(t *testing.T) {
 	waitStatus(ctx, t, c, "connected again", func(s connector.Status) bool {
 		return s.State == connector.StateConnected && s.Reconnects == 1
 	})
+}
+
+// A ready read within 30 s counts even when the bot is still busy with it
+// (subscribing, logging) at the 30 s mark: the watcher used to learn of the
+// ready only after all that, and dropped a connection that had become ready.
+func TestAReadyStillBeingHandledAtThirtySecondsKeepsTheConnection(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	f := newFake(t, testOptions())
+	f.SetSilent(true)
+	clock := clockwork.NewFakeClock()
+	hold := newHoldingHandler("meepachat gateway ready")
+	c, _ := newTestConnector(t, f, func(o *Options) {
+		o.Clock = clock
+		o.Logger = slog.New(hold)
+	})
+	start(t, c, newSink())
+	t.Cleanup(func() { close(hold.release) }) // before start's cleanup waits for Run
+	select {
+	case <-hold.reached: // ready read and subscribed; the session is held in its log line
+	case <-ctx.Done():
+		t.Fatal("the bot never logged that the gateway was ready")
+	}
+	if err := clock.BlockUntilContext(ctx, 1); err != nil { // the watcher's ticker
+		t.Fatal(err)
+	}
+	clock.Advance(30 * time.Second)
+
+	// Either the watcher pings (it took the connection as ready and silent
+	// for 30 s) or it drops the connection for want of a ready.
+	pinged, dropped := make(chan error, 1), make(chan error, 1)
+	go func() { _, err := f.WaitFrame(ctx, 1, "ping"); pinged <- err }()
+	go func() { dropped <- f.WaitClosed(ctx, 1) }()
+	select {
+	case err := <-pinged:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case err := <-dropped:
+		if err == nil {
+			t.Fatal("the connection was dropped for want of a ready though its ready was read in time")
+		}
+		t.Fatal(err)
+	}
 }
 
 func TestAGatewayThatSendsNoReadyIsDroppedAfterThirtySeconds(t *testing.T) {
@@ -434,6 +463,32 @@ func TestAGatewayThatSendsNoReadyIsDroppedAfterThirtySeconds(t *testing.T) {
 	st := waitStatus(ctx, t, c, "disconnected", func(s connector.Status) bool { return s.State == connector.StateDisconnected })
 	if !strings.Contains(st.LastError, "no ready event") {
 		t.Errorf("last error %q, want it to say no ready came", st.LastError)
+	}
+}
+
+// The 30 s for ready count from the upgrade, not from whenever the watcher
+// goroutine got to run.
+func TestTheWaitForReadyCountsFromTheUpgradeNotFromAWatcherThatStartedLate(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	f := newFake(t, testOptions())
+	f.WithholdReady(1)
+	clock := newLateTickerClock()
+	c, _ := newTestConnector(t, f, func(o *Options) {
+		o.Clock = clock
+		o.BackoffMin, o.BackoffMax = time.Second, time.Second
+	})
+	start(t, c, newSink())
+	if err := f.WaitConnections(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := clock.BlockUntilContext(ctx, 1); err != nil { // the watcher's ticker, not yet handed back
+		t.Fatal(err)
+	}
+	clock.Advance(30 * time.Second)
+	close(clock.release)
+	if err := f.WaitClosed(ctx, 1); err != nil {
+		t.Fatalf("30 s after the upgrade without a ready the connection was not dropped: %v", err)
 	}
 }
 

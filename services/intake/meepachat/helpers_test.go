@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+
 	"github.com/berth-dev/berth/services/intake/connector"
 	"github.com/berth-dev/berth/services/intake/meepachat/meepachattest"
 )
@@ -221,4 +223,49 @@ func deliver(ctx context.Context, t *testing.T, f *meepachattest.Fake, m meepach
 	if n == 0 {
 		t.Fatalf("message %s reached no subscribed connection", m.ID)
 	}
+}
+
+// holdingHandler is a log handler that holds the goroutine logging a record
+// whose message is held until release is closed, to stretch the moment
+// between two steps of the connector as a loaded machine would.
+type holdingHandler struct {
+	held    string
+	reached chan struct{} // closed when the held record is first logged
+	release chan struct{}
+	once    *sync.Once
+}
+
+func newHoldingHandler(msg string) *holdingHandler {
+	return &holdingHandler{held: msg, reached: make(chan struct{}), release: make(chan struct{}), once: &sync.Once{}}
+}
+
+func (h *holdingHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *holdingHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.held {
+		h.once.Do(func() { close(h.reached) })
+		<-h.release
+	}
+	return nil
+}
+
+func (h *holdingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *holdingHandler) WithGroup(string) slog.Handler      { return h }
+
+// lateTickerClock is a fake clock whose first NewTicker returns only once
+// release is closed, as a watcher goroutine scheduled late would.
+type lateTickerClock struct {
+	*clockwork.FakeClock
+	release chan struct{}
+	once    *sync.Once
+}
+
+func newLateTickerClock() *lateTickerClock {
+	return &lateTickerClock{FakeClock: clockwork.NewFakeClock(), release: make(chan struct{}), once: &sync.Once{}}
+}
+
+func (c *lateTickerClock) NewTicker(d time.Duration) clockwork.Ticker {
+	t := c.FakeClock.NewTicker(d)
+	c.once.Do(func() { <-c.release })
+	return t
 }
