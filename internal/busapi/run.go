@@ -68,6 +68,10 @@ type Run struct {
 	// of its own); SandboxNote why it waited for one, or why one was
 	// stopped for it or after it.
 	Sandbox, SandboxNote string
+	// Schedule is the job that fired the run; Model and MaxRuntimeSeconds
+	// the job's overrides it ran with ("" and 0: the agent's).
+	Schedule, Model   string
+	MaxRuntimeSeconds int64
 }
 
 // outputs pairs each long text of r with its key on the wire and its name
@@ -116,6 +120,9 @@ func (r Run) Wire() map[string]dbus.Variant {
 	m["egress_dropped"] = dbus.MakeVariant(r.EgressDropped)
 	m["sandbox"] = dbus.MakeVariant(r.Sandbox)
 	m["sandbox_note"] = dbus.MakeVariant(r.SandboxNote)
+	m["schedule"] = dbus.MakeVariant(r.Schedule)
+	m["model"] = dbus.MakeVariant(r.Model)
+	m["max_runtime_seconds"] = dbus.MakeVariant(r.MaxRuntimeSeconds)
 	for _, o := range r.outputs() {
 		m[o.key] = dbus.MakeVariant(o.out.Text)
 		m[o.key+"_bytes"] = dbus.MakeVariant(o.out.Bytes)
@@ -132,6 +139,9 @@ func RunFromWire(m map[string]dbus.Variant) (Run, error) {
 	f.u32("egress_dropped", &r.EgressDropped)
 	f.str("sandbox", &r.Sandbox)
 	f.str("sandbox_note", &r.SandboxNote)
+	f.str("schedule", &r.Schedule)
+	f.str("model", &r.Model)
+	f.get("max_runtime_seconds", &r.MaxRuntimeSeconds)
 	for _, o := range r.outputs() {
 		f.str(o.key, &o.out.Text)
 		f.u32(o.key+"_bytes", &o.out.Bytes)

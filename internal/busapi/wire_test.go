@@ -59,7 +59,8 @@ func TestRunAndSummaryRoundTripThroughTheirWireForm(t *testing.T) {
 	at := time.UnixMicro(1_700_000_000_123_456).UTC()
 	r := Run{RunHead: RunHead{ID: "r1", MessageID: "hooks/m1", Agent: "alpha", State: StateFailed, Reason: "timeout", Connector: "hooks",
 		Attempts: 2, CreatedAt: at, StartedAt: at.Add(time.Second), Delivered: true, Backend: "landlock"}, EgressDropped: 3,
-		Text: Output{Text: "hi", Bytes: 2}, Reply: Output{Text: "cut", Bytes: 5 << 20, Cut: true}, ToolCalls: Output{Text: "[]", Bytes: 2}}
+		Text: Output{Text: "hi", Bytes: 2}, Reply: Output{Text: "cut", Bytes: 5 << 20, Cut: true}, ToolCalls: Output{Text: "[]", Bytes: 2},
+		Schedule: "standup", Model: "small", MaxRuntimeSeconds: 600}
 	got, err := RunFromWire(r.Wire())
 	if err != nil || !reflect.DeepEqual(got, r) {
 		t.Fatalf("round trip = %+v (%v), want %+v", got, err, r)

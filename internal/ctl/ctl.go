@@ -445,6 +445,15 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// maxRuntime is a scheduled run's max_runtime as berth.toml writes it; ""
+// for the agent's timeout.
+func maxRuntime(seconds int64) string {
+	if seconds == 0 {
+		return ""
+	}
+	return (time.Duration(seconds) * time.Second).String()
+}
+
 func printRun(w io.Writer, run busapi.Run) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, f := range []struct{ key, val string }{
@@ -453,6 +462,7 @@ func printRun(w io.Writer, run busapi.Run) {
 		{"thread", run.Thread}, {"author", run.Author}, {"attempts", fmt.Sprint(run.Attempts)},
 		{"created", localTime(run.CreatedAt)}, {"started", localTime(run.StartedAt)}, {"finished", localTime(run.FinishedAt)},
 		{"delivered", fmt.Sprint(run.Delivered)}, {"sandbox", run.Sandbox}, {"sandbox_note", run.SandboxNote},
+		{"schedule", run.Schedule}, {"model", run.Model}, {"max_runtime", maxRuntime(run.MaxRuntimeSeconds)},
 	} {
 		if f.val != "" {
 			fmt.Fprintf(tw, "%s:\t%s\n", f.key, f.val)

@@ -87,8 +87,13 @@ func TestAScheduledJobsMaxRuntimeEndsItsRun(t *testing.T) {
 	if took := time.Since(began); took > 45*time.Second {
 		t.Errorf("the run ended after %s: the agent's minute, not max_runtime", took)
 	}
-	if r.MaxRuntimeSeconds != 2 {
-		t.Errorf("record max_runtime_seconds %d, want 2", r.MaxRuntimeSeconds)
+	// The record says which limit the run had, on the bus too.
+	got, err := busapi.NewScheduler(e.bus.Conn(t)).GetRun(context.Background(), r.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.MaxRuntimeSeconds != 2 || got.Schedule != "standup" {
+		t.Errorf("GetRun: schedule %q max_runtime_seconds %d, want standup and 2", got.Schedule, got.MaxRuntimeSeconds)
 	}
 }
 
