@@ -1150,15 +1150,21 @@
     // ---------- scheduled jobs ----------
 
     // A job's firing is a run: its run signals say when its last state may
-    // have changed.
+    // have changed. The scheduler records a firing's end just after its
+    // run's RunFinished, so a job still shown running is read once more a
+    // second later (once per signal, not a loop).
     let schedulesTimer = null;
     function schedulesChanged() {
         if (schedulesTimer)
             return;
         schedulesTimer = window.setTimeout(() => {
             schedulesTimer = null;
-            if (currentView === "schedules")
-                loadSchedules();
+            if (currentView !== "schedules")
+                return;
+            loadSchedules().then(() => {
+                if ((state.schedules || []).some(sc => sc.running))
+                    window.setTimeout(() => { if (currentView === "schedules") loadSchedules() }, 1000);
+            });
         }, 200);
     }
 
