@@ -174,6 +174,7 @@ func BenchmarkConversationSandbox(b *testing.B) {
 				kept.ask(b, st, sched, sink, be.conversation, "t-"+be.name, true)
 				fresh.ask(b, st, sched, sink, be.perMessage, "", false)
 			}
+			keepLogs(b, st)
 			sink.failures(b)
 			b.ReportMetric(ms(quantile(kept.run, 0.5)), "kept_run_p50_ms")
 			b.ReportMetric(ms(quantile(kept.run, 0.95)), "kept_run_p95_ms")
