@@ -20,7 +20,8 @@
 # screenshots land in $BERTH_INSTALL_TEST_ARTIFACTS (default
 # /var/tmp/berth-install-test-artifacts). BERTH_INSTALL_TEST_ONLY=cockpit
 # installs berth and runs only that step; BERTH_INSTALL_TEST_ONLY=schedules
-# the step of scheduled jobs (systemd timers), just before the purge.
+# the step of scheduled jobs (systemd timers), BERTH_INSTALL_TEST_ONLY=sandboxes
+# that of conversation sandboxes (berth-sandbox units), both just before the purge.
 #
 # After it, with the host's engine still the container's, an agent with
 # image_config packages = ["jq"] gets its image through `berthctl container
@@ -292,7 +293,9 @@ prompt = "/sh echo scheduled-tick"
 deliver_to = { connector = "ticks", channel = "CTICK" }
 EOF
 berthctl config check >/dev/null
-systemctl reload-or-restart berth-scheduler' || fail "cannot configure a schedule"
+systemctl reload-or-restart berth-scheduler
+# A running intake learns of the new connector too (the reply goes out through it).
+systemctl try-reload-or-restart berth-intake' || fail "cannot configure a schedule"
   local timers="" reply_file=""
   for _ in $(seq 1 100); do
     timers=$(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'" || true)
@@ -309,15 +312,73 @@ systemctl reload-or-restart berth-scheduler' || fail "cannot configure a schedul
     [ -n "$reply_file" ] && break
     sleep 0.1
   done
-  [ -n "$reply_file" ] || fail "no reply of the scheduled job within 30s: $(inside 'journalctl --no-pager -u berth-scheduler -u berth-schedule-tick.service -n 30')"
+  [ -n "$reply_file" ] || fail "no reply of the scheduled job within 30s: $(inside 'journalctl --no-pager -u berth-scheduler -u berth-schedule-tick.service -n 30; journalctl --no-pager -u berth-scheduler -u berth-intake -n 20 -o verbose | grep -E "^ *(MESSAGE|ERR|CONNECTOR)="')"
   grep -qx scheduled-tick <<<"$(inside "installprobe wait --id $(basename "$reply_file" .json) --timeout 5s --field text")" || fail "the scheduled job's reply: $(inside "cat $reply_file")"
   grep -q '^tick  *ticker ' <<<"$(inside 'berthctl schedules')" || fail "berthctl schedules: $(inside 'berthctl schedules')"
-  inside 'rm /etc/berth/berth.d/70-install-test-schedules.toml && systemctl reload berth-scheduler' || fail "cannot remove the schedule"
+  inside 'rm /etc/berth/berth.d/70-install-test-schedules.toml && systemctl reload berth-scheduler && systemctl try-reload-or-restart berth-intake' || fail "cannot remove the schedule"
   for _ in $(seq 1 100); do
     grep -q 'berth-schedule-tick' <<<"$(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'")" || return 0
     sleep 0.1
   done
   fail "the removed schedule's timer is still there: $(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'")"
+}
+
+# sandboxes_step: a conversation agent on the landlock backend keeps its
+# sandbox between messages as a transient unit berth-sandbox-<id>.service:
+# the second message of the conversation reads what the first left in the
+# sandbox's /tmp, berthctl sandboxes lists it, and berthctl sandboxes stop
+# removes its unit. It brings its own connector, agent, secret and receiver
+# (BERTH_INSTALL_TEST_ONLY=sandboxes runs it alone).
+sandboxes_step() {
+  inside 'set -e
+if [ ! -f /etc/berth/hooks.secret ]; then
+  head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n" >/etc/berth/hooks.secret
+  chgrp berth /etc/berth/hooks.secret && chmod 0640 /etc/berth/hooks.secret
+fi
+systemctl is-active -q install-test-receiver ||
+  systemd-run --quiet --unit=install-test-receiver /usr/local/bin/installprobe receive --secret-file /etc/berth/hooks.secret
+for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/9999) 2>/dev/null && break; sleep 0.1; done
+cat >/etc/berth/berth.d/75-install-test-sandboxes.toml <<EOF
+[[connectors]]
+id = "convs"
+type = "webhook"
+secret_file = "/etc/berth/hooks.secret"
+reply_url = "http://127.0.0.1:9999/replies"
+
+[[agents]]
+id = "keeper"
+[agents.sandbox]
+scope = "conversation"
+idle_stop = "5m"
+
+[[bindings]]
+connector = "convs"
+channel_id = "CSBX"
+agent = "keeper"
+EOF
+berthctl config check >/dev/null
+systemctl reload-or-restart berth-scheduler
+systemctl stop berth-intake.service' || fail "cannot configure a conversation agent"
+  local id reply units sandbox
+  id=$(inside "installprobe post --url http://127.0.0.1:8470/hooks/convs --secret-file /etc/berth/hooks.secret --channel CSBX '/sh echo kept-between-messages >/tmp/sbx-mark && echo first'") || fail "POST to the convs connector"
+  reply=$(inside "installprobe wait --id $id --timeout 60s --field text") || fail "no reply to the conversation's first message: $(inside 'journalctl --no-pager -u berth-scheduler -n 30')"
+  grep -qx first <<<"$reply" || fail "the first message's reply: $reply"
+  units=$(inside "systemctl list-units --no-legend --plain 'berth-sandbox-*.service'")
+  grep -q '^berth-sandbox-.*\.service  *loaded  *active  *running' <<<"$units" || fail "no running berth-sandbox unit after the first message: $units $(inside "berthctl runs show \$(installprobe wait --id $id --timeout 1s --field run_id)")"
+  id=$(inside "installprobe post --url http://127.0.0.1:8470/hooks/convs --secret-file /etc/berth/hooks.secret --channel CSBX '/sh cat /tmp/sbx-mark'") || fail "POST to the convs connector"
+  reply=$(inside "installprobe wait --id $id --timeout 60s --field text") || fail "no reply to the conversation's second message"
+  grep -qx kept-between-messages <<<"$reply" || fail "the second message did not find the first one's /tmp: $reply"
+  sandbox=$(inside 'berthctl sandboxes --agent keeper' | awk 'NR > 1 { print $1; exit }')
+  [ -n "$sandbox" ] || fail "berthctl sandboxes lists no sandbox of keeper: $(inside 'berthctl sandboxes')"
+  grep -q "berth-sandbox-$sandbox\.service" <<<"$units" || fail "sandbox $sandbox is not the unit: $units"
+  inside "berthctl sandboxes stop $sandbox" >/dev/null || fail "berthctl sandboxes stop $sandbox"
+  for _ in $(seq 1 100); do
+    grep -q . <<<"$(inside "systemctl list-units --all --no-legend --plain 'berth-sandbox-*'")" || break
+    sleep 0.1
+  done
+  units=$(inside "systemctl list-units --all --no-legend --plain 'berth-sandbox-*'")
+  [ -z "$units" ] || fail "the stopped sandbox's unit is still there: $units"
+  inside 'rm /etc/berth/berth.d/75-install-test-sandboxes.toml && systemctl reload berth-scheduler && systemctl stop berth-intake.service' || fail "cannot remove the conversation agent"
 }
 
 jq_step() {
@@ -397,6 +458,17 @@ if [ "${BERTH_INSTALL_TEST_ONLY:-}" = schedules ]; then
   step "schedules: a job's systemd timer is listed, fires, and its reply reaches the webhook"
   schedules_step
   echo "install test (schedules step only) passed in $((SECONDS - started))s"
+  exit 0
+fi
+
+if [ "${BERTH_INSTALL_TEST_ONLY:-}" = sandboxes ]; then
+  step "apt install berth"
+  inside 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends /root/pkg.deb' >"$work/apt.log" 2>&1 ||
+    { cat "$work/apt.log"; fail "apt-get install"; }
+  container_limits || fail "cannot write the container's limits drop-in"
+  step "sandboxes: a conversation's landlock sandbox is a berth-sandbox unit that keeps its /tmp and stops"
+  sandboxes_step
+  echo "install test (sandboxes step only) passed in $((SECONDS - started))s"
   exit 0
 fi
 
@@ -791,6 +863,9 @@ inside 'rm -r /etc/systemd/system/berth-scheduler.service.d && systemctl daemon-
 
 step "schedules: a job's systemd timer is listed, fires, and its reply reaches the webhook"
 schedules_step
+
+step "sandboxes: a conversation's landlock sandbox is a berth-sandbox unit that keeps its /tmp and stops"
+sandboxes_step
 
 step "apt-get purge leaves no berth files, units or users behind"
 inside 'DEBIAN_FRONTEND=noninteractive apt-get purge -y -q berth berth-cockpit' >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; fail "purge"; }
