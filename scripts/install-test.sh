@@ -293,7 +293,9 @@ prompt = "/sh echo scheduled-tick"
 deliver_to = { connector = "ticks", channel = "CTICK" }
 EOF
 berthctl config check >/dev/null
-systemctl reload-or-restart berth-scheduler' || fail "cannot configure a schedule"
+systemctl reload-or-restart berth-scheduler
+# A running intake learns of the new connector too (the reply goes out through it).
+systemctl try-reload-or-restart berth-intake' || fail "cannot configure a schedule"
   local timers="" reply_file=""
   for _ in $(seq 1 100); do
     timers=$(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'" || true)
@@ -310,10 +312,10 @@ systemctl reload-or-restart berth-scheduler' || fail "cannot configure a schedul
     [ -n "$reply_file" ] && break
     sleep 0.1
   done
-  [ -n "$reply_file" ] || fail "no reply of the scheduled job within 30s: $(inside 'journalctl --no-pager -u berth-scheduler -u berth-schedule-tick.service -n 30')"
+  [ -n "$reply_file" ] || fail "no reply of the scheduled job within 30s: $(inside 'journalctl --no-pager -u berth-scheduler -u berth-schedule-tick.service -n 30; journalctl --no-pager -u berth-scheduler -u berth-intake -n 20 -o verbose | grep -E "^ *(MESSAGE|ERR|CONNECTOR)="')"
   grep -qx scheduled-tick <<<"$(inside "installprobe wait --id $(basename "$reply_file" .json) --timeout 5s --field text")" || fail "the scheduled job's reply: $(inside "cat $reply_file")"
   grep -q '^tick  *ticker ' <<<"$(inside 'berthctl schedules')" || fail "berthctl schedules: $(inside 'berthctl schedules')"
-  inside 'rm /etc/berth/berth.d/70-install-test-schedules.toml && systemctl reload berth-scheduler' || fail "cannot remove the schedule"
+  inside 'rm /etc/berth/berth.d/70-install-test-schedules.toml && systemctl reload berth-scheduler && systemctl try-reload-or-restart berth-intake' || fail "cannot remove the schedule"
   for _ in $(seq 1 100); do
     grep -q 'berth-schedule-tick' <<<"$(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'")" || return 0
     sleep 0.1
