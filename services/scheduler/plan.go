@@ -29,7 +29,7 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		rec := prep.Finish()
 		res.Egress, res.EgressDropped, res.EgressCounts = rec.Decisions, rec.Dropped, rec.Counts
 	}()
-	req := s.runRequest(r, prep.Agent, prep.Plan)
+	req, refusedMCP := s.runRequest(r, prep.Agent, prep.Plan)
 	spec := prep.Spec(req, func(handle string) error {
 		s.hold(ctx, HoldBeforeHandle, r)
 		if err := s.saveHandle(r.ID, backend, handle); err != nil {
@@ -39,12 +39,16 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		return nil
 	})
 	res, err = prep.Backend.Run(ctx, spec)
+	res.Response.MCP = append(refusedMCP, res.Response.MCP...)
 	return res, backend, err
 }
 
 // runRequest is the request of run r of agent under plan: its message, its
-// conversation's history, the plan's providers, policy and workspace.
-func (s *Service) runRequest(r Run, agent config.Agent, plan isolation.Plan) agentproto.Request {
+// conversation's history, the plan's providers, policy and workspace, and
+// its MCP servers; refusedMCP are the workspace's .mcp.json entries left
+// out, for the run record.
+func (s *Service) runRequest(r Run, agent config.Agent, plan isolation.Plan) (req agentproto.Request, refusedMCP []agentproto.MCPStatus) {
+	servers, refusedMCP := runplan.RunMCP(agent, plan)
 	return agentproto.Request{
 		Version: agentproto.Version,
 		RunID:   r.ID,
@@ -69,9 +73,9 @@ func (s *Service) runRequest(r Run, agent config.Agent, plan isolation.Plan) age
 		Policy:    plan.Policy,
 		Workspace: plan.SandboxWorkspace,
 		History:   s.history(r),
-		MCP:       runplan.MCPServers(agent),
+		MCP:       servers,
 		WebSearch: runplan.WebSearch(agent),
-	}
+	}, refusedMCP
 }
 
 // agentFacts are the host facts a run of agentID is compiled with

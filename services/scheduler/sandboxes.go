@@ -350,7 +350,9 @@ func (s *Service) runInSandbox(ctx context.Context, r Run, cfg *config.Config, c
 	}
 	s.log.Info("run in its conversation's sandbox", "run_id", r.ID, "agent", r.Agent, "sandbox_id", sb.id)
 	s.sandboxes.touch(sb, s.clock.Now())
-	res, err = kept.Run(ctx, s.runRequest(r, prep.Agent, prep.Plan))
+	req, refusedMCP := s.runRequest(r, prep.Agent, prep.Plan)
+	res, err = kept.Run(ctx, req)
+	res.Response.MCP = append(refusedMCP, res.Response.MCP...)
 	rec := prep.CutEgress()
 	res.Egress, res.EgressDropped, res.EgressCounts = rec.Decisions, rec.Dropped, rec.Counts
 
