@@ -19,8 +19,12 @@
 #              pool beside a Landlock agent of the same stack
 #   egress     scripts/bench-egress.sh, when it exists: the egress proxy
 #              beside direct requests
+#   sandboxes  go test -bench ConversationSandbox in e2e: a conversation's
+#              later messages in its live sandbox beside scope "message",
+#              Landlock and container (POST → reply, the run), idle memory,
+#              per-message runs beside 50 idle sandboxes
 #
-#   scripts/bench.sh [container] [scheduler] [intake] [e2e] [egress]
+#   scripts/bench.sh [container] [scheduler] [intake] [e2e] [egress] [sandboxes]
 #                                             (as root; default: all)
 #
 # Finishes within 10 minutes on a 2-core machine: each part has a time box
@@ -31,7 +35,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(container scheduler intake e2e egress)
+[ ${#parts[@]} -gt 0 ] || parts=(container scheduler intake e2e egress sandboxes)
 has() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 
 out=$(mktemp -d)
@@ -147,6 +151,26 @@ if has egress && [ -f scripts/bench-egress.sh ]; then
 		done < <(grep '^| ' "$out/egress" | grep -v -e '^| path' -e '^|---')
 	else
 		row "egress" "did not run: $(tail -n1 "$out/egress.err")" "" ""
+	fi
+fi
+
+if has sandboxes; then
+	echo "== sandboxes (go test ./e2e -bench ConversationSandbox)" >&2
+	if timeout 300 go test ./e2e -run '^$' -bench '^BenchmarkConversationSandbox$' -benchtime 1x -count 1 -timeout 5m >"$out/sandboxes" 2>&1; then
+		sbx() {
+			awk -v name="$1" -v unit="$2" '$1 ~ "^"name"(-[0-9]+)?$" { for (i = 3; i < NF; i++) if ($(i+1) == unit) { printf "%.1f", $i; exit } }' "$out/sandboxes"
+		}
+		for be in landlock container; do
+			b=BenchmarkConversationSandbox/$be
+			row "$be: a conversation's later message, live sandbox: the run / POST → reply (p50)" "$(sbx $b kept_run_p50_ms) ms / $(sbx $b kept_reply_p50_ms) ms (p95 $(sbx $b kept_reply_p95_ms) ms)" \
+				"scope message, same run: $(sbx $b msg_run_p50_ms) ms / $(sbx $b msg_reply_p50_ms) ms" "target run ≤ 10 ms, reply ≤ ⅓ of scope message"
+			row "$be: an idle conversation sandbox's memory (PSS)" "$(sbx $b idle_sandbox_pss_MiB) MiB; with its egress proxy $(sbx $b idle_with_proxy_pss_MiB) MiB" "" ""
+		done
+		b=BenchmarkConversationSandbox/fifty-idle
+		row "landlock: POST → reply beside 50 idle conversation sandboxes (p50)" "$(sbx $b beside_50_reply_p50_ms) ms; the 50 hold $(sbx $b sandboxes_pss_MiB) MiB (PSS)" \
+			"without them, same run: $(sbx $b msg_reply_p50_ms) ms" "no degradation"
+	else
+		row "sandboxes" "did not run: $(grep -m1 -E 'FAIL|panic|cannot|did not' "$out/sandboxes" || tail -n1 "$out/sandboxes")" "" ""
 	fi
 fi
 
