@@ -108,6 +108,7 @@ func postInThread(b *testing.B, st *devstack.Stack, agent, thread string) string
 // platform, and the run (GetRun's started → finished) in the scheduler.
 type sandboxMeasure struct {
 	postToReply, run []time.Duration
+	runIDs           []string
 }
 
 // ask posts one message, waits for its reply and records both figures; in
@@ -129,6 +130,7 @@ func (m *sandboxMeasure) ask(b *testing.B, st *devstack.Stack, sched busapi.Sche
 		b.Fatalf("run %s of %s did not run in a conversation sandbox: %s", run.ID, agent, run.SandboxNote)
 	}
 	m.run = append(m.run, run.FinishedAt.Sub(run.StartedAt))
+	m.runIDs = append(m.runIDs, run.ID)
 }
 
 func benchRuns() int {
@@ -215,6 +217,8 @@ func BenchmarkConversationSandbox(b *testing.B) {
 			before.ask(b, st, sched, sink, "msg", "", false)
 		}
 		cpuEnd := idleCPU(b, st, nil)
+		threads0, rss0 := schedulerThreads(b, st)
+		mounts0 := hostMounts(b)
 		for i := range 50 {
 			postAndWait(b, st, sched, sink, "conv", fmt.Sprintf("idle-%d", i))
 		}
@@ -226,6 +230,8 @@ func BenchmarkConversationSandbox(b *testing.B) {
 			b.Fatalf("%d sandboxes of conv alive, want 50 idle ones and more", len(list))
 		}
 		cpuBefore := idleCPU(b, st, list)
+		threads50, rss50 := schedulerThreads(b, st)
+		mounts50 := hostMounts(b)
 		for range benchRuns() {
 			beside.ask(b, st, sched, sink, "msg", "", false)
 		}
@@ -241,12 +247,28 @@ func BenchmarkConversationSandbox(b *testing.B) {
 		b.ReportMetric(ms(quantile(beside.postToReply, 0.5)), "beside_50_reply_p50_ms")
 		b.ReportMetric(ms(quantile(beside.postToReply, 0.95)), "beside_50_reply_p95_ms")
 		b.ReportMetric(ms(quantile(beside.run, 0.5)), "beside_50_run_p50_ms")
+		// Where in the run the 50 cost: before the agent is confined (the
+		// scheduler's setup and the agent's start) or after.
+		toConfined, toEnd := runSplit(b, st, before.runIDs)
+		toConfined50, toEnd50 := runSplit(b, st, beside.runIDs)
+		b.ReportMetric(ms(quantile(toConfined, 0.5)), "start_to_confined_p50_ms")
+		b.ReportMetric(ms(quantile(toEnd, 0.5)), "confined_to_end_p50_ms")
+		b.ReportMetric(ms(quantile(toConfined50, 0.5)), "beside_50_start_to_confined_p50_ms")
+		b.ReportMetric(ms(quantile(toEnd50, 0.5)), "beside_50_confined_to_end_p50_ms")
 		b.ReportMetric(mib(total.rss), "sandboxes_rss_MiB")
 		b.ReportMetric(mib(total.pss), "sandboxes_pss_MiB")
 		for who, d := range cpuAfter.minus(cpuBefore) {
 			b.ReportMetric(ms(d), "beside_50_cpu_"+who+"_ms")
 		}
 		b.ReportMetric(ms(cpuEnd.minus(cpuStart)["scheduler"]), "alone_cpu_scheduler_ms")
+		// A kept host sandbox holds one locked OS thread of the scheduler
+		// (its agent's wait) for its life: idle, it costs memory, no CPU.
+		b.ReportMetric(float64(mounts0), "alone_host_mounts")
+		b.ReportMetric(float64(mounts50), "beside_50_host_mounts")
+		b.ReportMetric(float64(threads0), "alone_scheduler_threads")
+		b.ReportMetric(float64(threads50), "beside_50_scheduler_threads")
+		b.ReportMetric(mib(rss0), "alone_scheduler_rss_MiB")
+		b.ReportMetric(mib(rss50), "beside_50_scheduler_rss_MiB")
 	})
 }
 
@@ -431,6 +453,37 @@ func idleCPU(b *testing.B, st *devstack.Stack, list []busapi.Sandbox) cpuTimes {
 		}
 	}
 	return out
+}
+
+// hostMounts is the number of mounts in this process's mount namespace (the
+// host's): each new run's mount namespace starts as a copy of it.
+func hostMounts(b *testing.B) int {
+	b.Helper()
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		b.Fatalf("cannot read the mounts: %v", err)
+	}
+	return bytes.Count(info, []byte("\n"))
+}
+
+// schedulerThreads is the scheduler's number of OS threads and its RSS.
+func schedulerThreads(b *testing.B, st *devstack.Stack) (threads int, rss int64) {
+	b.Helper()
+	pid, err := st.ServicePID(bus.SchedulerName)
+	if err != nil || pid == 0 {
+		b.Fatalf("cannot find the scheduler's process: %v", err)
+	}
+	proc := fmt.Sprintf("/proc/%d", pid)
+	status, err := os.ReadFile(filepath.Join(proc, "status"))
+	if err != nil {
+		b.Fatalf("cannot read the scheduler's status: %v", err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if rest, ok := strings.CutPrefix(line, "Threads:"); ok {
+			threads, _ = strconv.Atoi(strings.TrimSpace(rest))
+		}
+	}
+	return threads, memoryOf(proc).rss
 }
 
 // cpuOf is a process's utime + stime, at the kernel's 100 ticks a second.
