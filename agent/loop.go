@@ -14,7 +14,6 @@ import (
 	"strings"
 
 	"github.com/berth-dev/berth/agent/confine"
-	agentegress "github.com/berth-dev/berth/agent/egress"
 	"github.com/berth-dev/berth/agent/provider"
 	"github.com/berth-dev/berth/agent/skills"
 	"github.com/berth-dev/berth/agent/tools"
@@ -45,16 +44,16 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 	if req.Probe {
 		return probe(ctx, req, log), agentproto.ExitOK
 	}
+	if req.ProbeMCP {
+		return probeMCP(ctx, req, toolEnv(req, tmp, launcher), log), agentproto.ExitOK
+	}
 
 	llm, err := newChain(req.Provider, req.Fallback, log)
 	if err != nil {
 		return fail(agentproto.ExitAgentError, "The agent has no usable model provider.", err)
 	}
 	ensureSoul(req, log)
-	env := tools.Env{Workspace: req.Workspace, TmpDir: tmp, Network: req.Policy.Network || req.Egress != nil, Processes: launcher}
-	if req.Egress != nil {
-		env.ProxyEnv, env.ProxyURL, env.CABundle = agentegress.EnvFor(*req.Egress), "http://"+req.Egress.ProxyAddr, req.Egress.CABundle
-	}
+	env := toolEnv(req, tmp, launcher)
 	// MCP servers start (stdio ones in the tools' domain) before the first
 	// model call, which needs their tools; they end with the run.
 	mcpServers := tools.ConnectMCP(ctx, env, req.MCP, log)

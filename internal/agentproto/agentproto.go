@@ -62,6 +62,10 @@ type Request struct {
 	// So berthctl providers test proves what runs reach, and the scheduler
 	// links no model SDK.
 	Probe bool `json:"probe,omitempty"`
+	// ProbeMCP asks for no conversation either: the agent starts its MCP
+	// servers as a run would, answers Response.MCP (each server's tools, or
+	// why it gave none) and calls no model (berthctl sandbox explain --probe).
+	ProbeMCP bool `json:"probe_mcp,omitempty"`
 	// MCP are the agent's MCP servers; their tools join the run's tool set.
 	// No header value travels here: the egress proxy adds an HTTP server's
 	// headers as an egress secret, so the sandbox never holds them.

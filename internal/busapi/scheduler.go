@@ -2,6 +2,7 @@ package busapi
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -128,6 +129,19 @@ func (s Scheduler) ExplainAgent(ctx context.Context, agent string) (Explanation,
 		return Explanation{}, err
 	}
 	return ExplanationFromWire(planJSON)
+}
+
+// ProbeMCP asks agent's MCP servers for their tools through a real run.
+func (s Scheduler) ProbeMCP(ctx context.Context, agent string) ([]MCPStatus, error) {
+	var raw string
+	if err := s.call(ctx, "ProbeMCP", []any{agent}, &raw); err != nil {
+		return nil, err
+	}
+	var servers []MCPStatus
+	if err := json.Unmarshal([]byte(raw), &servers); err != nil {
+		return nil, fmt.Errorf("%w: ProbeMCP's answer: %v", ErrInvalid, err)
+	}
+	return servers, nil
 }
 
 // TestProviders checks the named provider ("" every one) from the scheduler.

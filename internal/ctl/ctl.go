@@ -496,7 +496,12 @@ func writeMCP(w io.Writer, run busapi.Run) {
 	if err != nil || len(servers) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "\nmcp servers:")
+	writeMCPServers(w, "mcp servers:", servers)
+}
+
+// writeMCPServers prints servers under title, one line each.
+func writeMCPServers(w io.Writer, title string, servers []busapi.MCPStatus) {
+	fmt.Fprintln(w, "\n"+title)
 	for _, s := range servers {
 		line := fmt.Sprintf("  %s (%s): ", s.Name, s.Transport)
 		switch {

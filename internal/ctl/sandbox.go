@@ -5,22 +5,29 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 )
 
-const sandboxUsage = "usage: berthctl sandbox explain [--json] AGENT"
+const sandboxUsage = "usage: berthctl sandbox explain [--json] [--probe] AGENT"
 
-// sandbox handles `berthctl sandbox explain [--json] AGENT`: the plan the
-// running scheduler would use for the agent's next run, asked over D-Bus,
-// so what the admin sees is what runs.
+// mcpProbeTimeout bounds --probe: a run's start, egress proxy and each MCP
+// server's start (the scheduler's own bound is 90 s).
+const mcpProbeTimeout = 2 * time.Minute
+
+// sandbox handles `berthctl sandbox explain [--json] [--probe] AGENT`: the
+// plan the running scheduler would use for the agent's next run, asked over
+// D-Bus, so what the admin sees is what runs; --probe asks the agent's MCP
+// servers for their tools through a real run.
 func (c *cli) sandbox(args []string) error {
 	if len(args) == 0 || args[0] != "explain" {
 		return usageError(sandboxUsage)
 	}
 	fs := newFlags("sandbox explain")
 	asJSON := fs.Bool("json", false, "print the plan as JSON")
+	probe := fs.Bool("probe", false, "ask each MCP server for its tools, through a real run of the agent")
 	if err := fs.Parse(args[1:]); err != nil {
 		return usageError("%v", err)
 	}
@@ -35,10 +42,31 @@ func (c *cli) sandbox(args []string) error {
 	if err != nil {
 		return fmt.Errorf("cannot ask the scheduler for the plan of %s: %w", fs.Arg(0), err)
 	}
+	var probed []busapi.MCPStatus
+	if *probe {
+		ctx, cancel := context.WithTimeout(context.Background(), mcpProbeTimeout)
+		defer cancel()
+		if probed, err = sched.ProbeMCP(ctx, fs.Arg(0)); err != nil {
+			return fmt.Errorf("cannot probe the MCP servers of %s: %w", fs.Arg(0), err)
+		}
+	}
 	if *asJSON {
+		if *probe {
+			return writeJSON(c.out, struct {
+				busapi.Explanation
+				MCPProbe []busapi.MCPStatus `json:"mcp_probe"`
+			}{e, probed})
+		}
 		return writeJSON(c.out, e)
 	}
 	explain(c.out, e)
+	if *probe {
+		if len(probed) == 0 {
+			fmt.Fprintln(c.out, "\nmcp probe: the agent has no MCP servers")
+		} else {
+			writeMCPServers(c.out, "mcp probe (each server asked through a real run):", probed)
+		}
+	}
 	if len(e.Problems) > 0 {
 		return &exitErr{ExitFailed, fmt.Sprintf("runs of %s would fail: %s", fs.Arg(0), strings.Join(e.Problems, "; "))}
 	}

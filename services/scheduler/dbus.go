@@ -250,6 +250,19 @@ func (o *schedulerObject) ExplainAgent(sender dbus.Sender, agent string) (string
 	return e.Wire(), nil
 }
 
+// ProbeMCP is berthctl sandbox explain --probe: the agent's MCP servers
+// as a real run finds them, a JSON array like GetRun's mcp.
+func (o *schedulerObject) ProbeMCP(sender dbus.Sender, agent string) (string, *dbus.Error) {
+	if derr := readAuthorizer.Check(o.conn, sender); derr != nil {
+		return "", derr
+	}
+	servers, err := o.s.ProbeMCP(agent)
+	if err != nil {
+		return "", dbusError(err)
+	}
+	return mcpJSON(Run{MCP: servers}), nil
+}
+
 func (o *schedulerObject) TestProviders(sender dbus.Sender, name string) ([]map[string]dbus.Variant, *dbus.Error) {
 	if derr := readAuthorizer.Check(o.conn, sender); derr != nil {
 		return nil, derr
