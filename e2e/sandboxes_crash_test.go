@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -61,6 +62,7 @@ func killedWithLiveSandboxes(t *testing.T, cli *client.Client, extra string) {
 		// it must not outlive the sandbox.
 		s.askInThread(t, agent, thread, "/sh sleep 600 </dev/null >/dev/null 2>&1 & echo started")
 		old = append(old, liveSandboxOf(t, sched, agent, thread))
+		removeLeftoversAtCleanup(t, cli, old[len(old)-1].ID)
 	}
 
 	if err := s.KillService(bus.SchedulerName, syscall.SIGKILL); err != nil {
@@ -135,6 +137,7 @@ func killedWithLiveSandboxes(t *testing.T, cli *client.Client, extra string) {
 	if fresh == "" || fresh == old[0].ID {
 		t.Fatalf("the message after the restart ran in sandbox %q; want a fresh one (the old was %s)", fresh, old[0].ID)
 	}
+	removeLeftoversAtCleanup(t, cli, fresh)
 	if got := liveSandboxOf(t, sched, agent, threads[0]).ID; got != fresh {
 		t.Fatalf("the scheduler lists sandbox %s for %s, want %s", got, threads[0], fresh)
 	}
@@ -144,10 +147,9 @@ func killedWithLiveSandboxes(t *testing.T, cli *client.Client, extra string) {
 	if err := s.KillService(bus.SchedulerName, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if ids := recordedSandboxes(t, s); !slices.Equal(ids, []string{fresh}) {
-		t.Fatalf("scheduler.db records %q after the restart and one message; want only the fresh sandbox %s", ids, fresh)
-	}
-	// And a third scheduler removes that one: the test leaves nothing.
+	recorded := recordedSandboxes(t, s)
+	// A third scheduler removes the fresh one, whatever the records say:
+	// the test leaves nothing.
 	if err := s.conn(t).Object(bus.SchedulerName, bus.SchedulerPath).Call("org.freedesktop.DBus.Peer.Ping", 0).Err; err != nil {
 		t.Fatalf("cannot activate the scheduler again: %v", err)
 	}
@@ -157,6 +159,9 @@ func killedWithLiveSandboxes(t *testing.T, cli *client.Client, extra string) {
 			t.Fatalf("left of sandbox %s a minute after the second restart: %q", fresh, left)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	if !slices.Equal(recorded, []string{fresh}) {
+		t.Fatalf("scheduler.db records %q after the restart and one message; want only the fresh sandbox %s", recorded, fresh)
 	}
 }
 
@@ -229,6 +234,36 @@ func sandboxLeftovers(t *testing.T, cli *client.Client, id string) []string {
 		}
 	}
 	return left
+}
+
+// removeLeftoversAtCleanup removes, when the test ends, whatever a failed
+// test left of sandbox id, so that a failure leaks no container, sleep or
+// cgroup to the tests after it.
+func removeLeftoversAtCleanup(t *testing.T, cli *client.Client, id string) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if cli != nil {
+			for _, c := range containersLabelled(t, cli, boxes.LabelRun+"="+id) {
+				_, _ = cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
+			}
+			return
+		}
+		dirs := runCgroups(id)
+		for _, dir := range dirs {
+			procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			for _, pid := range strings.Fields(string(procs)) {
+				if n, err := strconv.Atoi(pid); err == nil {
+					_ = syscall.Kill(n, syscall.SIGKILL)
+				}
+			}
+		}
+		for _, dir := range dirs {
+			for os.Remove(dir) != nil && ctx.Err() == nil {
+				time.Sleep(50 * time.Millisecond) // until the killed processes have left it
+			}
+		}
+	})
 }
 
 // recordedSandboxes are the sandbox ids in scheduler.db's sandboxes/
