@@ -316,11 +316,87 @@ systemctl try-reload-or-restart berth-intake' || fail "cannot configure a schedu
   grep -qx scheduled-tick <<<"$(inside "installprobe wait --id $(basename "$reply_file" .json) --timeout 5s --field text")" || fail "the scheduled job's reply: $(inside "cat $reply_file")"
   grep -q '^tick  *ticker ' <<<"$(inside 'berthctl schedules')" || fail "berthctl schedules: $(inside 'berthctl schedules')"
   inside 'rm /etc/berth/berth.d/70-install-test-schedules.toml && systemctl reload berth-scheduler && systemctl try-reload-or-restart berth-intake' || fail "cannot remove the schedule"
+  local removed=""
   for _ in $(seq 1 100); do
-    grep -q 'berth-schedule-tick' <<<"$(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'")" || return 0
+    grep -q 'berth-schedule-tick' <<<"$(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'")" || { removed=1; break; }
     sleep 0.1
   done
-  fail "the removed schedule's timer is still there: $(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'")"
+  [ -n "$removed" ] || fail "the removed schedule's timer is still there: $(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'")"
+  missed_schedule_catches_up
+}
+
+# missed_schedule_catches_up: a job missed while berth-scheduler and its
+# timer were down (a reboot loses transient units) fires once, at once, when
+# the scheduler comes back and re-creates the timer: Persistent=true reads
+# the stamp of the timer's last elapse. The job elapses every 30 s, at
+# seconds picked a few seconds ahead, so the step takes about 45 s.
+missed_schedule_catches_up() {
+  local t0=$SECONDS
+  inside 'set -e
+s=$(( ($(date +%s) + 8) % 60 )); s2=$(( (s + 30) % 60 ))
+cat >/etc/berth/berth.d/71-install-test-missed.toml <<EOF
+[[connectors]]
+id = "misses"
+type = "webhook"
+secret_file = "/etc/berth/hooks.secret"
+reply_url = "http://127.0.0.1:9999/replies"
+
+[[agents]]
+id = "misser"
+[agents.file_access]
+unrestricted = true
+allow_network = false
+
+[[schedules]]
+id = "missed"
+agent = "misser"
+on_calendar = "*:*:$(printf "%02d,%02d" $(printf "%s\n" $s $s2 | sort -n))"
+prompt = "/sh echo missed-tick"
+deliver_to = { connector = "misses", channel = "CMISS" }
+EOF
+berthctl config check >/dev/null
+systemctl reload-or-restart berth-scheduler
+systemctl try-reload-or-restart berth-intake' || fail "cannot configure the job to be missed"
+  local replies='ls /var/tmp/replies/schedule:missed:*.json 2>/dev/null' stamp=/var/lib/systemd/timers/stamp-berth-schedule-missed.timer
+  local first="" elapsed missed next restarted fired="" late
+  for _ in $(seq 1 600); do
+    first=$(inside "$replies | head -1" || true)
+    [ -n "$first" ] && break
+    sleep 0.1
+  done
+  [ -n "$first" ] || fail "no reply of the job to be missed within 60s: $(inside 'journalctl --no-pager -u berth-scheduler -u berth-schedule-missed.service -n 30')"
+  elapsed=$(inside "stat -c %Y $stamp") || fail "its timer fired but wrote no stamp $stamp"
+  missed=$((elapsed + 30)) next=$((elapsed + 60))
+  # As at a shutdown: the scheduler stops and its transient units are gone.
+  inside 'systemctl stop berth-schedule-missed.timer berth-schedule-missed.service berth-scheduler.service' || fail "cannot stop the scheduler and the job's timer"
+  [ "$(inside 'date +%s')" -lt "$missed" ] || fail "too slow: the scheduler stopped after the elapse it was to miss ($(date -d "@$missed" +%T))"
+  grep -q . <<<"$(inside "systemctl list-units --all --no-legend 'berth-schedule-missed*'")" && fail "the job's units outlived the stop: $(inside "systemctl list-units --all --no-legend 'berth-schedule-missed*'")"
+  inside "for i in \$(seq 400); do [ \$(date +%s) -gt $missed ] && exit 0; sleep 0.1; done; exit 1" || fail "the clock did not pass the missed elapse"
+  [ "$(inside "$replies | wc -l")" -eq 1 ] || fail "replies of the job while the scheduler was down: $(inside "$replies")"
+  restarted=$(inside 'date +%s && systemctl start berth-scheduler.service') || fail "cannot start the scheduler again"
+  for _ in $(seq 1 300); do
+    fired=$(inside "journalctl --no-pager -q --since @$restarted SCHEDULE=missed MESSAGE='schedule fired'" || true)
+    [ -n "$fired" ] && break
+    sleep 0.1
+  done
+  [ -n "$fired" ] || fail "the re-created timer did not fire the missed job within 30s: $(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'; journalctl --no-pager -u berth-scheduler -u berth-schedule-missed.service -n 20")"
+  # The catch-up's reply is the one of a firing after the restart and before
+  # the next elapse: the message id carries the firing's unix time.
+  late="$replies | sed -n 's/.*schedule:missed:\([0-9]*\)\.json/\1/p' | awk '\$1 >= $restarted && \$1 < $next'"
+  for _ in $(seq 1 600); do
+    grep -q . <<<"$(inside "$late")" && break
+    sleep 0.1
+  done
+  [ "$(inside "$late" | wc -l)" -eq 1 ] || fail "want exactly one reply of the missed job after the restart, before $(date -d "@$next" +%T): $(inside "$replies")"
+  [ "$(inside "journalctl --no-pager -q --since @$restarted --until @$next SCHEDULE=missed MESSAGE='schedule fired'" | wc -l)" -eq 1 ] ||
+    fail "the missed job fired more than once after the restart: $(inside "journalctl --no-pager -q --since @$restarted SCHEDULE=missed")"
+  grep -qx missed-tick <<<"$(inside "installprobe wait --id schedule:missed:$(inside "$late") --timeout 5s --field text")" || fail "the caught-up job's reply: $(inside "$replies")"
+  inside 'rm /etc/berth/berth.d/71-install-test-missed.toml && systemctl reload berth-scheduler && systemctl try-reload-or-restart berth-intake' || fail "cannot remove the missed job"
+  for _ in $(seq 1 100); do
+    grep -q 'berth-schedule-missed' <<<"$(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'")" || { echo "    the missed job ran once after the restart; that part took $((SECONDS - t0))s"; return 0; }
+    sleep 0.1
+  done
+  fail "the removed job's timer is still there: $(inside "systemctl list-timers --all --no-legend 'berth-schedule-*'")"
 }
 
 # sandboxes_step: a conversation agent on the landlock backend keeps its
