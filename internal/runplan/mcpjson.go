@@ -29,6 +29,10 @@ const WorkspaceMCPFile = ".mcp.json"
 // reads it.
 const maxWorkspaceMCPBytes = 64 << 10
 
+// maxWorkspaceMCPServers caps its servers: 64 KiB holds thousands, each a
+// process in every later run (or a line in every later run record).
+const maxWorkspaceMCPServers = 32
+
 // RunMCP is the MCP servers of a run of agent a under plan: its
 // [[agents.mcp]], then those of the workspace's .mcp.json that berth.toml
 // does not name. It is read by the scheduler before each run, through
@@ -136,6 +140,9 @@ func readWorkspaceMCP(workspace string) ([]workspaceMCPEntry, error) {
 	}
 	if err := json.Unmarshal(data, &doc); err != nil {
 		return nil, fmt.Errorf("cannot read %s: %w", WorkspaceMCPFile, err)
+	}
+	if len(doc.Servers) > maxWorkspaceMCPServers {
+		return nil, fmt.Errorf("cannot read %s: it names %d servers, more than the %d berth takes from a workspace", WorkspaceMCPFile, len(doc.Servers), maxWorkspaceMCPServers)
 	}
 	names := make([]string, 0, len(doc.Servers))
 	for name := range doc.Servers {
