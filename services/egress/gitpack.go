@@ -101,6 +101,10 @@ func readPushCommands(r io.Reader) (pushCommands, error) {
 			line, caps, _ = bytes.Cut(line, []byte{0})
 			cmds.caps = strings.Fields(string(caps))
 			first = false
+		} else if bytes.IndexByte(line, 0) >= 0 {
+			// receive-pack reads a ref up to a NUL on any line: what follows
+			// must not reach the judge as part of the ref (git sends none).
+			return cmds, errors.New("a push command after the first carries capabilities (a NUL)")
 		}
 		text := strings.TrimSuffix(string(line), "\n")
 		if strings.HasPrefix(text, "push-cert") {

@@ -1,0 +1,69 @@
+package egress_test
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/berth-dev/berth/services/egress"
+)
+
+// Attacks of a sandbox with a shell on the git-aware egress (issue 24),
+// each beside the same request made legitimate, which gets through.
+
+// sandboxClient is an HTTP client inside the sandbox: the relay as its
+// proxy, the run's CA as its roots, no credential.
+func (e *gitEnv) sandboxClient() *http.Client {
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM([]byte(e.ca.CertPEM))
+	relayURL, _ := url.Parse("http://" + e.relay.Addr())
+	return &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(relayURL), TLSClientConfig: &tls.Config{RootCAs: roots}},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+// packOf is a pack of the commits of revs (rev-list arguments).
+func (e *gitEnv) packOf(dir string, revs ...string) string {
+	e.t.Helper()
+	packer := exec.Command("git", "pack-objects", "--stdout", "--revs")
+	packer.Dir, packer.Env = dir, e.sandboxEnv()
+	packer.Stdin = strings.NewReader(strings.Join(revs, "\n") + "\n")
+	pack, err := packer.Output()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return string(pack)
+}
+
+const zeroID = "0000000000000000000000000000000000000000"
+
+func TestGitAttackCapabilitiesOnALaterCommandDoNotHideTheRefReceivePackUpdates(t *testing.T) {
+	t.Parallel()
+	// receive-pack reads every command line up to its NUL, so
+	// "refs/heads/release\0-wip" updates release, which "*-wip" must not let through.
+	e := newGitEnv(t, gitEnvOptions{configure: func(_ *gitEnv, pol *egress.Policy) {
+		pol.Git[0].Push = []string{"berth/*", "*-wip"}
+	}})
+	dir := e.clone("acme/web")
+	main := e.forge.Ref("acme/web", "main")
+	tip := e.commit(dir, "a.txt", "one\n")
+	pack := e.packOf(dir, tip, "^"+main)
+	c := e.sandboxClient()
+	first := pktLine(zeroID + " " + tip + " refs/heads/a-wip\x00report-status object-format=sha1 agent=attacker\n")
+	smuggled := first + pktLine(zeroID+" "+tip+" refs/heads/release\x00-wip\n") + "0000" + pack
+	code, answer := do(t, c, "POST", e.forge.URL+"/acme/web.git/git-receive-pack", smuggled, "Content-Type", "application/x-git-receive-pack-request")
+	if got := e.forge.Ref("acme/web", "refs/heads/release"); got != "" {
+		t.Fatalf("a ref hidden behind a NUL reached the forge as release (%d %q)", code, answer)
+	}
+	if e.forge.Ref("acme/web", "refs/heads/a-wip") != "" {
+		t.Fatalf("a push with a refused command went through in part: %d %q", code, answer)
+	}
+	code, answer = do(t, c, "POST", e.forge.URL+"/acme/web.git/git-receive-pack", first+"0000"+pack, "Content-Type", "application/x-git-receive-pack-request")
+	if code != 200 || !strings.Contains(answer, "ok refs/heads/a-wip") || e.forge.Ref("acme/web", "refs/heads/a-wip") != tip {
+		t.Fatalf("the same push without the smuggled command: %d %q", code, answer)
+	}
+}
+
