@@ -67,3 +67,42 @@ func TestGitAttackCapabilitiesOnALaterCommandDoNotHideTheRefReceivePackUpdates(t
 	}
 }
 
+// commitObject writes a commit of the given content into dir's
+// repository as it is (no format check) and returns its id.
+func (e *gitEnv) commitObject(dir, content string) string {
+	e.t.Helper()
+	cmd := exec.Command("git", "hash-object", "-t", "commit", "-w", "--literally", "--stdin")
+	cmd.Dir, cmd.Env, cmd.Stdin = dir, e.sandboxEnv(), strings.NewReader(content)
+	out, err := cmd.Output()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func TestGitAttackAParentLineOutOfPlaceIsNoFastForward(t *testing.T) {
+	t.Parallel()
+	// Git reads a commit's parents only right after its tree: a "parent"
+	// line below the author makes a root commit, a rewrite of berth/x.
+	e := newGitEnv(t, gitEnvOptions{})
+	dir := e.clone("acme/web")
+	tip := e.commit(dir, "a.txt", "one\n")
+	e.mustGit(dir, "push", "-q", "origin", "HEAD:berth/x")
+	tree := strings.TrimSpace(e.mustGit(dir, "rev-parse", "HEAD^{tree}"))
+	who := "agent <agent@berth.test> 1700000000 +0000"
+	orphan := e.commitObject(dir, "tree "+tree+"\nauthor "+who+"\ncommitter "+who+"\nparent "+tip+"\n\nrewrite\n")
+	c := e.sandboxClient()
+	push := func(commit string) (int, string) {
+		body := pktLine(tip+" "+commit+" refs/heads/berth/x\x00report-status object-format=sha1 agent=attacker\n") + "0000" + e.packOf(dir, commit, "^"+tip)
+		return do(t, c, "POST", e.forge.URL+"/acme/web.git/git-receive-pack", body, "Content-Type", "application/x-git-receive-pack-request")
+	}
+	code, answer := push(orphan)
+	if e.forge.Ref("acme/web", "berth/x") != tip || !strings.Contains(answer, "a non-fast-forward update is not allowed") {
+		t.Fatalf("a root commit whose parent line is out of place: %d %q; berth/x is %s", code, answer, e.forge.Ref("acme/web", "berth/x"))
+	}
+	child := e.commitObject(dir, "tree "+tree+"\nparent "+tip+"\nauthor "+who+"\ncommitter "+who+"\n\nchild\n")
+	code, answer = push(child)
+	if code != 200 || !strings.Contains(answer, "ok refs/heads/berth/x") || e.forge.Ref("acme/web", "berth/x") != child {
+		t.Fatalf("the same commit with its parent in place: %d %q", code, answer)
+	}
+}

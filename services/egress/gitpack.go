@@ -261,16 +261,22 @@ func commitID(h hash.Hash, content []byte) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// commitParents are the parent ids of a commit's content.
+// commitParents are the parent ids of a commit's content, read as git
+// reads them: the "parent" lines right after the first, "tree", line; one
+// elsewhere is no parent to git, so none to the judge either.
 func commitParents(content []byte) []string {
+	lines := bytes.Split(content, []byte("\n"))
+	if len(lines) == 0 || !bytes.HasPrefix(lines[0], []byte("tree ")) {
+		return nil
+	}
 	var parents []string
-	for line := range bytes.SplitSeq(content, []byte("\n")) {
-		if len(line) == 0 {
-			break // the header ends at the first empty line
+	for _, line := range lines[1:] {
+		p, ok := bytes.CutPrefix(line, []byte("parent "))
+		if !ok {
+			break
 		}
-		if p, ok := bytes.CutPrefix(line, []byte("parent ")); ok {
-			parents = append(parents, string(p))
-		}
+		// Git reads an id in either case; the pack's ids are lower case.
+		parents = append(parents, strings.ToLower(string(p)))
 	}
 	return parents
 }
