@@ -1,8 +1,12 @@
 package egress_test
 
 import (
+	"bytes"
+	"compress/zlib"
+	"crypto/sha1"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net/http"
 	"net/url"
 	"os/exec"
@@ -104,5 +108,52 @@ func TestGitAttackAParentLineOutOfPlaceIsNoFastForward(t *testing.T) {
 	code, answer = push(child)
 	if code != 200 || !strings.Contains(answer, "ok refs/heads/berth/x") || e.forge.Ref("acme/web", "berth/x") != child {
 		t.Fatalf("the same commit with its parent in place: %d %q", code, answer)
+	}
+}
+
+// onePackOf is a pack of one commit object of content, made by hand: git
+// itself will not pack a commit it cannot parse.
+func onePackOf(content string) string {
+	var pack bytes.Buffer
+	pack.WriteString("PACK\x00\x00\x00\x02\x00\x00\x00\x01")
+	size := len(content)
+	b := byte(1<<4 | size&15)
+	for size >>= 4; size > 0; size >>= 7 {
+		pack.WriteByte(b | 0x80)
+		b = byte(size & 0x7f)
+	}
+	pack.WriteByte(b)
+	zw := zlib.NewWriter(&pack)
+	zw.Write([]byte(content))
+	zw.Close()
+	sum := sha1.Sum(pack.Bytes())
+	pack.Write(sum[:])
+	return pack.String()
+}
+
+func TestGitAttackAParentThatIsNoObjectIDIsNeverAskedOfTheForge(t *testing.T) {
+	t.Parallel()
+	// A parent line is put in the compare URL asked with the run's token:
+	// "main" (or a path) there would have the forge judge something else.
+	e := newGitEnv(t, gitEnvOptions{})
+	dir := e.clone("acme/web")
+	main := e.forge.Ref("acme/web", "main")
+	e.mustGit(dir, "push", "-q", "origin", "HEAD:berth/x")
+	tree := strings.TrimSpace(e.mustGit(dir, "rev-parse", "HEAD^{tree}"))
+	who := "agent <agent@berth.test> 1700000000 +0000"
+	c := e.sandboxClient()
+	push := func(commit string) (int, string) {
+		id := fmt.Sprintf("%x", sha1.Sum([]byte(fmt.Sprintf("commit %d\x00%s", len(commit), commit))))
+		body := pktLine(main+" "+id+" refs/heads/berth/x\x00report-status object-format=sha1 agent=attacker\n") + "0000" + onePackOf(commit)
+		return do(t, c, "POST", e.forge.URL+"/acme/web.git/git-receive-pack", body, "Content-Type", "application/x-git-receive-pack-request")
+	}
+	before := e.forge.App.Compares()
+	code, answer := push("tree " + tree + "\nparent main\nauthor " + who + "\ncommitter " + who + "\n\nnamed\n")
+	if e.forge.App.Compares() != before || !strings.Contains(answer, "a non-fast-forward update is not allowed") {
+		t.Fatalf("a parent named main: the forge was asked %d times; %d %q", e.forge.App.Compares()-before, code, answer)
+	}
+	code, answer = push("tree " + tree + "\nparent " + main + "\nauthor " + who + "\ncommitter " + who + "\n\nnamed\n")
+	if code != 200 || !strings.Contains(answer, "ok refs/heads/berth/x") {
+		t.Fatalf("the same commit with its parent's id: %d %q", code, answer)
 	}
 }

@@ -263,7 +263,8 @@ func commitID(h hash.Hash, content []byte) string {
 
 // commitParents are the parent ids of a commit's content, read as git
 // reads them: the "parent" lines right after the first, "tree", line; one
-// elsewhere is no parent to git, so none to the judge either.
+// elsewhere is no parent to git, so none to the judge either. A commit
+// git cannot read has none: its update is no fast-forward.
 func commitParents(content []byte) []string {
 	lines := bytes.Split(content, []byte("\n"))
 	if len(lines) == 0 || !bytes.HasPrefix(lines[0], []byte("tree ")) {
@@ -276,7 +277,13 @@ func commitParents(content []byte) []string {
 			break
 		}
 		// Git reads an id in either case; the pack's ids are lower case.
-		parents = append(parents, strings.ToLower(string(p)))
+		id := strings.ToLower(string(p))
+		if !objectID(id) {
+			// Git refuses the commit; the forge must not be asked about it
+			// (the id goes into the compare URL, with the run's token).
+			return nil
+		}
+		parents = append(parents, id)
 	}
 	return parents
 }
