@@ -157,3 +157,87 @@ func TestGitAttackAParentThatIsNoObjectIDIsNeverAskedOfTheForge(t *testing.T) {
 		t.Fatalf("the same commit with its parent's id: %d %q", code, answer)
 	}
 }
+
+func TestGitAttackAnAdvertisementIsOfTheServiceJudged(t *testing.T) {
+	t.Parallel()
+	// A second "service" the proxy reads as another key must not have the
+	// backend advertise receive-pack to a rule that only fetches.
+	e := newGitEnv(t, gitEnvOptions{configure: func(_ *gitEnv, pol *egress.Policy) {
+		pol.Git[0].Push = nil
+	}})
+	c := e.sandboxClient()
+	advertised := func(query string) (int, string) {
+		req, _ := http.NewRequest("GET", e.forge.URL+"/acme/web.git/info/refs?"+query, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Content-Type")
+	}
+	for _, query := range []string{
+		"service=git-upload-pack&service%00=git-receive-pack",
+		"service=git-receive-pack",
+		"service=git-upload-pack&service=git-receive-pack",
+	} {
+		if code, typ := advertised(query); strings.Contains(typ, "receive-pack") || code == 200 && !strings.Contains(query, "%00") {
+			t.Errorf("info/refs?%s with fetch only: %d %s", query, code, typ)
+		}
+	}
+	if code, typ := advertised("service=git-upload-pack"); code != 200 || typ != "application/x-git-upload-pack-advertisement" {
+		t.Errorf("info/refs?service=git-upload-pack: %d %s", code, typ)
+	}
+}
+
+func TestGitAttackPathTricksDoNotTakeTheCredentialToAnotherRepository(t *testing.T) {
+	t.Parallel()
+	e := newGitEnv(t, gitEnvOptions{})
+	c := e.sandboxClient()
+	get := func(path, host string) (int, string) {
+		req, err := http.NewRequest("GET", e.forge.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if host != "" {
+			req.Host = host
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("X-Berth-Egress")
+	}
+	const q = "/info/refs?service=git-upload-pack"
+	for _, tc := range []struct{ name, path, host string }{
+		{"another_repository", "/acme/other.git" + q, ""},
+		{"dot_segments", "/acme/web.git/../other.git" + q, ""},
+		{"encoded_dot_segments", "/acme/web.git/%2e%2e/other.git" + q, ""},
+		{"encoded_upper_case_dots", "/acme/web.git/%2E%2E/%2E%2E/acme/other.git" + q, ""},
+		{"encoded_slash", "/acme%2fother.git" + q, ""},
+		{"encoded_dot_git", "/acme/other%2egit" + q, ""},
+		{"double_slash_before", "//acme/other.git" + q, ""},
+		{"double_slash_inside", "/acme//other.git" + q, ""},
+		{"dots_after_the_service_path", "/acme/web.git/info/refs/../../../other.git" + q, ""},
+		{"semicolon", "/acme/other.git/info/refs;/acme/web.git" + q, ""},
+		{"trailing_slash", "/acme/web.git/info/refs/?service=git-upload-pack", ""},
+		{"other_case", "/acme/WEB.git" + q, ""},
+		{"dumb_protocol", "/acme/web.git/HEAD", ""},
+		{"host_other_than_the_tunnel", "/acme/web.git" + q, "api.github.test"},
+	} {
+		if code, mark := get(tc.path, tc.host); code == 200 || mark != "refused" {
+			t.Errorf("%s: %s was not refused by the proxy: %d", tc.name, tc.path, code)
+		}
+	}
+	for _, r := range e.forge.Received() {
+		if r.Authorization != "" && !strings.HasPrefix(r.Path, "/acme/web.git/") {
+			t.Errorf("the credential went to %s", r.Path)
+		}
+	}
+	if code, mark := get("/acme/web.git"+q, ""); code != 200 || mark != "" {
+		t.Fatalf("the rule's own repository: %d %s", code, mark)
+	}
+	if got := e.forge.Received(); len(got) == 0 || got[len(got)-1].Authorization == "" {
+		t.Fatal("the rule's repository was reached without the credential")
+	}
+}
