@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -14,8 +15,14 @@ import (
 // each in a process of its own, over one workspace (issue 22).
 const LockName = ".berth-shared.lock"
 
+// SharedLockWait bounds the wait for the lock: a tool of any conversation
+// can open the file and hold the lock forever, and a write under it takes
+// milliseconds.
+const SharedLockWait = 10 * time.Second
+
 // LockShared takes the workspace's shared-files lock, waiting for another
-// conversation's write to end; call the returned function to release it.
+// conversation's write to end, at most SharedLockWait; call the returned
+// function to release it.
 // The lock dies with the process that holds it, so a killed sandbox never
 // leaves it taken.
 func LockShared(workspace string) (unlock func(), err error) {
@@ -23,15 +30,21 @@ func LockShared(workspace string) (unlock func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot open the shared files' lock: %w", err)
 	}
-	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-		if err != unix.EINTR {
-			break
+	// flock has no timeout: poll, backing off to a tenth of a second.
+	deadline := time.Now().Add(SharedLockWait)
+	for pause := 5 * time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
 		}
+		if err != unix.EWOULDBLOCK && err != unix.EINTR {
+			f.Close()
+			return nil, fmt.Errorf("cannot take the shared files' lock: %w", err)
+		}
+		if time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("cannot take the shared files' lock: another process has held %s for over %s (a tool that keeps it?)", LockName, SharedLockWait)
+		}
+		time.Sleep(pause)
 	}
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("cannot take the shared files' lock: %w", err)
-	}
-	return func() { f.Close() }, nil
 }

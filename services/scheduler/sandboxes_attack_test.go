@@ -1,0 +1,66 @@
+package scheduler
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+)
+
+// What a shell in one conversation sandbox could try against another of
+// the same agent (same uid, same workspace).
+
+// A tool's background process in one sandbox cannot be signalled from
+// another, nor seen through /proc; the sandbox's own tool can end what it
+// started itself (the control).
+func TestASandboxCannotSignalOrSeeAnotherSandboxesProcesses(t *testing.T) {
+	t.Parallel()
+	clock := clockwork.NewFakeClock()
+	s := sandboxService(t, sandboxConfig(t, time.Hour, 3), sandboxStateDir(t), clock)
+	t.Cleanup(func() { s.Close() })
+	start(t, s)
+
+	a := succeeded(t, s, say(t, s, "A", `/sh sleep 3017 >/dev/null 2>&1 & echo $!`))
+	pid := shellOut(a.Reply)
+	if processGone(pid) {
+		t.Fatalf("A's background process %q is not running (reply %q)", pid, a.Reply)
+	}
+	b := succeeded(t, s, say(t, s, "B", `/sh kill -KILL `+pid+` 2>&1; echo kill=$?; grep -l '30[1]7' /proc/[0-9]*/cmdline 2>&1; echo done`))
+	out := shellOut(b.Reply)
+	if b.Sandbox == a.Sandbox || !strings.Contains(out, "kill=1") || strings.Contains(out, "/cmdline\n") && !strings.Contains(out, "No such file") {
+		t.Errorf("B (sandbox %s, A's %s) answered %q; want its kill refused and no /proc of A", b.Sandbox, a.Sandbox, out)
+	}
+	if processGone(pid) {
+		t.Errorf("B's kill ended A's background process %s", pid)
+	}
+
+	own := succeeded(t, s, say(t, s, "A", `/sh sleep 3018 & kill $!; echo kill=$?`))
+	if out := shellOut(own.Reply); !strings.Contains(out, "kill=0") {
+		t.Errorf("the control: A's tool could not end its own background process: %q", out)
+	}
+}
+
+// A tool that holds the workspace's shared-files lock forever (flock in a
+// background process) makes another conversation's memory write fail
+// within a bounded wait, with why, instead of hanging its run to the
+// timeout; one that holds it briefly is waited for (the control).
+func TestASharedFilesLockHeldForeverFailsAnotherConversationsWriteInsteadOfHangingIt(t *testing.T) {
+	t.Parallel()
+	clock := clockwork.NewFakeClock()
+	s := sandboxService(t, sandboxConfig(t, time.Hour, 3), sandboxStateDir(t), clock)
+	t.Cleanup(func() { s.Close() })
+	start(t, s)
+
+	succeeded(t, s, say(t, s, "B", `/sh flock .berth-shared.lock sleep 2 >/dev/null 2>&1 & echo held`))
+	brief := succeeded(t, s, say(t, s, "A", `/tool memory_note {"content":"after a brief hold"}`))
+	if strings.Contains(brief.Reply, "lock") {
+		t.Errorf("the control: a note after a 2s hold answered %q; want it written", brief.Reply)
+	}
+
+	succeeded(t, s, say(t, s, "B", `/sh flock .berth-shared.lock sleep 3600 >/dev/null 2>&1 & echo held`))
+	r := finished(t, s, say(t, s, "A", `/tool memory_note {"content":"while B holds the lock"}`))
+	if r.State != StateSucceeded || !strings.Contains(r.Reply, "cannot take the shared files' lock") {
+		t.Errorf("a note while another sandbox holds the lock: %s %q, reply %q; want the tool's error, the run not hung", r.State, r.Error, r.Reply)
+	}
+}
