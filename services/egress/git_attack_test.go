@@ -241,3 +241,46 @@ func TestGitAttackPathTricksDoNotTakeTheCredentialToAnotherRepository(t *testing
 		t.Fatal("the rule's repository was reached without the credential")
 	}
 }
+
+func TestGitAttackRefTricksUpdateNoRefOutsideTheGlobs(t *testing.T) {
+	t.Parallel()
+	e := newGitEnv(t, gitEnvOptions{})
+	dir := e.clone("acme/web")
+	main := e.forge.Ref("acme/web", "main")
+	tip := e.commit(dir, "a.txt", "one\n")
+	pack := e.packOf(dir, tip, "^"+main)
+	c := e.sandboxClient()
+	const caps = "\x00report-status object-format=sha1 agent=attacker\n"
+	create := func(ref string) string { return pktLine(zeroID + " " + tip + " " + ref + caps) }
+	push := func(body string) (int, string) {
+		return do(t, c, "POST", e.forge.URL+"/acme/web.git/git-receive-pack", body, "Content-Type", "application/x-git-receive-pack-request")
+	}
+	for _, tc := range []struct{ name, body, ref string }{
+		{"dot_dot_in_the_branch", create("refs/heads/berth/../main") + "0000" + pack, "refs/heads/main"},
+		{"an_allowed_and_a_refused_ref", create("refs/heads/berth/ok") + pktLine(main+" "+tip+" refs/heads/main\n") + "0000" + pack, "refs/heads/berth/ok"},
+		{"other_case", create("refs/heads/Berth/x") + "0000" + pack, "refs/heads/Berth/x"},
+		{"gerrit_review", create("refs/for/main") + "0000" + pack, "refs/for/main"},
+		{"head", create("HEAD") + "0000" + pack, "HEAD"},
+		{"notes", create("refs/notes/berth/x") + "0000" + pack, "refs/notes/berth/x"},
+		{"pull", create("refs/pull/1/head") + "0000" + pack, "refs/pull/1/head"},
+		{"a_tag", create("refs/tags/berth/v1") + "0000" + pack, "refs/tags/berth/v1"},
+		{"a_branch_under_the_glob", create("refs/heads/berth/x/y") + "0000" + pack, "refs/heads/berth/x/y"},
+		{"heads_without_refs", create("heads/berth/x") + "0000" + pack, "heads/berth/x"},
+		{"a_very_long_ref", create("refs/heads/main/"+strings.Repeat("x", 60000)) + "0000" + pack, "refs/heads/main"},
+		{"commands_after_the_flush", create("refs/heads/berth/flush") + "0000" + pktLine(main+" "+tip+" refs/heads/main\n") + "0000" + pack, "refs/heads/main"},
+		{"a_pkt_line_over_git_s_largest", "ffff" + strings.Repeat("x", 65531) + "0000" + pack, "refs/heads/main"},
+	} {
+		before := e.forge.Ref("acme/web", tc.ref)
+		code, answer := push(tc.body)
+		if got := e.forge.Ref("acme/web", tc.ref); got != before {
+			t.Errorf("%s: %s is %s on the forge (%d %q)", tc.name, tc.ref, got, code, answer)
+		}
+		if e.forge.Ref("acme/web", "refs/heads/main") != main {
+			t.Fatalf("%s: main moved (%d %q)", tc.name, code, answer)
+		}
+	}
+	code, answer := push(create("refs/heads/berth/x") + "0000" + pack)
+	if code != 200 || !strings.Contains(answer, "ok refs/heads/berth/x") || e.forge.Ref("acme/web", "refs/heads/berth/x") != tip {
+		t.Fatalf("the same push of berth/x: %d %q", code, answer)
+	}
+}
