@@ -149,7 +149,7 @@ func (s *Server) gitOne(conn net.Conn, transport *http.Transport, req *http.Requ
 // only when every update is allowed; otherwise it answers as receive-pack
 // would, refusing each update with its reason, so `git push` prints them.
 func (s *Server) gitPush(conn net.Conn, transport *http.Transport, req *http.Request, ctx context.Context, rd egresspolicy.Decision, rule egresspolicy.GitRule, g egresspolicy.GitRequest, cred gitCredential) bool {
-	if enc := req.Header.Get("Content-Encoding"); enc != "" && enc != "identity" {
+	if compressed(req.Header) {
 		return s.refuseIntercepted(conn, req, rd, http.StatusUnsupportedMediaType, "git: berth reads a push's commands, which must not be compressed (git never compresses a push)")
 	}
 	if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
@@ -223,6 +223,19 @@ func (s *Server) gitPush(conn net.Conn, transport *http.Transport, req *http.Req
 	fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/x-git-receive-pack-result\r\nCache-Control: no-cache\r\nX-Berth-Egress: refused\r\nContent-Length: %d\r\n\r\n", len(report))
 	conn.Write(report)
 	return drained
+}
+
+// compressed says whether any Content-Encoding of h is not identity: a
+// forge that inflated the body would read other commands than berth did.
+func compressed(h http.Header) bool {
+	for _, v := range h.Values("Content-Encoding") {
+		for enc := range strings.SplitSeq(v, ",") {
+			if enc = strings.TrimSpace(enc); enc != "" && !strings.EqualFold(enc, "identity") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // spoolPush keeps the rest of a push (its pack) in an unlinked file, so it

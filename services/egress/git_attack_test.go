@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"os/exec"
@@ -282,5 +283,38 @@ func TestGitAttackRefTricksUpdateNoRefOutsideTheGlobs(t *testing.T) {
 	code, answer := push(create("refs/heads/berth/x") + "0000" + pack)
 	if code != 200 || !strings.Contains(answer, "ok refs/heads/berth/x") || e.forge.Ref("acme/web", "refs/heads/berth/x") != tip {
 		t.Fatalf("the same push of berth/x: %d %q", code, answer)
+	}
+}
+
+func TestGitAttackAPushThatSaysItIsCompressedIsRefusedWhateverHeaderComesFirst(t *testing.T) {
+	t.Parallel()
+	// The proxy reads the commands as sent; a forge that inflates the body
+	// would read others. Every Content-Encoding the request has counts.
+	e := newGitEnv(t, gitEnvOptions{})
+	dir := e.clone("acme/web")
+	main := e.forge.Ref("acme/web", "main")
+	tip := e.commit(dir, "a.txt", "one\n")
+	body := pktLine(zeroID+" "+tip+" refs/heads/berth/x\x00report-status object-format=sha1 agent=attacker\n") + "0000" + e.packOf(dir, tip, "^"+main)
+	c := e.sandboxClient()
+	push := func(encodings ...string) (int, string) {
+		req, _ := http.NewRequest("POST", e.forge.URL+"/acme/web.git/git-receive-pack", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/x-git-receive-pack-request")
+		req.Header["Content-Encoding"] = encodings
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		answer, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(answer)
+	}
+	for _, encodings := range [][]string{{"identity", "gzip"}, {"identity, gzip"}, {"gzip"}, {"deflate"}, {"br"}} {
+		code, answer := push(encodings...)
+		if code != http.StatusUnsupportedMediaType || e.forge.Ref("acme/web", "berth/x") != "" {
+			t.Errorf("a push with Content-Encoding %q: %d %q; berth/x is %q", encodings, code, answer, e.forge.Ref("acme/web", "berth/x"))
+		}
+	}
+	if code, answer := push("identity"); code != 200 || e.forge.Ref("acme/web", "berth/x") != tip {
+		t.Fatalf("the same push as identity: %d %q", code, answer)
 	}
 }
