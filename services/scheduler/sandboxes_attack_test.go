@@ -64,3 +64,54 @@ func TestASharedFilesLockHeldForeverFailsAnotherConversationsWriteInsteadOfHangi
 		t.Errorf("a note while another sandbox holds the lock: %s %q, reply %q; want the tool's error, the run not hung", r.State, r.Error, r.Reply)
 	}
 }
+
+// connectProbe asks the egress socket at its argument for a CONNECT
+// without the token: it prints the answer's status line, or why not.
+const connectProbe = `import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+try:
+    s.connect(sys.argv[1])
+    s.sendall(b"CONNECT example.org:443 HTTP/1.1\r\nHost: example.org:443\r\n\r\n")
+    print("answer:", s.recv(200).split(b"\r\n")[0].decode())
+except OSError as e:
+    print("unreachable:", e.strerror)
+`
+
+// One sandbox cannot reach another's egress socket (its directory is
+// masked); its own socket answers it, but refuses a request without the
+// token, which only the agent holds (the control).
+func TestASandboxCannotReachAnotherSandboxesEgressSocket(t *testing.T) {
+	t.Parallel()
+	clock := clockwork.NewFakeClock()
+	s := sandboxService(t, sandboxConfig(t, time.Hour, 3), sandboxStateDir(t), clock)
+	t.Cleanup(func() { s.Close() })
+	start(t, s)
+
+	succeeded(t, s, say(t, s, "A", `/sh echo a`))
+	succeeded(t, s, say(t, s, "B", `/sh echo b`))
+	var socketOfA string
+	s.sandboxes.mu.Lock()
+	for c, sb := range s.sandboxes.byConv {
+		if c.thread == "A" && sb.prep != nil && sb.prep.Plan.Egress != nil {
+			socketOfA = sb.prep.Plan.Egress.SandboxSocket
+		}
+	}
+	s.sandboxes.mu.Unlock()
+	if socketOfA == "" {
+		t.Fatal("A's sandbox has no egress socket")
+	}
+	probe := "/sh cat > /tmp/probe.py <<'END'\n" + connectProbe + "END\npython3 /tmp/probe.py " + socketOfA
+	if out := lastLine(shellOut(succeeded(t, s, say(t, s, "B", probe)).Reply)); !strings.HasPrefix(out, "unreachable:") {
+		t.Errorf("B's tool asked A's egress socket and got %q; want it unreachable", out)
+	}
+	if out := lastLine(shellOut(succeeded(t, s, say(t, s, "A", probe)).Reply)); !strings.Contains(out, "407") {
+		t.Errorf("the control: A's tool asked its own socket without the token and got %q; want 407", out)
+	}
+}
+
+// lastLine is the last line of a multi-line command's output (the reply
+// repeats the command first).
+func lastLine(out string) string {
+	return out[strings.LastIndexByte(out, '\n')+1:]
+}
