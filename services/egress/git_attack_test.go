@@ -318,3 +318,30 @@ func TestGitAttackAPushThatSaysItIsCompressedIsRefusedWhateverHeaderComesFirst(t
 		t.Fatalf("the same push as identity: %d %q", code, answer)
 	}
 }
+
+func TestGitAttackARefIsJudgedAsReceivePackSplitsItsCommand(t *testing.T) {
+	t.Parallel()
+	// receive-pack takes the ref as the rest of the line after one space;
+	// a no-break space after it is part of the ref git updates.
+	e := newGitEnv(t, gitEnvOptions{configure: func(_ *gitEnv, pol *egress.Policy) {
+		pol.Git[0].Push = []string{"*-wip"}
+	}})
+	dir := e.clone("acme/web")
+	main := e.forge.Ref("acme/web", "main")
+	tip := e.commit(dir, "a.txt", "one\n")
+	pack := e.packOf(dir, tip, "^"+main)
+	c := e.sandboxClient()
+	push := func(ref string) (int, string) {
+		body := pktLine(zeroID+" "+tip+" "+ref+"\x00report-status object-format=sha1 agent=attacker\n") + "0000" + pack
+		return do(t, c, "POST", e.forge.URL+"/acme/web.git/git-receive-pack", body, "Content-Type", "application/x-git-receive-pack-request")
+	}
+	for _, ref := range []string{"refs/heads/a-wip\u00a0", "refs/heads/a-wip\u2003x", "refs/heads/b-wip\u0085"} {
+		code, answer := push(ref)
+		if got := e.forge.Ref("acme/web", ref); got != "" {
+			t.Errorf("%q, which no glob names, is %s on the forge (%d %q)", ref, got, code, answer)
+		}
+	}
+	if code, answer := push("refs/heads/a-wip"); code != 200 || e.forge.Ref("acme/web", "refs/heads/a-wip") != tip {
+		t.Fatalf("the same push of a-wip: %d %q", code, answer)
+	}
+}

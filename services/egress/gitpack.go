@@ -110,8 +110,10 @@ func readPushCommands(r io.Reader) (pushCommands, error) {
 		if strings.HasPrefix(text, "push-cert") {
 			return cmds, errors.New("a signed push (push-cert) is not judged by berth: push without --signed")
 		}
-		f := strings.Fields(text)
-		if len(f) != 3 || !objectID(f[0]) || !objectID(f[1]) || len(f[0]) != len(f[1]) {
+		// Split as receive-pack does: one space each, the ref the rest of
+		// the line (strings.Fields would drop what git keeps in the ref).
+		f := strings.SplitN(text, " ", 3)
+		if len(f) != 3 || !objectID(f[0]) || !objectID(f[1]) || len(f[0]) != len(f[1]) || f[2] == "" {
 			return cmds, fmt.Errorf("%q is not a push command (old new ref)", text)
 		}
 		if len(cmds.updates) == maxPushCommands {
