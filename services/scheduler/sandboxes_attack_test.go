@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -114,4 +115,45 @@ func TestASandboxCannotReachAnotherSandboxesEgressSocket(t *testing.T) {
 // repeats the command first).
 func lastLine(out string) string {
 	return out[strings.LastIndexByte(out, '\n')+1:]
+}
+
+// Conversations whose ids would collide if they were joined into one
+// string (a separator inside an id, an empty part, another connector,
+// another Unicode normal form) each get a sandbox of their own; the same
+// conversation again gets its own back (the control).
+func TestConversationsThatWouldCollideAsJoinedStringsGetSandboxesOfTheirOwn(t *testing.T) {
+	t.Parallel()
+	clock := clockwork.NewFakeClock()
+	s := sandboxService(t, sandboxConfig(t, time.Hour, 8), sandboxStateDir(t), clock)
+	t.Cleanup(func() { s.Close() })
+	start(t, s)
+
+	convs := []struct{ connector, channel, thread string }{
+		{"slack", "a/b", "c"},
+		{"slack", "a", "b/c"},
+		{"slack", "a/b/c", ""},
+		{"slack/a", "b", "c"},
+		{"discord", "a/b", "c"},
+		{"slack", "caf\u00e9", "t"},  // NFC
+		{"slack", "cafe\u0301", "t"}, // NFD of the same
+	}
+	sandboxOf := map[string]int{}
+	for i, c := range convs {
+		r := succeeded(t, s, submit(t, s, fmt.Sprintf("collide-%d", i), "alpha", "text", fmt.Sprintf("/sh cat /tmp/conv* 2>/dev/null; echo conv%d > /tmp/conv%d", i, i),
+			"connector", c.connector, "channel", c.channel, "thread", c.thread))
+		if j, ok := sandboxOf[r.Sandbox]; ok || r.Sandbox == "" {
+			t.Errorf("conversation %+v ran in sandbox %q, that of %+v", c, r.Sandbox, convs[j])
+		}
+		if out := lastLine(shellOut(r.Reply)); strings.Contains(out, "conv") {
+			t.Errorf("conversation %+v found another's file in its /tmp: %q", c, out)
+		}
+		sandboxOf[r.Sandbox] = i
+	}
+	for i, c := range convs {
+		r := succeeded(t, s, submit(t, s, fmt.Sprintf("again-%d", i), "alpha", "text", "/sh cat /tmp/conv*",
+			"connector", c.connector, "channel", c.channel, "thread", c.thread))
+		if j, ok := sandboxOf[r.Sandbox]; !ok || j != i || strings.TrimSpace(shellOut(r.Reply)) != fmt.Sprintf("conv%d", i) {
+			t.Errorf("the control: conversation %+v again ran in %q and saw %q; want its own sandbox and file", c, r.Sandbox, shellOut(r.Reply))
+		}
+	}
 }
