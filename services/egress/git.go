@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -108,7 +109,9 @@ func (g *gitState) credential(ctx context.Context, rule egresspolicy.GitRule) (g
 		return c, fmt.Errorf("credential %q is not in the run's policy", rule.Credential)
 	}
 	c.header, c.value = sec.Header, strings.ReplaceAll(sec.Format, "{}", sec.Value)
-	if strings.EqualFold(sec.Header, "Authorization") {
+	// The API is another host: a secret goes there only if it names it
+	// (else the API is asked without one, which a public repository answers).
+	if api, err := url.Parse(c.api); err == nil && c.api != "" && sec.For(api.Hostname(), 443) && strings.EqualFold(sec.Header, "Authorization") {
 		c.apiAuth = c.value
 	}
 	return c, nil
