@@ -269,6 +269,8 @@ func TestGitAttackRefTricksUpdateNoRefOutsideTheGlobs(t *testing.T) {
 		{"heads_without_refs", create("heads/berth/x") + "0000" + pack, "heads/berth/x"},
 		{"a_very_long_ref", create("refs/heads/main/"+strings.Repeat("x", 60000)) + "0000" + pack, "refs/heads/main"},
 		{"commands_after_the_flush", create("refs/heads/berth/flush") + "0000" + pktLine(main+" "+tip+" refs/heads/main\n") + "0000" + pack, "refs/heads/main"},
+		{"a_command_in_the_capabilities", pktLine(zeroID+" "+tip+" refs/heads/berth/caps\x00report-status\n"+main+" "+tip+" refs/heads/main\n") + "0000" + pack, "refs/heads/main"},
+		{"a_command_as_a_push_option", pktLine(zeroID+" "+tip+" refs/heads/berth/opts\x00report-status push-options\n") + "0000" + pktLine(main+" "+tip+" refs/heads/main\n") + "0000" + pack, "refs/heads/main"},
 		{"a_pkt_line_over_git_s_largest", "ffff" + strings.Repeat("x", 65531) + "0000" + pack, "refs/heads/main"},
 	} {
 		before := e.forge.Ref("acme/web", tc.ref)
