@@ -347,3 +347,44 @@ func TestGitAttackARefIsJudgedAsReceivePackSplitsItsCommand(t *testing.T) {
 		t.Fatalf("the same push of a-wip: %d %q", code, answer)
 	}
 }
+
+func TestGitAttackAChunkedPushIsJudgedOnItsWholeCommandList(t *testing.T) {
+	t.Parallel()
+	e := newGitEnv(t, gitEnvOptions{})
+	dir := e.clone("acme/web")
+	main := e.forge.Ref("acme/web", "main")
+	tip := e.commit(dir, "a.txt", "one\n")
+	pack := e.packOf(dir, tip, "^"+main)
+	c := e.sandboxClient()
+	// Each piece is a chunk of its own; the first ends inside a pkt-line.
+	push := func(pieces ...string) (int, string) {
+		r, w := io.Pipe()
+		go func() {
+			for _, p := range pieces {
+				if _, err := w.Write([]byte(p)); err != nil {
+					return
+				}
+			}
+			w.Close()
+		}()
+		req, _ := http.NewRequest("POST", e.forge.URL+"/acme/web.git/git-receive-pack", r)
+		req.Header.Set("Content-Type", "application/x-git-receive-pack-request")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		answer, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(answer)
+	}
+	first := pktLine(zeroID + " " + tip + " refs/heads/berth/x\x00report-status object-format=sha1 agent=attacker\n")
+	second := pktLine(main + " " + tip + " refs/heads/main\n")
+	code, answer := push(first, second[:7], second[7:]+"0000", pack)
+	if e.forge.Ref("acme/web", "main") != main || e.forge.Ref("acme/web", "berth/x") != "" || !strings.Contains(answer, "ng refs/heads/main berth: push to main is not allowed") {
+		t.Fatalf("a chunked push naming main: %d %q", code, answer)
+	}
+	code, answer = push(first[:9], first[9:]+"0000", pack[:20], pack[20:])
+	if code != 200 || !strings.Contains(answer, "ok refs/heads/berth/x") || e.forge.Ref("acme/web", "berth/x") != tip {
+		t.Fatalf("the same chunked push without main: %d %q", code, answer)
+	}
+}
