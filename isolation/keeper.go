@@ -297,6 +297,10 @@ func (k *kept) Runs() int {
 
 func (k *kept) Memory(ctx context.Context) (int64, error) { return k.body.Memory(ctx) }
 
+// maxServedRequest is berth-agent's MaxRequestSize, the longest request
+// line it reads.
+const maxServedRequest = 16 << 20
+
 // send writes one request line; a large request is written while the
 // agent reads it, and an agent that ends meanwhile fails it.
 func (k *kept) send(ctx context.Context, input []byte) error {
@@ -343,6 +347,11 @@ func (k *kept) Run(ctx context.Context, req agentproto.Request) (Result, error) 
 	input, err := spec.Input()
 	if err != nil {
 		return Result{}, err
+	}
+	if len(input) > maxServedRequest {
+		// The agent would end at the line, taking the conversation's
+		// sandbox down for a request it never ran: refuse it unsent.
+		return Result{}, Errorf(ReasonStart, "the request is %d MiB, more than the %d MiB berth-agent reads; it was not sent and the sandbox is kept", (len(input)+1<<20-1)>>20, maxServedRequest>>20)
 	}
 	k.mu.Lock()
 	k.busy = true

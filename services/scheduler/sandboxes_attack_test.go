@@ -157,3 +157,31 @@ func TestConversationsThatWouldCollideAsJoinedStringsGetSandboxesOfTheirOwn(t *t
 		}
 	}
 }
+
+// A chat message larger than the kept agent's 64 KiB line buffer is one
+// request line all the same, run in the conversation's sandbox, which
+// then keeps serving (the control); one larger than the agent reads is
+// refused with why before it is sent, and the sandbox stays the
+// conversation's, its /tmp intact.
+func TestAMessageLargerThanTheServedAgentsLineBufferOrItsRequestLimit(t *testing.T) {
+	t.Parallel()
+	clock := clockwork.NewFakeClock()
+	s := sandboxService(t, sandboxConfig(t, time.Hour, 3), sandboxStateDir(t), clock)
+	t.Cleanup(func() { s.Close() })
+	start(t, s)
+
+	first := succeeded(t, s, say(t, s, "A", `/sh echo kept > /tmp/kept`))
+	big := succeeded(t, s, say(t, s, "A", "/sh echo big; : "+strings.Repeat("x", 100<<10)))
+	if big.Sandbox != first.Sandbox || !strings.Contains(big.Reply, "big") {
+		t.Errorf("a 100 KiB message ran in %q (the conversation's is %q) and answered %.200q", big.Sandbox, first.Sandbox, big.Reply)
+	}
+
+	huge := finished(t, s, say(t, s, "A", "/sh echo huge; : "+strings.Repeat("y", 17<<20)))
+	if huge.State == StateSucceeded || !strings.Contains(huge.Error, "more than the 16 MiB") {
+		t.Errorf("a 17 MiB message: %s %q; want it refused as too large", huge.State, huge.Error)
+	}
+	next := succeeded(t, s, say(t, s, "A", `/sh cat /tmp/kept`))
+	if next.Sandbox != first.Sandbox || !strings.Contains(next.Reply, "kept") {
+		t.Errorf("the message after a huge one ran in %q (the conversation's was %q) and answered %q; want the sandbox kept", next.Sandbox, first.Sandbox, next.Reply)
+	}
+}
