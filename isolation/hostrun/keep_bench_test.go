@@ -5,6 +5,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -148,4 +149,97 @@ func BenchmarkFiftyIdleKeptSandboxes(b *testing.B) {
 	reportPercentiles(b, durations)
 	b.ReportMetric(float64(total)/(1<<20), "idle-total-MiB")
 	b.ReportMetric(float64(total)/sandboxes/(1<<20), "idle-each-MiB")
+}
+
+// BenchmarkFiftyIdleAlternating measures fresh host runs per message in
+// windows alone and beside 50 idle kept sandboxes, opened and stopped again
+// in every cycle, in alternating order: a window right after 50 starts or
+// 50 stops carries their after-effects, and a fixed order would charge them
+// to one side. It fails if a kept sandbox's mounts still propagate to or
+// from the host's (every new mount of a run would reach the 50).
+//
+//	go test -run '^$' -bench FiftyIdleAlternating -benchtime 1x ./isolation/hostrun/
+func BenchmarkFiftyIdleAlternating(b *testing.B) {
+	const sandboxes, cycles, perWindow = 50, 6, 30
+	run := func(tag string) []time.Duration {
+		var out []time.Duration
+		for i := range perWindow {
+			s := benchSpec(b)
+			s.RunID = "bench-" + tag + "-" + strconv.Itoa(i)
+			s.Request = benchRequest(i)
+			s.Request.RunID, s.Request.Version = s.RunID, agentproto.Version
+			s.Request.Provider = agentproto.Provider{Name: "local", Kind: "local"}
+			began := time.Now()
+			if _, err := (hostrun.Runner{}).Run(context.Background(), s); err != nil {
+				b.Fatal(err)
+			}
+			out = append(out, time.Since(began))
+		}
+		return out
+	}
+	open := func(cycle int) []isolation.Kept {
+		var kept []isolation.Kept
+		for i := range sandboxes {
+			s := benchSpec(b)
+			s.RunID = "bench-idle-" + strconv.Itoa(cycle) + "-" + strconv.Itoa(i)
+			s.Request.RunID = s.RunID
+			k, err := hostrun.Runner{}.Start(context.Background(), s)
+			if err != nil {
+				b.Fatal(err)
+			}
+			kept = append(kept, k)
+			b.Cleanup(func() { _ = k.Stop(context.Background(), 0) })
+			if _, err := k.Run(context.Background(), benchRequest(i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		requirePrivateMounts(b, kept[0])
+		return kept
+	}
+	stop := func(kept []isolation.Kept) {
+		for _, k := range kept {
+			if err := k.Stop(context.Background(), 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	run("warm")
+	var alone, beside []time.Duration
+	b.ResetTimer()
+	for cycle := range cycles {
+		if cycle%2 == 0 {
+			alone = append(alone, run("alone")...)
+			kept := open(cycle)
+			beside = append(beside, run("beside")...)
+			stop(kept)
+		} else {
+			kept := open(cycle)
+			beside = append(beside, run("beside")...)
+			stop(kept)
+			alone = append(alone, run("alone")...)
+		}
+	}
+	b.StopTimer()
+	p50 := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds()) / 1000
+	}
+	b.ReportMetric(p50(alone), "alone-p50-ms")
+	b.ReportMetric(p50(beside), "beside-50-p50-ms")
+}
+
+// requirePrivateMounts fails unless every mount of k's agent is private: no
+// peer group (shared:) and no master (master:) in its mountinfo.
+func requirePrivateMounts(b *testing.B, k isolation.Kept) {
+	b.Helper()
+	pid := strings.Split(k.Handle(), ":")[1]
+	info, err := os.ReadFile("/proc/" + pid + "/mountinfo")
+	if err != nil {
+		b.Fatalf("cannot read the kept sandbox's mounts: %v", err)
+	}
+	for line := range strings.Lines(string(info)) {
+		if strings.Contains(line, " shared:") || strings.Contains(line, " master:") {
+			b.Fatalf("a kept sandbox's mount propagates: %s", line)
+		}
+	}
 }
