@@ -44,7 +44,11 @@ func (v *queueView) reset() { *v = queueView{} }
 type viewUpdate struct {
 	fresh map[string][]queueEntry // entries read this pass, by agent
 	taken map[string]int          // entries consumed from the front of each agent's line
-	next  uint64
+	// passed are entries among those taken that stay queued, in order, at
+	// the front of their agent's line: runs of a conversation whose sandbox
+	// is busy, passed over so the agent's other conversations can start.
+	passed map[string][]queueEntry
+	next   uint64
 }
 
 func (v *queueView) apply(u viewUpdate) {
@@ -56,6 +60,9 @@ func (v *queueView) apply(u viewUpdate) {
 	}
 	for agent, n := range u.taken {
 		line := v.byAgent[agent][n:]
+		if passed := u.passed[agent]; len(passed) > 0 {
+			line = append(append(make([]queueEntry, 0, len(passed)+len(line)), passed...), line...)
+		}
 		if len(line) == 0 {
 			delete(v.byAgent, agent)
 			continue
@@ -74,9 +81,12 @@ func (v *queueView) apply(u viewUpdate) {
 //
 // admit, when set, decides for each run at the front of its agent's line:
 // a run it refuses stays at the front and its agent starts nothing more in
-// this pass; a run it admits as parallel leaves its agent free for more.
+// this pass, unless it refuses it as parallel (its conversation's sandbox is
+// busy): then the run stays queued where it is and the agent's next run is
+// looked at, so one busy conversation holds up none of the others; a run it
+// admits as parallel leaves its agent free for more.
 func (v *queueView) claimFromView(tx *bolt.Tx, n int, busy map[string]bool, admit func(*bolt.Tx, Run) (ok, parallel bool, err error), now time.Time) (claimed []Run, bad []*corruptRecord, u viewUpdate, err error) {
-	u = viewUpdate{fresh: map[string][]queueEntry{}, taken: map[string]int{}, next: v.next}
+	u = viewUpdate{fresh: map[string][]queueEntry{}, taken: map[string]int{}, passed: map[string][]queueEntry{}, next: v.next}
 	if v.byAgent == nil {
 		u.next = 0
 	}
@@ -167,6 +177,11 @@ func (v *queueView) claimFromView(tx *bolt.Tx, n int, busy map[string]bool, admi
 			ok, par, err := admit(tx, r)
 			if err != nil {
 				return nil, nil, viewUpdate{}, err
+			}
+			if !ok && par {
+				// Its conversation is busy: passed over, kept in its place.
+				u.passed[headAgent] = append(u.passed[headAgent], head)
+				continue
 			}
 			if !ok {
 				u.taken[headAgent]-- // it stays at the front of its line

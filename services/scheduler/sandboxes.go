@@ -219,8 +219,10 @@ func (m *sandboxes) plan(cfg *config.Config, now time.Time) *sandboxPlan {
 // per agent (parallel false). A conversation's run is admitted when its
 // conversation has no run under way and its sandbox is alive or may be
 // started: under max_per_agent, or by stopping the agent's sandbox idle
-// the longest. Otherwise it waits, FIFO with its agent's other runs, and
-// its record says why.
+// the longest. A run whose conversation's sandbox is busy waits in its
+// place while the agent's other conversations go on; a run for which every
+// sandbox is busy holds its agent's line (FIFO, never starving), and its
+// record says why.
 func (p *sandboxPlan) admit(tx *bolt.Tx, r Run) (ok, parallel bool, err error) {
 	a, err := p.cfg.Agent(r.Agent)
 	if err != nil || !a.Sandbox.Conversation() {
@@ -234,7 +236,9 @@ func (p *sandboxPlan) admit(tx *bolt.Tx, r Run) (ok, parallel bool, err error) {
 	c := sandboxConvOf(r)
 	if v := p.byConv[c]; v != nil {
 		if v.busy {
-			return false, true, nil // its sandbox takes one request at a time
+			// Its sandbox takes one request at a time; the agent's other
+			// conversations go on (parallel: passed over, not blocking).
+			return false, true, nil
 		}
 		v.busy = true
 		p.decided[r.ID] = &sandboxDecision{view: v}
@@ -259,10 +263,10 @@ func (p *sandboxPlan) admit(tx *bolt.Tx, r Run) (ok, parallel bool, err error) {
 		if r.SandboxNote != note {
 			r.SandboxNote = note
 			if err := putRun(tx, r); err != nil {
-				return false, true, err
+				return false, false, err
 			}
 		}
-		return false, true, nil
+		return false, false, nil // every sandbox busy: the agent's line waits, FIFO
 	}
 	victim.evicted = true
 	delete(p.byConv, victim.conv)
