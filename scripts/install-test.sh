@@ -528,36 +528,24 @@ docker cp "$cockpit_deb" "$container:/root/berth-cockpit.deb"
 docker cp "$work/installprobe" "$container:/usr/local/bin/installprobe"
 docker cp scripts/check-unit-security.sh "$container:/usr/local/bin/check-unit-security"
 
-if [ "${BERTH_INSTALL_TEST_ONLY:-}" = schedules ]; then
+# BERTH_INSTALL_TEST_ONLY=schedules|sandboxes|cockpit runs one step alone
+# on a fresh install, for working on it.
+only_title=""
+case "${BERTH_INSTALL_TEST_ONLY:-}" in
+"") ;;
+schedules) only_title="schedules: a job's systemd timer is listed, fires, and its reply reaches the webhook; a job missed while the scheduler was down runs once when it is back" ;;
+sandboxes) only_title="sandboxes: a conversation's landlock sandbox is a berth-sandbox unit that keeps its /tmp and stops" ;;
+cockpit) only_title="Cockpit: berth-cockpit with Debian's Cockpit; the page in Chromium as an admin and as a plain user" ;;
+*) fail "BERTH_INSTALL_TEST_ONLY=$BERTH_INSTALL_TEST_ONLY: want schedules, sandboxes or cockpit" ;;
+esac
+if [ -n "$only_title" ]; then
   step "apt install berth"
   inside 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends /root/pkg.deb' >"$work/apt.log" 2>&1 ||
     { cat "$work/apt.log"; fail "apt-get install"; }
   container_limits || fail "cannot write the container's limits drop-in"
-  step "schedules: a job's systemd timer is listed, fires, and its reply reaches the webhook; a job missed while the scheduler was down runs once when it is back"
-  schedules_step
-  echo "install test (schedules step only) passed in $((SECONDS - started))s"
-  exit 0
-fi
-
-if [ "${BERTH_INSTALL_TEST_ONLY:-}" = sandboxes ]; then
-  step "apt install berth"
-  inside 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends /root/pkg.deb' >"$work/apt.log" 2>&1 ||
-    { cat "$work/apt.log"; fail "apt-get install"; }
-  container_limits || fail "cannot write the container's limits drop-in"
-  step "sandboxes: a conversation's landlock sandbox is a berth-sandbox unit that keeps its /tmp and stops"
-  sandboxes_step
-  echo "install test (sandboxes step only) passed in $((SECONDS - started))s"
-  exit 0
-fi
-
-if [ "${BERTH_INSTALL_TEST_ONLY:-}" = cockpit ]; then
-  step "apt install berth"
-  inside 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends /root/pkg.deb' >"$work/apt.log" 2>&1 ||
-    { cat "$work/apt.log"; fail "apt-get install"; }
-  container_limits || fail "cannot write the container's limits drop-in"
-  step "Cockpit: berth-cockpit with Debian's Cockpit; the page in Chromium as an admin and as a plain user"
-  cockpit_step
-  echo "install test (cockpit step only) passed in $((SECONDS - started))s"
+  step "$only_title"
+  "${BERTH_INSTALL_TEST_ONLY}_step"
+  echo "install test ($BERTH_INSTALL_TEST_ONLY step only) passed in $((SECONDS - started))s"
   exit 0
 fi
 

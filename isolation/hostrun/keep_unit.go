@@ -71,43 +71,15 @@ func startKeptUnit(ctx context.Context, spec isolation.Spec, cred *syscall.Crede
 	if err != nil {
 		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot connect to systemd", Err: err}
 	}
-	var pipes [6]*os.File // stdin r/w, stdout r/w, stderr r/w
-	closeAll := func() {
-		for _, f := range pipes {
-			if f != nil {
-				f.Close()
-			}
-		}
-		conn.Close()
-	}
-	for i := range 3 {
-		r, w, err := os.Pipe()
-		if err != nil {
-			closeAll()
-			return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create pipes", Err: err}
-		}
-		pipes[2*i], pipes[2*i+1] = r, w
-	}
-	stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW := pipes[0], pipes[1], pipes[2], pipes[3], pipes[4], pipes[5]
 	// A unit left under this name (a scheduler that died before it could
 	// record it) must not block the sandbox.
 	stopUnit(ctx, conn, name)
-
-	props := keptUnitProperties(newUnitRun(spec, nil, cred), name, int(stdinR.Fd()), int(stdoutW.Fd()), int(stderrW.Fd()))
 	job := make(chan string, 1)
-	startCtx, cancel := context.WithTimeout(ctx, unitCallTimeout)
-	_, startErr := conn.StartTransientUnitContext(startCtx, name, "fail", props, job)
-	cancel()
-	// systemd holds its own copies now; ours would keep the pipes open.
-	stdinR.Close()
-	stdoutW.Close()
-	stderrW.Close()
-	if startErr != nil {
-		stdinW.Close()
-		stdoutR.Close()
-		stderrR.Close()
-		conn.Close()
-		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "systemd refused the transient unit " + name, Err: startErr}
+	stdinW, stdoutR, stderrR, err := startUnitOnPipes(ctx, conn, name, job, func(in, out, errFd int) []sdbus.Property {
+		return keptUnitProperties(newUnitRun(spec, nil, cred), name, in, out, errFd)
+	})
+	if err != nil {
+		return nil, err
 	}
 	out := isolation.NewKeptOutput()
 	body := &keptUnit{conn: conn, name: name, stdoutR: stdoutR, stderrR: stderrR, exited: make(chan struct{})}

@@ -134,46 +134,17 @@ func startUnit(ctx context.Context, u unitRun, stdout, stderr io.Writer) (isolat
 	if err != nil {
 		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot connect to systemd", Err: err}
 	}
-	var pipes [6]*os.File // stdin r/w, stdout r/w, stderr r/w
-	closeAll := func() {
-		for _, f := range pipes {
-			if f != nil {
-				f.Close()
-			}
-		}
-		conn.Close()
-	}
-	for i := 0; i < 3; i++ {
-		r, w, err := os.Pipe()
-		if err != nil {
-			closeAll()
-			return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create pipes", Err: err}
-		}
-		pipes[2*i], pipes[2*i+1] = r, w
-	}
-	stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW := pipes[0], pipes[1], pipes[2], pipes[3], pipes[4], pipes[5]
-
 	// Units left by earlier attempts of this run (a scheduler that died
 	// before their handle was committed) end now, and a unit left under
 	// this very name must not block it.
 	for n := range u.spec.Attempt + 1 {
 		stopUnit(ctx, conn, attemptUnitName(u.spec.RunID, n))
 	}
-
-	props := unitProperties(u, name, int(stdinR.Fd()), int(stdoutW.Fd()), int(stderrW.Fd()))
-	startCtx, cancel := context.WithTimeout(ctx, unitCallTimeout)
-	_, startErr := conn.StartTransientUnitContext(startCtx, name, "fail", props, nil)
-	cancel()
-	// systemd holds its own copies now; ours would keep the pipes open.
-	stdinR.Close()
-	stdoutW.Close()
-	stderrW.Close()
-	if startErr != nil {
-		stdinW.Close()
-		stdoutR.Close()
-		stderrR.Close()
-		conn.Close()
-		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "systemd refused the transient unit " + name, Err: startErr}
+	stdinW, stdoutR, stderrR, err := startUnitOnPipes(ctx, conn, name, nil, func(in, out, errFd int) []sdbus.Property {
+		return unitProperties(u, name, in, out, errFd)
+	})
+	if err != nil {
+		return nil, err
 	}
 	s := &unitSandbox{conn: conn, name: name, stdinW: stdinW, stdoutR: stdoutR, stderrR: stderrR, drained: make(chan struct{})}
 	var wg sync.WaitGroup
@@ -504,4 +475,44 @@ func unitCommand(u unitRun) []string {
 	gid := strconv.FormatUint(uint64(u.cred.Gid), 10)
 	return []string{setprivPath, "--reuid=" + uid, "--regid=" + gid, "--clear-groups",
 		"--inh-caps=-all", "--bounding-set=-all", "--", u.spec.AgentBinary}
+}
+
+// startUnitOnPipes starts the transient unit name with its stdin, stdout
+// and stderr on new pipes (props gets their descriptors) and returns the
+// ends berth keeps. systemd holds its own copies once it has the unit, so
+// the unit's ends are closed here; on an error everything is, conn too.
+func startUnitOnPipes(ctx context.Context, conn *sdbus.Conn, name string, job chan<- string, props func(stdin, stdout, stderr int) []sdbus.Property) (stdinW, stdoutR, stderrR *os.File, err error) {
+	var pipes [6]*os.File // stdin r/w, stdout r/w, stderr r/w
+	closeAll := func() {
+		for _, f := range pipes {
+			if f != nil {
+				f.Close()
+			}
+		}
+		conn.Close()
+	}
+	for i := range 3 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			closeAll()
+			return nil, nil, nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot create pipes", Err: err}
+		}
+		pipes[2*i], pipes[2*i+1] = r, w
+	}
+	stdinR, stdoutW, stderrW := pipes[0], pipes[3], pipes[5]
+	startCtx, cancel := context.WithTimeout(ctx, unitCallTimeout)
+	_, startErr := conn.StartTransientUnitContext(startCtx, name, "fail", props(int(stdinR.Fd()), int(stdoutW.Fd()), int(stderrW.Fd())), job)
+	cancel()
+	// systemd holds its own copies now; ours would keep the pipes open.
+	stdinR.Close()
+	stdoutW.Close()
+	stderrW.Close()
+	if startErr != nil {
+		pipes[1].Close()
+		pipes[2].Close()
+		pipes[4].Close()
+		conn.Close()
+		return nil, nil, nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "systemd refused the transient unit " + name, Err: startErr}
+	}
+	return pipes[1], pipes[2], pipes[4], nil
 }
