@@ -219,11 +219,15 @@ func (s *Server) gitPush(conn net.Conn, transport *http.Transport, req *http.Req
 	n, _ := io.Copy(io.Discard, io.LimitReader(req.Body, 64<<20))
 	drained := n < 64<<20
 	if !cmds.has("report-status") && !cmds.has("report-status-v2") {
-		writeRefusal(conn, http.StatusForbidden, strings.Join(reasons, "; "))
+		writeRefusal(conn, http.StatusForbidden, strings.Join(reasons, "; "), drained)
 		return drained
 	}
 	report := reportStatus(cmds, reasons)
-	fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/x-git-receive-pack-result\r\nCache-Control: no-cache\r\nX-Berth-Egress: refused\r\nContent-Length: %d\r\n\r\n", len(report))
+	closing := ""
+	if !drained {
+		closing = "Connection: close\r\n"
+	}
+	fmt.Fprintf(conn, "HTTP/1.1 200 OK\r\nContent-Type: application/x-git-receive-pack-result\r\nCache-Control: no-cache\r\nX-Berth-Egress: refused\r\n%sContent-Length: %d\r\n\r\n", closing, len(report))
 	conn.Write(report)
 	return drained
 }
@@ -335,6 +339,7 @@ func (s *Server) sendIntercepted(conn net.Conn, transport *http.Transport, req *
 func (s *Server) refuseIntercepted(conn net.Conn, req *http.Request, rd egresspolicy.Decision, code int, reason string) bool {
 	rd.Allowed, rd.Reason = false, reason
 	s.record(rd)
-	writeRefusal(conn, code, "berth egress refused "+req.Method+" "+rd.Host+": "+reason)
-	return req.Body == nil || req.Body == http.NoBody
+	keep := req.Body == nil || req.Body == http.NoBody
+	writeRefusal(conn, code, "berth egress refused "+req.Method+" "+rd.Host+": "+reason, keep)
+	return keep
 }

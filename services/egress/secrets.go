@@ -257,7 +257,7 @@ func (s *Server) intercept(w http.ResponseWriter, r *http.Request, d egresspolic
 		req, err := http.ReadRequest(br)
 		if err != nil {
 			if limited.N <= 0 {
-				writeRefusal(conn, http.StatusRequestHeaderFieldsTooLarge, "berth egress refused a request to "+host+": its header is over "+strconv.Itoa(s.opts.MaxHeaderBytes)+" bytes")
+				writeRefusal(conn, http.StatusRequestHeaderFieldsTooLarge, "berth egress refused a request to "+host+": its header is over "+strconv.Itoa(s.opts.MaxHeaderBytes)+" bytes", false)
 			}
 			return
 		}
@@ -274,17 +274,19 @@ func (s *Server) intercept(w http.ResponseWriter, r *http.Request, d egresspolic
 func (s *Server) interceptOne(conn net.Conn, transport *http.Transport, req *http.Request, ctx context.Context, host string, port int, sec *Secret) bool {
 	escaped := requestPath(req)
 	rd := egresspolicy.Decision{Time: time.Now(), Method: req.Method, Host: host, Port: port, Path: req.URL.Path, Rule: interceptRule(sec)}
-	refuse := func(code int, reason string) bool {
+	refuseKeeping := func(code int, reason string, keep bool) bool {
 		rd.Allowed, rd.Reason = false, reason
 		s.record(rd)
-		writeRefusal(conn, code, "berth egress refused "+req.Method+" "+host+": "+reason)
+		writeRefusal(conn, code, "berth egress refused "+req.Method+" "+host+": "+reason, keep)
+		return keep
+	}
+	refuse := func(code int, reason string) bool {
 		// The request's body is not read: the next request cannot be found.
-		return req.Body == nil || req.Body == http.NoBody
+		return refuseKeeping(code, reason, req.Body == nil || req.Body == http.NoBody)
 	}
 	if n := headerSize(req); n > s.opts.MaxHeaderBytes {
 		// Past a header this large the tunnel carries nothing more.
-		refuse(http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("the request header is %d bytes, over the %d allowed", n, s.opts.MaxHeaderBytes))
-		return false
+		return refuseKeeping(http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("the request header is %d bytes, over the %d allowed", n, s.opts.MaxHeaderBytes), false)
 	}
 	if err := egresspolicy.CheckFronting(host, port, req); err != nil {
 		return refuse(http.StatusForbidden, interceptRule(sec)+": "+err.Error())
@@ -334,9 +336,16 @@ func requestPath(r *http.Request) string {
 }
 
 // writeRefusal answers a request inside an intercepted tunnel.
-func writeRefusal(w io.Writer, code int, msg string) {
+// keep says whether the connection carries another request: when it does
+// not, the refusal says so (Connection: close), so that a client does not
+// send its next request on a connection the proxy is closing.
+func writeRefusal(w io.Writer, code int, msg string, keep bool) {
 	body := msg + "\n"
-	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nX-Berth-Egress: refused\r\nContent-Length: %d\r\n\r\n%s", code, http.StatusText(code), len(body), body)
+	closing := ""
+	if !keep {
+		closing = "Connection: close\r\n"
+	}
+	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nX-Berth-Egress: refused\r\n%sContent-Length: %d\r\n\r\n%s", code, http.StatusText(code), closing, len(body), body)
 }
 
 // prefixConn reads pre before the connection: what the HTTP server had
