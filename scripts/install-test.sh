@@ -254,17 +254,9 @@ local_mirror() {
     { cat "$work/apt-update.log" >&2; return 1; }
 }
 
-# jq_step: berthctl container build --agent jq through the installed
-# berth-imaged (D-Bus-activated by systemd) on the host's engine, with the
-# .debs from the container's apt; then a message whose shell command runs
-# jq in that agent's container.
-# schedules_step: a [[schedules]] job becomes a systemd timer that
-# `systemctl list-timers` shows; a firing is a run whose reply reaches the
-# webhook receiver; removing the job removes its timer; a job missed while
-# the scheduler and its timer were down runs once after. It brings its own
-# connector and agent, and the secret and receiver when it runs alone
-# (BERTH_INSTALL_TEST_ONLY=schedules).
-schedules_step() {
+# ensure_receiver makes the webhook secret and starts the reply receiver on
+# 127.0.0.1:9999 where an earlier step has not (a step run alone).
+ensure_receiver() {
   inside 'set -e
 if [ ! -f /etc/berth/hooks.secret ]; then
   head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n" >/etc/berth/hooks.secret
@@ -273,6 +265,18 @@ fi
 systemctl is-active -q install-test-receiver ||
   systemd-run --quiet --unit=install-test-receiver /usr/local/bin/installprobe receive --secret-file /etc/berth/hooks.secret
 for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/9999) 2>/dev/null && break; sleep 0.1; done
+' || fail "cannot start the webhook receiver"
+}
+
+# schedules_step: a [[schedules]] job becomes a systemd timer that
+# `systemctl list-timers` shows; a firing is a run whose reply reaches the
+# webhook receiver; removing the job removes its timer; a job missed while
+# the scheduler and its timer were down runs once after. It brings its own
+# connector and agent, and the secret and receiver when it runs alone
+# (BERTH_INSTALL_TEST_ONLY=schedules).
+schedules_step() {
+  ensure_receiver
+  inside 'set -e
 cat >/etc/berth/berth.d/70-install-test-schedules.toml <<EOF
 [[connectors]]
 id = "ticks"
@@ -408,14 +412,8 @@ systemctl try-reload-or-restart berth-intake' || fail "cannot configure the job 
 # removes its unit. It brings its own connector, agent, secret and receiver
 # (BERTH_INSTALL_TEST_ONLY=sandboxes runs it alone).
 sandboxes_step() {
+  ensure_receiver
   inside 'set -e
-if [ ! -f /etc/berth/hooks.secret ]; then
-  head -c 32 /dev/urandom | od -An -tx1 | tr -d " \n" >/etc/berth/hooks.secret
-  chgrp berth /etc/berth/hooks.secret && chmod 0640 /etc/berth/hooks.secret
-fi
-systemctl is-active -q install-test-receiver ||
-  systemd-run --quiet --unit=install-test-receiver /usr/local/bin/installprobe receive --secret-file /etc/berth/hooks.secret
-for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/9999) 2>/dev/null && break; sleep 0.1; done
 cat >/etc/berth/berth.d/75-install-test-sandboxes.toml <<EOF
 [[connectors]]
 id = "convs"
@@ -459,6 +457,10 @@ systemctl stop berth-intake.service' || fail "cannot configure a conversation ag
   inside 'rm /etc/berth/berth.d/75-install-test-sandboxes.toml && systemctl reload berth-scheduler && systemctl stop berth-intake.service' || fail "cannot remove the conversation agent"
 }
 
+# jq_step: berthctl container build --agent jq through the installed
+# berth-imaged (D-Bus-activated by systemd) on the host's engine, with the
+# .debs from the container's apt; then a message whose shell command runs
+# jq in that agent's container.
 jq_step() {
   local t0=$SECONDS build tag images sandbox
   local_mirror || fail "cannot give the container a local Debian mirror with jq"
