@@ -293,6 +293,12 @@ func (s *store) commits() uint64 {
 	return commits + s.updates.Load()
 }
 
+// groupCommits is the number of commits of write alone.
+func (s *store) groupCommits() uint64 {
+	commits, _ := s.w.Stats()
+	return commits
+}
+
 func u64(v uint64) []byte { return boltstore.U64(v) }
 
 func runsBucket(tx *bolt.Tx) *bolt.Bucket       { return tx.Bucket(bucketRuns) }
