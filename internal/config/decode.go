@@ -63,6 +63,7 @@ type document struct {
 	Scheduler     schedulerSettings          `toml:"scheduler"`
 	ImageConfig   ImageSettings              `toml:"image_config"`
 	Retention     retentionSettings          `toml:"retention"`
+	Tracing       Tracing                    `toml:"tracing"`
 	Schedules     []*entry[ScheduleSettings] `toml:"schedules" berth:"merge=id"`
 }
 

@@ -183,6 +183,7 @@ func (t *tree) config() *Config {
 			AllowRlimitFallback: sched.AllowRlimitFallback,
 		},
 		Retention: doc.Retention.resolve(),
+		Tracing:   doc.Tracing,
 	}
 	if sched.DefaultTimeoutSeconds != nil {
 		c.Scheduler.DefaultTimeout = time.Duration(*sched.DefaultTimeoutSeconds) * time.Second

@@ -22,6 +22,8 @@ type Config struct {
 	GitHubApps []GitHubApp
 	Scheduler  Scheduler
 	Retention  Retention
+	// Tracing is [tracing]: OpenTelemetry traces, off by default.
+	Tracing Tracing
 	// Schedules are [[schedules]]: jobs that send an agent a prompt at
 	// the times a calendar expression names.
 	Schedules []schedules.Job

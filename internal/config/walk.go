@@ -242,9 +242,10 @@ func (d *decoder) decodeField(p keyPath, raw any, dst reflect.Value, at fieldLoc
 
 // tomlWants is what a Go kind is written as, for wrong-type errors.
 var tomlWants = map[reflect.Kind]string{
-	reflect.String: "a string",
-	reflect.Bool:   "a boolean (true or false)",
-	reflect.Int:    "an integer",
+	reflect.String:  "a string",
+	reflect.Bool:    "a boolean (true or false)",
+	reflect.Int:     "an integer",
+	reflect.Float64: "a number",
 }
 
 var listWants = map[reflect.Kind]string{
@@ -291,6 +292,15 @@ func (d *decoder) decodeLeaf(p keyPath, raw any, v reflect.Value, f *fieldSpec) 
 	case reflect.Int:
 		if n, ok := raw.(int64); ok {
 			v.SetInt(n)
+			return true
+		}
+	case reflect.Float64:
+		switch n := raw.(type) {
+		case float64:
+			v.SetFloat(n)
+			return true
+		case int64:
+			v.SetFloat(float64(n))
 			return true
 		}
 	default:
@@ -392,6 +402,8 @@ func (d *decoder) checkValue(p keyPath, f *fieldSpec, v reflect.Value) {
 		msg = check(int(v.Int()))
 	case func(Duration) string:
 		msg = check(Duration(v.Int()))
+	case func(float64) string:
+		msg = check(v.Float())
 	}
 	if msg != "" {
 		d.fail(p, "%s", msg)
