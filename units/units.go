@@ -19,3 +19,9 @@ var IntakeXML string
 //
 //go:embed dbus/dev.berth.Images1.xml
 var ImagesXML string
+
+// MetricsXML is the introspection data of dev.berth.Metrics1, which every
+// daemon serves on its own object beside its main interface.
+//
+//go:embed dbus/dev.berth.Metrics1.xml
+var MetricsXML string

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -39,6 +40,8 @@ type Committer struct {
 	commits, writes atomic.Uint64
 	// disk remembers a full disk, for the log and for DiskFull.
 	disk diskWatch
+	// observe, when set (metrics), is told each commit's time and writes.
+	observe atomic.Pointer[func(took time.Duration, writes int)]
 }
 
 type writeReq struct {
@@ -96,6 +99,16 @@ func (c *Committer) Close() {
 // Stats are the successful commits and the writes they held.
 func (c *Committer) Stats() (commits, writes uint64) {
 	return c.commits.Load(), c.writes.Load()
+}
+
+// SetCommitObserver makes the committer tell fn how long each successful
+// commit took (its fsyncs included) and how many writes it held; nil stops it.
+func (c *Committer) SetCommitObserver(fn func(took time.Duration, writes int)) {
+	if fn == nil {
+		c.observe.Store(nil)
+		return
+	}
+	c.observe.Store(&fn)
 }
 
 // SetLogger makes the committer log a full disk (at most once per
@@ -185,6 +198,7 @@ func (c *Committer) commitGroup(group []*writeReq) {
 		if hook := c.commitHook.Load(); hook != nil {
 			commit = *hook
 		}
+		began := time.Now()
 		if err := commit(tx, len(live)); err != nil {
 			_ = tx.Rollback() // bbolt has rolled back already; this is for a test's hook
 			if IsDiskFull(err) {
@@ -198,6 +212,9 @@ func (c *Committer) commitGroup(group []*writeReq) {
 		c.disk.committed()
 		c.commits.Add(1)
 		c.writes.Add(uint64(len(live)))
+		if o := c.observe.Load(); o != nil {
+			(*o)(time.Since(began), len(live))
+		}
 		for _, r := range live {
 			r.err <- nil
 		}

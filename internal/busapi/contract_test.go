@@ -18,6 +18,7 @@ var clientOf = map[string]reflect.Type{
 	"dev.berth.Intake1":     reflect.TypeFor[Intake](),
 	"dev.berth.Images1":     reflect.TypeFor[Images](),
 	"dev.berth.Images1.Job": reflect.TypeFor[*BuildJob](),
+	"dev.berth.Metrics1":    reflect.TypeFor[Metrics](),
 }
 
 // clientOnly are the client methods that stand for no one method of the

@@ -17,6 +17,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/metrics"
 	"github.com/berth-dev/berth/units"
 )
 
@@ -167,6 +168,9 @@ func (s *Service) Export(conn *dbus.Conn) error {
 	if err := conn.Export(props, bus.IntakePath, propertiesInterface); err != nil {
 		return fmt.Errorf("cannot export properties of %s: %w", bus.IntakeInterface, err)
 	}
+	if err := metrics.Export(conn, bus.IntakePath, s.metrics.reg); err != nil {
+		return err
+	}
 	if err := conn.Export(node, bus.IntakePath, "org.freedesktop.DBus.Introspectable"); err != nil {
 		return fmt.Errorf("cannot export introspection of %s: %w", bus.IntakeInterface, err)
 	}
@@ -199,7 +203,7 @@ func introspectionNode() (introspect.Introspectable, error) {
 		return "", fmt.Errorf("cannot parse interface XML: %w", err)
 	}
 	node.Name = string(bus.IntakePath)
-	for _, std := range []introspect.Interface{prop.IntrospectData, introspect.IntrospectData, introspect.PeerData} {
+	for _, std := range []introspect.Interface{metrics.IntrospectData(), prop.IntrospectData, introspect.IntrospectData, introspect.PeerData} {
 		if !slices.ContainsFunc(node.Interfaces, func(i introspect.Interface) bool { return i.Name == std.Name }) {
 			node.Interfaces = append(node.Interfaces, std)
 		}

@@ -529,6 +529,7 @@ func (s *Service) record(m inboxEntry, lane *forwardLane, attempts int, runID st
 			return false
 		}
 		lane.forget(key)
+		s.countHandoff(m, "refused", now)
 		s.refreshCounters()
 		s.pokeDeliver(m.Connector)
 		return true
@@ -536,6 +537,7 @@ func (s *Service) record(m inboxEntry, lane *forwardLane, attempts int, runID st
 	if err != nil {
 		delay := s.retryDelay.Delay(attempts)
 		log.Warn("scheduler did not take message; will retry", "attempts", attempts, "retry_in", delay, "err", err)
+		s.countRetry(m)
 		lane.retry(key, m.Agent, attempts, now.Add(delay), err)
 		return false
 	}
@@ -546,6 +548,7 @@ func (s *Service) record(m inboxEntry, lane *forwardLane, attempts int, runID st
 		return false
 	}
 	lane.forget(key)
+	s.countHandoff(m, "submitted", now)
 	log.Info("message submitted", "run_id", runID)
 	s.refreshCounters()
 	s.startTyping(m)

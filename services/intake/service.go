@@ -63,6 +63,8 @@ type Service struct {
 
 	propsMu sync.Mutex
 	props   propertySetter
+
+	metrics *intakeMetrics // metrics.go
 }
 
 // settingsBox and submitterBox let interface values live in atomic.Pointers.
@@ -133,6 +135,7 @@ func New(cfg *config.Config, stateDir string, opts ...Option) (*Service, error) 
 	}
 	s.store = st
 	st.w.SetLogger(s.log.With("db", DBName))
+	s.metrics = newIntakeMetrics(s)
 	s.syncConnectors(cfg)
 	return s, nil
 }

@@ -26,6 +26,7 @@ func (s *Service) Accept(ctx context.Context, m connector.Message) error {
 	r, ok := s.connectorByID(m.Connector)
 	if !ok {
 		log.Warn("message from a connector that is not configured dropped")
+		s.countRefused(m.Connector, refusedUnknownConnector)
 		return nil
 	}
 	if w, ok := r.conn.(*webhookConnector); ok {
@@ -33,6 +34,7 @@ func (s *Service) Accept(ctx context.Context, m connector.Message) error {
 	}
 	if err := validID(m.ID); err != nil {
 		log.Warn("message with an unusable id dropped", "err", err)
+		s.countRefused(m.Connector, refusedBadID)
 		return nil
 	}
 	m = validMessage(m)
@@ -41,6 +43,7 @@ func (s *Service) Accept(ctx context.Context, m connector.Message) error {
 		return fmt.Errorf("cannot look up message: %w", err)
 	} else if found {
 		log.Info("duplicate message acknowledged", "agent", prior.Agent, "run_id", prior.RunID)
+		s.countDuplicate(m.Connector)
 		return nil
 	}
 	agent, err := s.config().RouteMessage(m.Connector, m.Channel, m.ChannelName, m.Server)
@@ -50,6 +53,7 @@ func (s *Service) Accept(ctx context.Context, m connector.Message) error {
 	if err != nil {
 		// Retrying cannot find a route the config does not have.
 		log.Warn("message has no route; acknowledged and dropped", "channel", m.Channel, "err", err)
+		s.countRefused(m.Connector, refusedNoRoute)
 		return nil
 	}
 	entry := inboxEntry{
@@ -77,9 +81,11 @@ func (s *Service) keep(log *slog.Logger, entry inboxEntry) error {
 	}
 	if !created {
 		log.Info("duplicate message acknowledged")
+		s.countDuplicate(entry.Connector)
 		return nil
 	}
 	log.Info("message accepted")
+	s.countAccepted(entry.Connector)
 	log.Debug("message text", "author", entry.Author, "text", entry.Text)
 	s.refreshCounters()
 	if l := s.forwardOn.Load(); l != nil {

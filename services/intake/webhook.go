@@ -77,6 +77,7 @@ func (s *Service) serveConnector(w http.ResponseWriter, r *http.Request) {
 	}
 	if !ok || rc.cfg.Type != connectorTypeWebhook || r.PathValue("rest") != "" {
 		s.log.Info("request for unknown connector refused", "connector", id)
+		s.countRefused(id, refusedUnknownConnector)
 		writeError(w, http.StatusNotFound, "no webhook connector named "+id)
 		return
 	}
@@ -96,9 +97,11 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
+			s.countRefused(connectorID, refusedTooLarge)
 			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is larger than %d bytes", MaxBodyBytes))
 			return
 		}
+		s.countRefused(connectorID, refusedUnreadable)
 		writeError(w, http.StatusBadRequest, "cannot read body")
 		return
 	}
@@ -107,23 +110,27 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 	conn, ok := cfg.Connector(connectorID)
 	if !ok || conn.Type != connectorTypeWebhook {
 		log.Info("webhook for unknown connector refused")
+		s.countRefused(connectorID, refusedUnknownConnector)
 		writeError(w, http.StatusNotFound, "no webhook connector named "+connectorID)
 		return
 	}
 	secret, err := cfg.ConnectorSecret(connectorID)
 	if err != nil || len(secret) == 0 {
 		log.Error("connector has no usable secret; refusing its webhooks", "err", err)
+		s.countRefused(connectorID, refusedMisconfigured)
 		writeError(w, http.StatusInternalServerError, "connector is misconfigured")
 		return
 	}
 	if err := verifySignature(r.Header, secret, s.clock.Now(), body); err != nil {
 		log.Info("webhook refused", "reason", err)
+		s.countRefused(connectorID, refusedSignature)
 		writeError(w, http.StatusUnauthorized, err.Error())
 		return
 	}
 
 	in, err := decodeWebhookMessage(body)
 	if err != nil {
+		s.countRefused(connectorID, refusedMalformed)
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
@@ -142,6 +149,7 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 		return
 	} else if found {
 		log.Info("duplicate message acknowledged", "agent", prior.Agent)
+		s.countDuplicate(connectorID)
 		writeJSON(w, http.StatusAccepted, map[string]string{"id": in.ID})
 		return
 	}
@@ -152,6 +160,7 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		log.Info("message has no route", "channel", in.Channel, "err", err)
+		s.countRefused(connectorID, refusedNoRoute)
 		writeError(w, http.StatusUnprocessableEntity, err.Error())
 		return
 	}
@@ -174,7 +183,7 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err := s.keep(log, m); err != nil {
-		s.refuseUnstored(w, log, err)
+		s.refuseUnstored(w, log, connectorID, err)
 		return
 	}
 	writeJSON(w, http.StatusAccepted, map[string]string{"id": in.ID})
@@ -189,14 +198,16 @@ const storeRetryAfter = 30 * time.Second
 // the store can write again. A full disk is logged by the store's committer
 // (once a minute, naming the state directory and its free space), so a
 // storm of refused POSTs does not become a storm of log lines.
-func (s *Service) refuseUnstored(w http.ResponseWriter, log *slog.Logger, err error) {
+func (s *Service) refuseUnstored(w http.ResponseWriter, log *slog.Logger, connectorID string, err error) {
 	w.Header().Set("Retry-After", strconv.Itoa(int(storeRetryAfter/time.Second)))
 	if boltstore.IsDiskFull(err) {
+		s.countRefused(connectorID, refusedDiskFull)
 		log.Debug("message refused: the state disk is full", "err", err)
 		writeError(w, http.StatusServiceUnavailable, "intake's state disk is full; nothing was stored, retry later")
 		return
 	}
 	log.Error("cannot accept message", "err", err)
+	s.countRefused(connectorID, refusedStore)
 	writeError(w, http.StatusServiceUnavailable, "cannot store message; nothing was stored, retry later")
 }
 
