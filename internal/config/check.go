@@ -203,9 +203,10 @@ func settingsOf(a Agent) AgentSettings {
 			Packages:  a.Image.Packages,
 			EnvVars:   a.Image.EnvVars,
 		},
-		Egress:  EgressSettings{Allow: a.EgressAllow, Git: a.EgressGit},
+		Egress:  EgressSettings{Allow: a.EgressAllow, Git: a.EgressGit, Mode: egressModeOf(a)},
 		Sandbox: SandboxSettings{Scope: a.Sandbox.Scope},
 		MCP:     a.MCP,
+		Budget:  budgetSettingsOf(a.Budget),
 	}
 	if ws := a.WebSearch; ws != nil {
 		s.WebSearch = WebSearchSettings{Provider: ws.Provider, BaseURL: ws.BaseURL, Secret: ws.Secret}

@@ -54,6 +54,13 @@ env_vars = { LANG = "C.UTF-8" }
 
 [agents.egress]
 allow = ["example.com"]
+mode = "read-only"
+
+[agents.budget]
+tokens_per_day = 100000
+cost_per_day = 2.5
+cost_per_run = 0.25
+requests_per_minute = 20
 
 [[agents.egress.git]]
 remote = "https://example.com/acme/web.git"

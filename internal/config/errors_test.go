@@ -47,7 +47,7 @@ netwrk = "none"
 				"berth.d/50-ops.toml":  "# ops\n[[agents]]\nid = \"coder\"\nmodle = \"x\"\n",
 				"berth.d/10-fine.toml": "[scheduler]\nmax_concurrent_runs = 2\n",
 			},
-			want: []string{"berth.d/50-ops.toml:4: agents[0].modle: unknown key (known keys: container_mode, egress, file_access, id, image_config, max_iterations, mcp, model, name, provider, sandbox, tools, web_search, workspace, workspace_quota)"},
+			want: []string{"berth.d/50-ops.toml:4: agents[0].modle: unknown key (known keys: budget, container_mode, egress, file_access, id, image_config, max_iterations, mcp, model, name, provider, sandbox, tools, web_search, workspace, workspace_quota)"},
 		},
 		{
 			name:  "A string where an integer belongs is a wrong type",

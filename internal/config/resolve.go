@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/egresspolicy"
 )
 
 // AgentIDs returns the configured agent ids in the order they were defined.
@@ -83,6 +84,9 @@ func (c *Config) Agent(id string) (Agent, error) {
 		},
 		MCP:       mcpOf(s.MCP, d.MCP),
 		WebSearch: webSearchOf(&s.WebSearch, &d.WebSearch),
+		Budget:    budgetOf(&s.Budget, &d.Budget),
+		// Validated: "" or egresspolicy.ModeReadOnly.
+		EgressReadOnly: first(s.Egress.Mode, d.Egress.Mode) == egresspolicy.ModeReadOnly,
 	}
 	if a.Timeout == 0 {
 		// Defaulted where the Config was resolved (tree.config); a Config

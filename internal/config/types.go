@@ -3,6 +3,7 @@ package config
 import (
 	"time"
 
+	"github.com/berth-dev/berth/internal/egresspolicy"
 	"github.com/berth-dev/berth/internal/schedules"
 )
 
@@ -60,6 +61,8 @@ type Provider struct {
 	// sandbox's.
 	Organization string `toml:"organization" berth:"check=openaiOrganization"`
 	Project      string `toml:"project" berth:"check=openaiProject"`
+	// Prices are [providers.NAME.prices], one table per model (usage.go).
+	Prices ProviderPrices `toml:"prices"`
 }
 
 // AgentSettings is [agent_defaults] or one [[agents]] entry, before resolution.
@@ -82,6 +85,8 @@ type AgentSettings struct {
 	// MCP are [[agents.mcp]]; an agent's list replaces [agent_defaults]'s.
 	MCP       []MCPServer       `toml:"mcp"`
 	WebSearch WebSearchSettings `toml:"web_search"`
+	// Budget is [agents.budget] (usage.go).
+	Budget BudgetSettings `toml:"budget"`
 }
 
 // SandboxSettings is [agents.sandbox] (or [agent_defaults.sandbox]): whether
@@ -119,6 +124,9 @@ type EgressSettings struct {
 	Allow []string `toml:"allow" berth:"check=egressRule"`
 	// Git are [[agents.egress.git]] (git.go); a list replaces the defaults' whole.
 	Git []GitRule `toml:"git"`
+	// Mode is "read-only" for an agent that may look but never change
+	// anything (only GET and HEAD, no bodies); "" is the default.
+	Mode string `toml:"mode" berth:"check=egressMode"`
 }
 
 // ImageSettings is [image_config] or [agents.image_config], before
@@ -194,6 +202,11 @@ type Agent struct {
 	MCP []MCPServer
 	// WebSearch is [agents.web_search]; nil gives no web_search tool.
 	WebSearch *WebSearch
+	// Budget is [agents.budget]: what the agent may spend on its
+	// providers, enforced by each run's egress proxy (0: no limit).
+	Budget egresspolicy.Budget
+	// EgressReadOnly is [agents.egress] mode = "read-only".
+	EgressReadOnly bool
 }
 
 // Sandbox scopes: a fresh sandbox per message, or one per conversation

@@ -32,7 +32,9 @@ type Provider struct {
 	// admin sets them, never the sandbox.
 	Organization string `json:"organization,omitempty"`
 	Project      string `json:"project,omitempty"`
-	Key          string `json:"-"`
+	// Prices are [providers.X.prices] by model (usage.go).
+	Prices map[string]Price `json:"prices,omitempty"`
+	Key    string           `json:"-"`
 }
 
 // DefaultEndpoints are the paths under the base URL a provider kind's key
