@@ -207,6 +207,10 @@ func settingsOf(a Agent) AgentSettings {
 		Sandbox: SandboxSettings{Scope: a.Sandbox.Scope},
 		MCP:     a.MCP,
 		Budget:  budgetSettingsOf(a.Budget),
+		Backend: BackendLocal,
+	}
+	if a.Isolation == BackendKubernetes {
+		s.Backend = BackendKubernetes
 	}
 	if ws := a.WebSearch; ws != nil {
 		s.WebSearch = WebSearchSettings{Provider: ws.Provider, BaseURL: ws.BaseURL, Secret: ws.Secret}

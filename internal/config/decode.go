@@ -64,6 +64,7 @@ type document struct {
 	ImageConfig   ImageSettings              `toml:"image_config"`
 	Retention     retentionSettings          `toml:"retention"`
 	Tracing       Tracing                    `toml:"tracing"`
+	Kubernetes    Kubernetes                 `toml:"kubernetes"`
 	Schedules     []*entry[ScheduleSettings] `toml:"schedules" berth:"merge=id"`
 }
 

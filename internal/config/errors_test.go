@@ -27,7 +27,7 @@ func TestLoadReportsFileLineAndKeyOfEachError(t *testing.T) {
 		{
 			name:  "An unknown top-level table is reported at its header",
 			files: map[string]string{"berth.toml": base + "\n[image_cfg]\nx = 1\n"},
-			want:  []string{"berth.toml:9: image_cfg: unknown key (known keys: agent_defaults, agents, bindings, connectors, egress, image_config, intake, providers, retention, scheduler, schedules, tracing)"},
+			want:  []string{"berth.toml:9: image_cfg: unknown key (known keys: agent_defaults, agents, bindings, connectors, egress, image_config, intake, kubernetes, providers, retention, scheduler, schedules, tracing)"},
 		},
 		{
 			name: "An unknown key under the second agent's sub-table names that agent's index",
@@ -47,7 +47,7 @@ netwrk = "none"
 				"berth.d/50-ops.toml":  "# ops\n[[agents]]\nid = \"coder\"\nmodle = \"x\"\n",
 				"berth.d/10-fine.toml": "[scheduler]\nmax_concurrent_runs = 2\n",
 			},
-			want: []string{"berth.d/50-ops.toml:4: agents[0].modle: unknown key (known keys: budget, container_mode, egress, file_access, id, image_config, max_iterations, mcp, model, name, provider, sandbox, tools, web_search, workspace, workspace_quota)"},
+			want: []string{"berth.d/50-ops.toml:4: agents[0].modle: unknown key (known keys: backend, budget, container_mode, egress, file_access, id, image_config, max_iterations, mcp, model, name, provider, sandbox, tools, web_search, workspace, workspace_quota)"},
 		},
 		{
 			name:  "A string where an integer belongs is a wrong type",

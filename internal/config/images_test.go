@@ -145,7 +145,7 @@ func TestLoadRefusesBadImageConfigNamingFileLineAndKey(t *testing.T) {
 		{
 			name:  "image_config in agent_defaults is unknown: the global table is the default",
 			files: map[string]string{"berth.toml": "[agent_defaults.image_config]\nenabled = true\n" + base},
-			want:  []string{`berth.toml:1: agent_defaults.image_config: unknown key (known keys: budget, container_mode, egress, file_access, max_iterations, mcp, model, name, provider, sandbox, tools, web_search, workspace, workspace_quota)`},
+			want:  []string{`berth.toml:1: agent_defaults.image_config: unknown key (known keys: backend, budget, container_mode, egress, file_access, max_iterations, mcp, model, name, provider, sandbox, tools, web_search, workspace, workspace_quota)`},
 		},
 	}
 	for _, tc := range tests {

@@ -184,6 +184,8 @@ func (t *tree) config() *Config {
 		},
 		Retention: doc.Retention.resolve(),
 		Tracing:   doc.Tracing,
+		// [kubernetes] is kept as written: its methods default it.
+		Kubernetes: doc.Kubernetes,
 	}
 	if sched.DefaultTimeoutSeconds != nil {
 		c.Scheduler.DefaultTimeout = time.Duration(*sched.DefaultTimeoutSeconds) * time.Second

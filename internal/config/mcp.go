@@ -191,6 +191,8 @@ func (v agentView) boolSet(get func(*AgentSettings) *bool) bool {
 // directNetwork is why the agent's runs have no egress proxy, or "".
 func (v agentView) directNetwork() string {
 	switch {
+	case first(v.agent.v.Backend, v.defaults.v.Backend) == BackendKubernetes:
+		return "" // a pod's only way out is berth's egress router
 	case v.boolSet(func(s *AgentSettings) *bool { return s.ContainerMode.Enabled }):
 		if first(v.agent.v.ContainerMode.Network, v.defaults.v.ContainerMode.Network, defaultNetwork) != "none" {
 			return "container_mode.network is not \"none\""

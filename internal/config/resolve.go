@@ -94,6 +94,8 @@ func (c *Config) Agent(id string) (Agent, error) {
 		a.Timeout = c.Scheduler.DefaultTimeout
 	}
 	switch {
+	case first(s.Backend, d.Backend) == BackendKubernetes:
+		a.Isolation = BackendKubernetes
 	case a.Container.Enabled:
 		a.Isolation = "container"
 	case a.FileAccess.Unrestricted:

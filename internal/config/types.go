@@ -31,6 +31,9 @@ type Config struct {
 	// ImageConfig is the global [image_config]; an agent's
 	// [agents.image_config] overrides it key by key (see Agent.Image).
 	ImageConfig ImageSettings
+	// Kubernetes is [kubernetes]: the cluster of agents with backend =
+	// "kubernetes" (kubernetes.go).
+	Kubernetes Kubernetes
 	// Sources lists the files that were read, in the order they were applied.
 	Sources []string
 }
@@ -87,6 +90,9 @@ type AgentSettings struct {
 	WebSearch WebSearchSettings `toml:"web_search"`
 	// Budget is [agents.budget] (usage.go).
 	Budget BudgetSettings `toml:"budget"`
+
+	// Backend is "local" (default) or "kubernetes" (kubernetes.go).
+	Backend string `toml:"backend" berth:"check=backend"`
 }
 
 // SandboxSettings is [agents.sandbox] (or [agent_defaults.sandbox]): whether

@@ -470,6 +470,7 @@ func (t *tree) validateMerged() Errors {
 	t.agentToolsMerged(&c)
 	t.gitMerged(&c)
 	t.schedulesMerged(&c)
+	t.kubernetesMerged(&c)
 	return c.errs
 }
 
