@@ -72,6 +72,9 @@ const (
 	// backend could not reach its engine, or make or find the run's image.
 	ReasonEngineUnavailable = "container engine unavailable"
 	ReasonImageUnavailable  = "container image unavailable"
+	// ReasonClusterUnavailable: the kubernetes backend could not reach the
+	// cluster's API server within its deadline.
+	ReasonClusterUnavailable = "kubernetes API unavailable"
 	// ReasonImageBuildFailed: berth-imaged could not build (or be reached
 	// for) a container run's image; the detail names the failing step.
 	ReasonImageBuildFailed = "image build failed"

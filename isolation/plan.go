@@ -21,6 +21,9 @@ const (
 	BackendLandlock     BackendKind = "landlock"
 	BackendUnrestricted BackendKind = "unrestricted"
 	BackendContainer    BackendKind = "container"
+	// BackendKubernetes runs each request in a pod of a Kubernetes
+	// cluster (isolation/kube; ADR 22).
+	BackendKubernetes BackendKind = "kubernetes"
 )
 
 // Where a container agent finds its workspace and scratch space.
@@ -63,6 +66,8 @@ type Plan struct {
 	// Mounts are the container's binds, the workspace first.
 	Mounts    []Mount       `json:"mounts,omitempty"`
 	Container ContainerPlan `json:"container,omitzero"`
+	// Kube is what only the kubernetes backend reads (kubeplan.go).
+	Kube KubePlan `json:"kubernetes,omitzero"`
 	// Providers is the provider chain, keys included. With Egress the keys
 	// stay with the egress proxy and the request carries none; without it
 	// (a direct network the admin opted into) they travel only on stdin.

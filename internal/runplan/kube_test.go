@@ -1,0 +1,75 @@
+package runplan_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/berth-dev/berth/internal/runplan"
+	"github.com/berth-dev/berth/isolation"
+)
+
+const kubeConfig = `
+[kubernetes]
+namespace = "agents"
+proxy_listen = "10.88.0.1:3129"
+runtime_class = "gvisor"
+image_pull_policy = "Never"
+warm = 1
+node_selector = { pool = "agents" }
+
+[[agents]]
+id = "podded"
+backend = "kubernetes"
+container_mode = { image = "berth-agent:test", memory_limit = "256m" }
+egress.allow = ["example.com"]
+`
+
+// A kubernetes agent's plan is a pod's: no network but the router's
+// address, whose port berth-agent's Landlock lets it connect to, and the
+// [kubernetes] placement; the key stays with the proxy.
+func TestKubernetesPlanRoutesEgressThroughTheRouterAndPlacesThePod(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t, kubeConfig)
+	p, err := runplan.Compile(cfg, "podded", "r1", facts(t, map[string]string{"CLOUD_KEY": secret}))
+	if err != nil {
+		t.Fatalf("Compile: %v", err)
+	}
+	if p.Backend != isolation.BackendKubernetes {
+		t.Fatalf("backend %q, want kubernetes", p.Backend)
+	}
+	k := p.Kube
+	if k.Namespace != "agents" || k.Image != "berth-agent:test" || k.ImagePullPolicy != "Never" || k.RuntimeClass != "gvisor" || k.Warm != 1 || k.NodeSelector["pool"] != "agents" || k.ProxyAddr != "10.88.0.1:3129" || k.EgressVerifiedBy != "probe" {
+		t.Errorf("kube plan %+v", k)
+	}
+	if p.Network.Allowed || p.Limits.MemoryBytes != 256<<20 || p.Limits.TmpfsBytes == 0 || p.SandboxWorkspace != isolation.ContainerWorkspace {
+		t.Errorf("network %+v, limits %+v, workspace %q", p.Network, p.Limits, p.SandboxWorkspace)
+	}
+	if p.Egress == nil || p.Egress.SandboxSocket != "tcp:10.88.0.1:3129" || !slices.Contains(p.Policy.ConnectPorts, 3129) || !slices.Contains(p.Policy.ConnectPorts, isolation.EgressProxyPort) {
+		t.Fatalf("egress %+v, connect ports %v: want the router's address and port", p.Egress, p.Policy.ConnectPorts)
+	}
+	ex, err := runplan.Explain(cfg, "podded", facts(t, map[string]string{"CLOUD_KEY": secret}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{"backend": "kubernetes", "network": "probe pod", "egress_route": "10.88.0.1:3129", "warm": "1 started pod"} {
+		if !strings.Contains(ex.Why[key], want) {
+			t.Errorf("why[%s] = %q, want it to say %q", key, ex.Why[key], want)
+		}
+	}
+}
+
+// What needs the run's CA in the pod is refused before anything starts.
+func TestKubernetesPlanRefusesSecretsItCannotServe(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t, kubeConfig+`
+[[egress.secrets]]
+name = "api"
+env = "API_TOKEN"
+hosts = ["example.com"]
+`)
+	_, err := runplan.Compile(cfg, "podded", "r1", facts(t, map[string]string{"CLOUD_KEY": secret, "API_TOKEN": "t0ken-value"}))
+	if err == nil || !strings.Contains(err.Error(), "[[egress.secrets]] and git rules are not available there") {
+		t.Fatalf("Compile = %v, want the secret refused on kubernetes", err)
+	}
+}
