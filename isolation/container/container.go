@@ -37,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -756,6 +757,12 @@ func (b *Backend) Sweep(ctx context.Context, live func(runID string, attempt int
 	})
 	cancel()
 	if err != nil {
+		if b.engineAbsent() {
+			// No engine was ever started here (a fresh install without
+			// Docker): no container of ours can exist, so nothing is left
+			// behind.
+			return nil, nil
+		}
 		return nil, fmt.Errorf("cannot list containers: %w", err)
 	}
 	var removed []string
@@ -786,6 +793,18 @@ func (b *Backend) Sweep(ctx context.Context, live func(runID string, attempt int
 		removed = append(removed, run)
 	}
 	return removed, errors.Join(errs...)
+}
+
+// engineAbsent says the engine's unix socket does not exist: no engine
+// runs (or has run since boot) at that address. A socket that exists but
+// does not answer is an engine that is down, not absent.
+func (b *Backend) engineAbsent() bool {
+	path, ok := strings.CutPrefix(b.cli.DaemonHost(), "unix://")
+	if !ok {
+		return false
+	}
+	_, err := os.Lstat(path)
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // engineSecurityOpt turns a checked security_opt entry into what the API
