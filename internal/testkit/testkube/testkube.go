@@ -11,10 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,6 +43,31 @@ const ContainerdSocket = "/run/berth-kube/containerd/containerd.sock"
 // masquerade). A host listener pods must reach binds here (scripts/kube-cluster.sh
 // KUBE_BRIDGE_IP; pods are in 10.231.0.0/24).
 const BridgeIP = "10.231.0.1"
+
+// HostPortMin and HostPortMax bound the TCP ports pods may reach at BridgeIP
+// (scripts/kube-cluster.sh KUBE_HOST_PORTS); anything else a pod sends the
+// host is refused, so host services on wildcard addresses stay out of reach.
+const (
+	HostPortMin = 17000
+	HostPortMax = 17999
+)
+
+// ListenForPods listens on BridgeIP at a free port pods may reach
+// (HostPortMin..HostPortMax); the listener is closed when the test ends.
+func ListenForPods(t testing.TB) net.Listener {
+	t.Helper()
+	var last error
+	for port := HostPortMin; port <= HostPortMax; port++ {
+		ln, err := net.Listen("tcp4", net.JoinHostPort(BridgeIP, strconv.Itoa(port)))
+		if err == nil {
+			t.Cleanup(func() { ln.Close() })
+			return ln
+		}
+		last = err
+	}
+	testenv.Need(t, false, "cannot listen for pods on %s:%d-%d (is scripts/kube-cluster.sh up?): %v", BridgeIP, HostPortMin, HostPortMax, last)
+	return nil
+}
 
 // callTimeout bounds every API and engine call the helpers make.
 const callTimeout = 30 * time.Second

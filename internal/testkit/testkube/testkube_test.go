@@ -116,30 +116,35 @@ func TestKubernetesClusterRunsAPod(t *testing.T) {
 	}
 }
 
-// A pod reaches the host only at the bridge address (where berth's egress
-// proxy listens for the Kubernetes backend), with its own pod address as the
-// source (no masquerade); it has no default route, so the machine's primary
-// address, and so every address beyond it, is unreachable.
+// A pod reaches the host only at the bridge address and on the ports kept for
+// host listeners (where berth's egress proxy listens for the Kubernetes
+// backend), with its own pod address as the source (no masquerade); another
+// port there is refused, and it has no default route, so the machine's primary
+// address, and every address beyond it, is unreachable.
 func TestKubernetesPodsReachOnlyTheBridgeAddress(t *testing.T) {
 	cs := testkube.Clientset(t)
 	image := testkube.Busybox(t)
 	ns := testkube.Namespace(t, cs)
 
-	primary := primaryIP(t)
-	bridgeURL, bridgeFrom := serve(t, testkube.BridgeIP)
-	primaryURL, primaryFrom := serve(t, primary)
+	allowedURL, allowedFrom := serve(t, testkube.ListenForPods(t))
+	otherURL, otherFrom := serve(t, listen(t, testkube.BridgeIP)) // an ephemeral port, outside the range
+	primaryURL, primaryFrom := serve(t, listen(t, primaryIP(t)))
 
 	script := fmt.Sprintf(`cat /proc/net/route
-wget -q -T 5 -O - %s && echo bridge-reached || echo bridge-unreachable
-wget -q -T 5 -O - %s && echo primary-reached || echo primary-unreachable`, bridgeURL, primaryURL)
+wget -q -T 5 -O - %s && echo allowed-reached || echo allowed-unreachable
+wget -q -T 5 -O - %s && echo other-port-reached || echo other-port-unreachable
+wget -q -T 5 -O - %s && echo primary-reached || echo primary-unreachable`, allowedURL, otherURL, primaryURL)
 	phase, logs := runPod(t, cs, ns, "reach", hardened(image, script))
 	if phase != corev1.PodSucceeded {
 		t.Fatalf("pod ended %s, log:\n%s", phase, logs)
 	}
-	if !strings.Contains(logs, "listener-answered\nbridge-reached\n") {
-		t.Errorf("the pod did not reach the listener on %s:\n%s", bridgeURL, logs)
+	if !strings.Contains(logs, "listener-answered\nallowed-reached\n") {
+		t.Errorf("the pod did not reach the listener on %s:\n%s", allowedURL, logs)
 	}
-	if !strings.Contains(logs, "primary-unreachable") || strings.Contains(logs, "primary-reached") {
+	if !strings.Contains(logs, "\nother-port-unreachable\n") {
+		t.Errorf("the pod reached %s, a bridge port outside %d-%d:\n%s", otherURL, testkube.HostPortMin, testkube.HostPortMax, logs)
+	}
+	if !strings.Contains(logs, "\nprimary-unreachable") {
 		t.Errorf("the pod reached the machine's primary address %s:\n%s", primaryURL, logs)
 	}
 	for _, line := range strings.Split(logs, "\n") {
@@ -148,18 +153,30 @@ wget -q -T 5 -O - %s && echo primary-reached || echo primary-unreachable`, bridg
 		}
 	}
 	select {
-	case from := <-bridgeFrom:
+	case from := <-allowedFrom:
 		if ip := net.ParseIP(from); ip == nil || !podNet.Contains(ip) {
-			t.Errorf("the bridge listener saw the pod come from %s, not from a pod address in %s (masqueraded?)", from, podNet)
+			t.Errorf("the host listener saw the pod come from %s, not from a pod address in %s (masqueraded?)", from, podNet)
 		}
 	default:
-		t.Errorf("the bridge listener got no request")
+		t.Errorf("the host listener got no request")
 	}
-	select {
-	case from := <-primaryFrom:
-		t.Errorf("the listener on the primary address got a request from %s", from)
-	default:
+	for name, ch := range map[string]<-chan string{"the other bridge port": otherFrom, "the primary address": primaryFrom} {
+		select {
+		case from := <-ch:
+			t.Errorf("the listener on %s got a request from %s", name, from)
+		default:
+		}
 	}
+}
+
+func listen(t *testing.T, ip string) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp4", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatalf("cannot listen on %s: %v", ip, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
 }
 
 var _, podNet, _ = net.ParseCIDR("10.231.0.0/24")
@@ -176,14 +193,9 @@ func primaryIP(t *testing.T) string {
 	return c.LocalAddr().(*net.UDPAddr).IP.String()
 }
 
-// serve answers "listener-answered" on ip at a free port and reports each
-// request's source address.
-func serve(t *testing.T, ip string) (string, <-chan string) {
+// serve answers "listener-answered" on ln and reports each request's source address.
+func serve(t *testing.T, ln net.Listener) (string, <-chan string) {
 	t.Helper()
-	ln, err := net.Listen("tcp4", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatalf("cannot listen on %s (is the cluster's bridge up?): %v", ip, err)
-	}
 	from := make(chan string, 16)
 	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		host, _, _ := net.SplitHostPort(r.RemoteAddr)
