@@ -349,6 +349,8 @@ func (t tomlWriter) connector(k Connector) {
 	t.val("allow_bots", k.AllowBots)
 	t.str("trigger", k.Trigger)
 	t.str("mode", k.Mode)
+	t.str("progress", k.Progress)
+	t.val("reactions", k.Reactions)
 }
 
 func bindingText(b Binding) string {

@@ -118,6 +118,9 @@ func (c *checks) connectorMerged(e *entry[Connector]) {
 	case ConnectorMeepaChat:
 		need("base_url", ": MeepaChat is self-hosted, give its address (https://chat.example.org)")
 		need("token", `: the bot's "<bot_id>.<secret>", as a reference ("$VAR" or a credential name)`)
+		if k.Progress == ProgressEdit {
+			refuse("progress", `cannot be "edit": MeepaChat's bot API has no message edit; use "typing" or "off"`)
+		}
 	case ConnectorDiscord:
 		// A bot token holds the Gateway; a public key alone serves slash
 		// commands over HTTP. One of them is needed.

@@ -107,20 +107,20 @@ bot_token = "$SLACK_BOT_TOKEN"
 		t.Fatalf("Load: %v", err)
 	}
 	want := []config.Connector{
-		{ID: "chat", Type: "meepachat", BaseURL: "https://chat.example.org", TLSVerify: true, Token: "meepachat-token", Trigger: "mention"},
+		{ID: "chat", Type: "meepachat", BaseURL: "https://chat.example.org", TLSVerify: true, Token: "meepachat-token", Trigger: "mention", Progress: "typing"},
 		{
 			ID: "chat-full", Type: "meepachat", BaseURL: "http://127.0.0.1:9000", GatewayURL: "ws://127.0.0.1:9000/api/bot-gateway",
-			CAFile: ca, Token: "$MEEPA_TOKEN", AllowBots: true, Trigger: "all", DefaultAgent: "coder",
+			CAFile: ca, Token: "$MEEPA_TOKEN", AllowBots: true, Trigger: "all", DefaultAgent: "coder", Progress: "typing",
 		},
-		{ID: "dc", Type: "discord", BaseURL: "https://discord.com/api/v10", TLSVerify: true, Token: "$DISCORD_TOKEN", Trigger: "mention"},
+		{ID: "dc", Type: "discord", BaseURL: "https://discord.com/api/v10", TLSVerify: true, Token: "$DISCORD_TOKEN", Trigger: "mention", Progress: "typing"},
 		{
 			ID: "dc-full", Type: "discord", BaseURL: "http://127.0.0.1:9001/api/v10", GatewayURL: "wss://gateway.example", TLSVerify: true,
-			Token: "/etc/berth/discord.token", PublicKey: publicKey, ApplicationID: "1234567890123", GuildIDs: []string{"111", "222"}, Trigger: "mention",
+			Token: "/etc/berth/discord.token", PublicKey: publicKey, ApplicationID: "1234567890123", GuildIDs: []string{"111", "222"}, Trigger: "mention", Progress: "typing",
 		},
-		{ID: "sl", Type: "slack", BaseURL: "https://slack.com/api/", TLSVerify: true, AppToken: "slack-app-token", BotToken: "slack-bot-token", Trigger: "mention", Mode: "socket"},
+		{ID: "sl", Type: "slack", BaseURL: "https://slack.com/api/", TLSVerify: true, AppToken: "slack-app-token", BotToken: "slack-bot-token", Trigger: "mention", Mode: "socket", Progress: "off"},
 		{
 			ID: "sl-events", Type: "slack", BaseURL: "http://127.0.0.1:9002/api/", TLSVerify: true,
-			SigningSecret: "$SLACK_SIGNING_SECRET", BotToken: "$SLACK_BOT_TOKEN", Trigger: "mention", Mode: "events",
+			SigningSecret: "$SLACK_SIGNING_SECRET", BotToken: "$SLACK_BOT_TOKEN", Trigger: "mention", Mode: "events", Progress: "off",
 		},
 	}
 	if !reflect.DeepEqual(c.Connectors, want) {
@@ -141,8 +141,8 @@ func TestLoadMergesAPlatformConnectorAcrossDropIns(t *testing.T) {
 		t.Fatalf("Load: %v", err)
 	}
 	want := []config.Connector{
-		{ID: "dc", Type: "discord", BaseURL: "https://discord.com/api/v10", Token: "$DISCORD_TOKEN", GuildIDs: []string{}, Trigger: "all"},
-		{ID: "sl", Type: "slack", BaseURL: "https://slack.com/api/", TLSVerify: true, AppToken: "$A", BotToken: "$B", Trigger: "mention", Mode: "socket"},
+		{ID: "dc", Type: "discord", BaseURL: "https://discord.com/api/v10", Token: "$DISCORD_TOKEN", GuildIDs: []string{}, Trigger: "all", Progress: "typing"},
+		{ID: "sl", Type: "slack", BaseURL: "https://slack.com/api/", TLSVerify: true, AppToken: "$A", BotToken: "$B", Trigger: "mention", Mode: "socket", Progress: "off"},
 	}
 	if !reflect.DeepEqual(c.Connectors, want) {
 		t.Errorf("Connectors =\n%+v\nwant\n%+v", c.Connectors, want)
@@ -170,12 +170,12 @@ func TestLoadRefusesBadConnectorSettingsNamingFileLineAndKey(t *testing.T) {
 		{
 			name:  "A slack key on a discord connector is refused",
 			files: map[string]string{"berth.toml": connBase + "id = \"dc\"\ntype = \"discord\"\ntoken = \"$T\"\nbot_token = \"$B\"\n"},
-			want:  []string{`berth.toml:8: connectors[0].bot_token: is not a key of a discord connector (its keys: id, type, default_agent, base_url, gateway_url, tls_verify, ca_file, token, public_key, application_id, guild_ids, allow_bots, trigger)`},
+			want:  []string{`berth.toml:8: connectors[0].bot_token: is not a key of a discord connector (its keys: id, type, default_agent, base_url, gateway_url, tls_verify, ca_file, token, public_key, application_id, guild_ids, allow_bots, trigger, progress, reactions)`},
 		},
 		{
 			name:  "A webhook key on a slack connector is refused",
 			files: map[string]string{"berth.toml": connBase + "id = \"sl\"\ntype = \"slack\"\napp_token = \"$A\"\nbot_token = \"$B\"\nreply_url = \"https://x.example\"\n"},
-			want:  []string{`berth.toml:9: connectors[0].reply_url: is not a key of a slack connector (its keys: id, type, default_agent, base_url, tls_verify, ca_file, app_token, bot_token, signing_secret, allow_bots, trigger, mode)`},
+			want:  []string{`berth.toml:9: connectors[0].reply_url: is not a key of a slack connector (its keys: id, type, default_agent, base_url, tls_verify, ca_file, app_token, bot_token, signing_secret, allow_bots, trigger, mode, progress, reactions)`},
 		},
 		{
 			name:  "A platform key on a webhook connector is refused",
@@ -188,7 +188,7 @@ func TestLoadRefusesBadConnectorSettingsNamingFileLineAndKey(t *testing.T) {
 				"berth.toml":         connBase + "id = \"dc\"\ntype = \"discord\"\ntoken = \"$T\"\n",
 				"berth.d/10-dc.toml": "[[connectors]]\nid = \"dc\"\nmode = \"events\"\n",
 			},
-			want: []string{`berth.d/10-dc.toml:3: connectors[0].mode: is not a key of a discord connector (its keys: id, type, default_agent, base_url, gateway_url, tls_verify, ca_file, token, public_key, application_id, guild_ids, allow_bots, trigger)`},
+			want: []string{`berth.d/10-dc.toml:3: connectors[0].mode: is not a key of a discord connector (its keys: id, type, default_agent, base_url, gateway_url, tls_verify, ca_file, token, public_key, application_id, guild_ids, allow_bots, trigger, progress, reactions)`},
 		},
 		{
 			name:  "A MeepaChat connector without base_url is refused because MeepaChat is self-hosted",
@@ -316,7 +316,7 @@ func TestLoadRefusesBadConnectorSettingsNamingFileLineAndKey(t *testing.T) {
 		{
 			name:  "A misspelt connector key is unknown",
 			files: map[string]string{"berth.toml": connBase + "id = \"dc\"\ntype = \"discord\"\ntoken = \"$T\"\nguilds = []\n"},
-			want:  []string{`berth.toml:8: connectors[0].guilds: unknown key (known keys: allow_bots, app_token, application_id, base_url, bot_token, ca_file, default_agent, gateway_url, guild_ids, id, mode, public_key, reply_url, secret, secret_file, signing_secret, tls_verify, token, trigger, type)`},
+			want:  []string{`berth.toml:8: connectors[0].guilds: unknown key (known keys: allow_bots, app_token, application_id, base_url, bot_token, ca_file, default_agent, gateway_url, guild_ids, id, mode, progress, public_key, reactions, reply_url, secret, secret_file, signing_secret, tls_verify, token, trigger, type)`},
 		},
 	}
 	for _, tc := range tests {

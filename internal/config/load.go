@@ -250,5 +250,8 @@ func resolveConnector(e *entry[Connector]) Connector {
 	if c.Type == ConnectorSlack && c.Mode == "" {
 		c.Mode = SlackSocket
 	}
+	if c.Progress == "" {
+		c.Progress = DefaultProgress(c.Type)
+	}
 	return c
 }

@@ -346,6 +346,10 @@ type Connector struct {
 	AllowBots     bool     `toml:"allow_bots" berth:"types=meepachat|discord|slack"`            // handle messages of other bots; default false
 	Trigger       string   `toml:"trigger" berth:"check=trigger,types=meepachat|discord|slack"` // TriggerMention (default) or TriggerAll
 	Mode          string   `toml:"mode" berth:"check=slackMode,types=slack"`                    // SlackSocket (default) or SlackEvents
+
+	// Progress and Reactions: how a run in progress shows (progress.go).
+	Progress  string `toml:"progress" berth:"check=progress,types=meepachat|discord|slack"`
+	Reactions bool   `toml:"reactions" berth:"types=meepachat|discord|slack"`
 }
 
 // Binding is one [[bindings]] entry: routes a connector's channel to an agent.

@@ -205,6 +205,7 @@ var valueChecks = map[string]any{
 	"snowflake":        snowflake,
 	"trigger":          oneOf(TriggerMention, TriggerAll),
 	"slackMode":        oneOf(SlackSocket, SlackEvents),
+	"progress":         oneOf(ProgressEdit, ProgressTyping, ProgressOff),
 
 	// [[egress.secrets]]
 	"host": errorText(func(h string) error {
