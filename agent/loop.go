@@ -87,11 +87,14 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 	if maxIter == 0 {
 		maxIter = DefaultMaxIterations
 	}
+	spans := startSpans(&resp, req) // ADR 25: the loop's spans, in the response
 	for i := 1; i <= maxIter; i++ {
 		if err := ctx.Err(); err != nil {
 			return fail(agentproto.ExitAgentError, "The run was interrupted.", fmt.Errorf("interrupted: %w", err))
 		}
+		llmSpan := spans.llm(i, req.Provider)
 		turn, usage, err := llm.Complete(ctx, &conv, specs)
+		spans.llmDone(llmSpan, usage, err)
 		resp.Usage.Iterations = i
 		resp.Usage.InputTokens += usage.InputTokens
 		resp.Usage.OutputTokens += usage.OutputTokens
@@ -104,7 +107,9 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 			return resp, agentproto.ExitOK
 		}
 		for _, call := range turn.ToolCalls {
+			toolSpan := spans.tool(call.Name)
 			out, err := set.Call(ctx, call.Name, call.Args)
+			spans.toolDone(toolSpan, err)
 			record := agentproto.ToolCall{Name: call.Name, Args: recordableArgs(call.Args), Output: out}
 			result := provider.Message{Role: provider.RoleTool, ToolCallID: call.ID, ToolName: call.Name, Text: out}
 			if err != nil {

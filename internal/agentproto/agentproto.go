@@ -213,6 +213,10 @@ type Response struct {
 	// kernel OOM-killed while the run lasted (its oom_kill counter's rise):
 	// the run hit its memory limit even when the engine never says so.
 	OOMKills int `json:"oom_kills,omitempty"`
+	// Spans are the run's span records (spans.go), SpansDropped how many
+	// more there were than MaxSpans.
+	Spans        []SpanRecord `json:"spans,omitempty"`
+	SpansDropped int          `json:"spans_dropped,omitempty"`
 }
 
 // MCPStatus is one MCP server in a run's record.
