@@ -25,6 +25,9 @@ type EgressCounts struct {
 	// OtherHosts counts the requests to the hosts after them.
 	Hosts      []EgressHostCount `json:"hosts,omitempty"`
 	OtherHosts EgressHostCount   `json:"other_hosts"`
+	// BytesUp and BytesDown add up every decision's bytes (metrics).
+	BytesUp   int64 `json:"bytes_up,omitempty"`
+	BytesDown int64 `json:"bytes_down,omitempty"`
 }
 
 // EgressHostCount is how many requests to one host were allowed and refused.

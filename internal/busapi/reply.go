@@ -13,12 +13,15 @@ type Reply struct {
 	State     string // the run's state: succeeded, failed, canceled
 	Text      string
 	Error     string
+	// Traceparent is the W3C trace context of the scheduler's delivery
+	// (internal/tracing), "" when tracing is off.
+	Traceparent string
 }
 
 // Wire is the Deliver argument (a{ss}) for r. The message id travels as the
 // scheduler's key for it, as it always has.
 func (r Reply) Wire() map[string]string {
-	return map[string]string{
+	m := map[string]string{
 		"run_id":     r.RunID,
 		"message_id": MessageKey(r.Connector, r.MessageID),
 		"connector":  r.Connector,
@@ -29,6 +32,10 @@ func (r Reply) Wire() map[string]string {
 		"text":       r.Text,
 		"error":      r.Error,
 	}
+	if r.Traceparent != "" {
+		m["traceparent"] = r.Traceparent
+	}
+	return m
 }
 
 // ReplyFromWire reads a Deliver argument.
@@ -43,5 +50,7 @@ func ReplyFromWire(m map[string]string) Reply {
 		State:     m["state"],
 		Text:      m["text"],
 		Error:     m["error"],
+
+		Traceparent: m["traceparent"],
 	}
 }

@@ -72,6 +72,9 @@ type Run struct {
 	// the job's overrides it ran with ("" and 0: the agent's).
 	Schedule, Model   string
 	MaxRuntimeSeconds int64
+	// TraceID is the trace of the run's message (internal/tracing), ""
+	// when it was not traced.
+	TraceID string
 }
 
 // outputs pairs each long text of r with its key on the wire and its name
@@ -123,6 +126,7 @@ func (r Run) Wire() map[string]dbus.Variant {
 	m["schedule"] = dbus.MakeVariant(r.Schedule)
 	m["model"] = dbus.MakeVariant(r.Model)
 	m["max_runtime_seconds"] = dbus.MakeVariant(r.MaxRuntimeSeconds)
+	m["trace_id"] = dbus.MakeVariant(r.TraceID)
 	for _, o := range r.outputs() {
 		m[o.key] = dbus.MakeVariant(o.out.Text)
 		m[o.key+"_bytes"] = dbus.MakeVariant(o.out.Bytes)
@@ -142,6 +146,7 @@ func RunFromWire(m map[string]dbus.Variant) (Run, error) {
 	f.str("schedule", &r.Schedule)
 	f.str("model", &r.Model)
 	f.get("max_runtime_seconds", &r.MaxRuntimeSeconds)
+	f.str("trace_id", &r.TraceID)
 	for _, o := range r.outputs() {
 		f.str(o.key, &o.out.Text)
 		f.u32(o.key+"_bytes", &o.out.Bytes)

@@ -19,6 +19,9 @@ type Submission struct {
 	Thread      string
 	Author      string
 	Text        string
+	// Traceparent is the W3C trace context of the message's hand-off
+	// (internal/tracing), "" when tracing is off.
+	Traceparent string
 
 	// sentKey is the key a submission read from the wire was sent with:
 	// older clients chose their own (an id without the connector's prefix),
@@ -56,7 +59,7 @@ func MessageIDOf(connector, key string) string {
 
 // Wire is the Submit argument (a{ss}) for s.
 func (s Submission) Wire() map[string]string {
-	return map[string]string{
+	m := map[string]string{
 		"id":           s.Key(),
 		"agent":        s.Agent,
 		"connector":    s.Connector,
@@ -66,6 +69,10 @@ func (s Submission) Wire() map[string]string {
 		"author":       s.Author,
 		"text":         s.Text,
 	}
+	if s.Traceparent != "" {
+		m["traceparent"] = s.Traceparent
+	}
+	return m
 }
 
 // SubmissionFromWire reads a Submit argument; unknown keys are ignored, as
@@ -80,6 +87,7 @@ func SubmissionFromWire(m map[string]string) Submission {
 		Thread:      m["thread"],
 		Author:      m["author"],
 		Text:        m["text"],
+		Traceparent: m["traceparent"],
 		sentKey:     m["id"],
 	}
 }

@@ -202,6 +202,11 @@ func TestARecordKeepsTheRefusalAfter1000Allowed(t *testing.T) {
 	want := isolation.EgressCounts{Allowed: 1001, Refused: 1, Hosts: []isolation.EgressHostCount{
 		{Host: oaHost, Allowed: 1001}, {Host: "files.example", Refused: 1},
 	}}
+	// Every provider call carries the same bytes; the refusal none.
+	want.BytesUp, want.BytesDown = 1001*rec.Decisions[0].BytesUp, 1001*rec.Decisions[0].BytesDown
+	if want.BytesUp == 0 || want.BytesDown == 0 {
+		t.Errorf("the first decision carried %d bytes up and %d down, want the call's", rec.Decisions[0].BytesUp, rec.Decisions[0].BytesDown)
+	}
 	if got := fmt.Sprintf("%+v", rec.Counts); got != fmt.Sprintf("%+v", want) {
 		t.Errorf("counts %s, want %s", got, fmt.Sprintf("%+v", want))
 	}

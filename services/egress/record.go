@@ -57,6 +57,8 @@ func (r *record) count(d isolation.EgressDecision) {
 		r.counts.Hosts = append(r.counts.Hosts, isolation.EgressHostCount{Host: d.Host})
 		c = &r.counts.Hosts[len(r.counts.Hosts)-1]
 	}
+	r.counts.BytesUp += d.BytesUp
+	r.counts.BytesDown += d.BytesDown
 	if d.Allowed {
 		r.counts.Allowed++
 		c.Allowed++

@@ -17,6 +17,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/metrics"
 	"github.com/berth-dev/berth/units"
 )
 
@@ -55,6 +56,9 @@ func (s *Service) Export(conn *dbus.Conn) error {
 	if err != nil {
 		return fmt.Errorf("cannot encode introspection data: %w", err)
 	}
+	if err := metrics.Export(conn, bus.SchedulerPath, s.metrics.reg); err != nil {
+		return err
+	}
 	xmlData := introspect.Introspectable(strings.TrimSpace(introspect.IntrospectDeclarationString) + "\n" + string(data))
 	if err := conn.Export(xmlData, bus.SchedulerPath, "org.freedesktop.DBus.Introspectable"); err != nil {
 		return fmt.Errorf("cannot export introspection of %s: %w", bus.SchedulerInterface, err)
@@ -92,7 +96,7 @@ func introspectionNode() (*introspect.Node, error) {
 		return nil, fmt.Errorf("cannot parse interface XML: %w", err)
 	}
 	node.Name = string(bus.SchedulerPath)
-	for _, std := range []introspect.Interface{prop.IntrospectData, introspect.IntrospectData, introspect.PeerData} {
+	for _, std := range []introspect.Interface{metrics.IntrospectData(), prop.IntrospectData, introspect.IntrospectData, introspect.PeerData} {
 		if !slices.ContainsFunc(node.Interfaces, func(i introspect.Interface) bool { return i.Name == std.Name }) {
 			node.Interfaces = append(node.Interfaces, std)
 		}

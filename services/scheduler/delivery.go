@@ -243,6 +243,7 @@ func (s *Service) deliver(ctx context.Context, id string, rt *retry) (err, store
 		s.log.Info("scheduled run checked in with "+schedules.HeartbeatOK+"; its reply is not delivered", "run_id", id, "agent", r.Agent, "schedule", r.Schedule)
 	} else {
 		s.log.Info("reply delivered", "run_id", id, "agent", r.Agent, "connector", r.Connector, "message_id", r.MessageID)
+		s.countDelivered(r)
 	}
 	return nil, nil
 }

@@ -255,6 +255,7 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 			s.log.Error("cannot record the run in its conversation history", "run_id", final.ID, "agent", final.Agent, "err", historyErr)
 		}
 		s.log.Info("run ended", "run_id", r.ID, "agent", r.Agent, "backend", final.Backend, "state", final.State, "reason", final.Reason)
+		s.countEnded(final, res)
 		if Finished(final.State) {
 			s.emitFinished(final)
 		} else {

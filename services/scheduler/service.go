@@ -143,6 +143,8 @@ type Service struct {
 	connMu    sync.Mutex    // guards conn and props; taken last
 	conn      *dbus.Conn
 	props     *properties
+
+	metrics *schedulerMetrics // metrics.go
 }
 
 type activeRun struct {
@@ -204,6 +206,7 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 		wakeDeliver:  make(chan struct{}, 1),
 	}
 	s.cfg.Store(cfg)
+	s.metrics = newSchedulerMetrics(s)
 	s.markProgress()
 	if err := s.startSchedules(cfg); err != nil {
 		st.close()
