@@ -8,8 +8,8 @@
 //
 // A test drives it: Deliver sends an event in an envelope on the open
 // socket, Redeliver sends an unacknowledged one again as Slack's retry does,
-// Drop cuts the socket without a close frame, Disconnect sends Slack's
-// disconnect frame, RateLimit and Refuse shape chat.postMessage answers.
+// SetSilent stops its pings, Drop cuts the socket without a close frame,
+// Disconnect sends Slack's disconnect frame, RateLimit and Refuse shape chat.postMessage answers.
 // chat.postMessage keeps message metadata, and conversations.history and
 // conversations.replies return the history with it (include_all_metadata),
 // paged with limit and cursor; HoldPosts and HoldHandshakes hold answers
@@ -31,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,6 +124,8 @@ type Server struct {
 	hold         chan struct{} // non-nil: handshakes wait for it to close
 	held         int           // handshakes waiting on hold
 	timeline     []string      // "open N" / "close N" per WebSocket, in order
+	silent       atomic.Bool   // no WebSocket pings while set
+	progress     progressState // progress.go
 }
 
 type envelope struct {
@@ -165,6 +168,7 @@ func New(t testing.TB, o Options) *Server {
 		names:     map[string]string{"C0CHAN": "general"},
 	}
 	mux := http.NewServeMux()
+	s.handleProgress(mux)
 	mux.HandleFunc("POST /api/apps.connections.open", s.connectionsOpen)
 	mux.HandleFunc("POST /api/auth.test", s.authTest)
 	mux.HandleFunc("POST /api/chat.postMessage", s.postMessage)
@@ -564,6 +568,10 @@ func (s *Server) Disconnect(reason string) error {
 	return errors.Join(errs...)
 }
 
+// SetSilent stops (true) or resumes the WebSocket pings of every socket:
+// a connection gone quiet, as a half-open TCP connection is.
+func (s *Server) SetSilent(silent bool) { s.silent.Store(silent) }
+
 // Drop cuts every open socket without a close frame, as a network failure
 // does.
 func (s *Server) Drop() {
@@ -827,6 +835,9 @@ func (s *Server) ping(c *wsConn) {
 		case <-c.done:
 			return
 		case <-t.C:
+			if s.silent.Load() {
+				continue
+			}
 			if err := c.ws.WriteControl(websocket.PingMessage, []byte("ping"), time.Now().Add(time.Second)); err != nil {
 				return
 			}
