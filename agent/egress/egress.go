@@ -55,6 +55,10 @@ type Proxy struct {
 	plain  *http.Transport  // absolute-form requests, proxied on
 	origin *http.Transport  // /providers/ requests
 	idle   chan *socketConn // get's connections between requests
+
+	// network is "unix", or "tcp" for a pod's Socket "tcp:IP:port" (berth's
+	// egress router on the berth host, ADR 22).
+	network string
 }
 
 // Listen binds e.ProxyAddr. Call it before confining the process: Landlock
@@ -67,10 +71,13 @@ func Listen(e agentproto.Egress) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot start the egress proxy on %s: %w", e.ProxyAddr, err)
 	}
-	p := &Proxy{ln: ln, socket: e.Socket, token: e.Token, idle: make(chan *socketConn, 4)}
+	p := &Proxy{ln: ln, socket: e.Socket, network: "unix", token: e.Token, idle: make(chan *socketConn, 4)}
+	if addr, ok := strings.CutPrefix(e.Socket, "tcp:"); ok {
+		p.network, p.socket = "tcp", addr
+	}
 	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
-		return d.DialContext(ctx, "unix", p.socket)
+		return d.DialContext(ctx, p.network, p.socket)
 	}
 	p.plain = &http.Transport{DialContext: dial, Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: "egress"}), MaxIdleConnsPerHost: 4}
 	p.origin = &http.Transport{DialContext: dial, MaxIdleConnsPerHost: 4}
@@ -176,7 +183,7 @@ func (p *Proxy) get(w http.ResponseWriter, out *http.Request) {
 		kept := sc != nil
 		if !kept {
 			d := net.Dialer{Timeout: 10 * time.Second}
-			conn, err := d.DialContext(out.Context(), "unix", p.socket)
+			conn, err := d.DialContext(out.Context(), p.network, p.socket)
 			if err != nil {
 				http.Error(w, "berth egress unreachable: "+err.Error(), http.StatusBadGateway)
 				return
@@ -301,7 +308,7 @@ func (p *Proxy) putIdle(sc *socketConn) {
 func (p *Proxy) exchange(out *http.Request, absolute bool) (*http.Response, error) {
 	ctx := out.Context()
 	d := net.Dialer{Timeout: 10 * time.Second}
-	conn, err := d.DialContext(ctx, "unix", p.socket)
+	conn, err := d.DialContext(ctx, p.network, p.socket)
 	if err != nil {
 		return nil, err
 	}
@@ -392,7 +399,7 @@ func streamed(resp *http.Response) bool {
 
 // connect asks the egress proxy for the tunnel and splices it to the tool.
 func (p *Proxy) connect(w http.ResponseWriter, r *http.Request) {
-	up, err := net.DialTimeout("unix", p.socket, 10*time.Second)
+	up, err := net.DialTimeout(p.network, p.socket, 10*time.Second)
 	if err != nil {
 		http.Error(w, "berth egress unreachable: "+err.Error(), http.StatusBadGateway)
 		return

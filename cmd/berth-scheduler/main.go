@@ -5,14 +5,17 @@ package main
 
 import (
 	"flag"
+	"net"
 	"os"
 
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/schedules"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/container"
 	"github.com/berth-dev/berth/isolation/hostrun"
+	"github.com/berth-dev/berth/isolation/kube"
 	"github.com/berth-dev/berth/isolation/landlock"
 	"github.com/berth-dev/berth/isolation/unrestricted"
 	"github.com/berth-dev/berth/services/scheduler"
@@ -76,9 +79,29 @@ func backends(env daemon.Env, allUnrestricted bool) map[string]isolation.Backend
 	} else {
 		bs[container.Name] = cb
 	}
+	if usesKubernetes(env.Config) {
+		k := env.Config.Kubernetes
+		host, _, _ := net.SplitHostPort(k.ProxyListen)
+		if kb, err := kube.New(kube.Options{Kubeconfig: k.Kubeconfig, Instance: env.StateDir, Namespace: k.Namespaced(), ProxyHost: host, Logger: log}); err != nil {
+			log.Warn("kubernetes isolation is not available", "err", err)
+		} else {
+			bs[kube.Name] = kb
+		}
+	}
 	if allUnrestricted {
 		// scheduler.Options.ForceUnrestricted compiles their plans so.
 		log.Warn("--unrestricted: every landlock agent runs UNRESTRICTED on the host, with no sandbox")
 	}
 	return bs
+}
+
+// usesKubernetes says whether an agent runs on the kubernetes backend (a
+// reload that adds the first one needs a restart to get the backend).
+func usesKubernetes(cfg *config.Config) bool {
+	for _, id := range cfg.AgentIDs() {
+		if a, err := cfg.Agent(id); err == nil && a.Isolation == config.BackendKubernetes {
+			return true
+		}
+	}
+	return false
 }

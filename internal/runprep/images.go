@@ -19,7 +19,13 @@ type ImageEnsurer interface {
 // for the agent, waiting for a build within the run's timeout. Without an
 // ImageEnsurer the container backend builds its default image itself.
 func (p *Preparer) isolationImage(ctx context.Context, plan *isolation.Plan) error {
-	if plan.Backend != isolation.BackendContainer || plan.Container.Image != "" || p.opts.Images == nil {
+	// A pod runs the same isolation image, which the nodes must have.
+	kube := plan.Backend == isolation.BackendKubernetes
+	named := plan.Container.Image != ""
+	if kube {
+		named = plan.Kube.Image != ""
+	}
+	if plan.Backend != isolation.BackendContainer && !kube || named || p.opts.Images == nil {
 		return nil
 	}
 	if plan.Timeout > 0 {
@@ -31,6 +37,10 @@ func (p *Preparer) isolationImage(ctx context.Context, plan *isolation.Plan) err
 	if err != nil {
 		err = fmt.Errorf("cannot get the isolation image of agent %s from berth-imaged: %w", plan.AgentID, err)
 		return &isolation.RunError{Reason: isolation.ReasonImageBuildFailed, Err: err}
+	}
+	if kube {
+		plan.Kube.Image = tag
+		return nil
 	}
 	plan.Container.Image = tag
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 
 	bolt "go.etcd.io/bbolt"
@@ -59,6 +60,11 @@ type Preparer struct {
 	workspacesSweptFor atomic.Pointer[config.Config]
 	// users looks up [scheduler] egress_user and run_as (runusers.go).
 	users *userCache
+
+	// routers are berth's egress routers for kubernetes pods, by
+	// [kubernetes] proxy_listen (kuberouter.go).
+	routersMu sync.Mutex
+	routers   map[string]*kubeRouter
 }
 
 // New returns a Preparer with opts.
@@ -99,6 +105,8 @@ type Prepared struct {
 
 	proxy       *egress.Proxy
 	egressToken string
+	// unroute takes a kubernetes run off berth's egress router.
+	unroute func()
 }
 
 // Spec is what Backend.Run takes for req: the plan, the request and the
@@ -110,6 +118,10 @@ func (p *Prepared) Spec(req agentproto.Request, onStart func(handle string) erro
 // Finish stops the run's egress proxy, if it has one (its token dies with
 // it), and returns what the proxy decided. Safe to call more than once.
 func (p *Prepared) Finish() egress.Record {
+	if p != nil && p.unroute != nil {
+		p.unroute()
+		p.unroute = nil
+	}
 	if p == nil || p.proxy == nil {
 		return egress.Record{}
 	}
@@ -168,6 +180,11 @@ func (p *Preparer) prepare(ctx context.Context, in Input, keep *keepOptions) (*P
 	if out.Plan.Egress != nil {
 		out.proxy, out.egressToken, err = p.startEgress(ctx, out.Plan, host, keep)
 		if err != nil {
+			return out, err
+		}
+		// A pod reaches its run's proxy through the router (ADR 22).
+		if out.unroute, err = p.routeKube(out.Plan, out.egressToken); err != nil {
+			out.Finish()
 			return out, err
 		}
 	}

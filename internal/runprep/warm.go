@@ -38,18 +38,23 @@ func (p *Preparer) Warm(ctx context.Context, cfg *config.Config) {
 	if len(specs) == 0 {
 		return
 	}
-	kind := isolation.BackendContainer
-	w, ok := p.opts.Backends[string(kind)].(Warmer)
 	for _, id := range cfg.AgentIDs() {
 		a, err := cfg.Agent(id)
+		if err != nil {
+			continue
+		}
 		// The backend without a plan: an agent that warms nothing gets no
 		// uid and no workspace here.
-		if !ok || err != nil || a.Container.Warm == 0 || runplan.BackendOf(a, p.opts.ForceUnrestricted) != kind {
+		kind := runplan.BackendOf(a, p.opts.ForceUnrestricted)
+		w, ok := p.opts.Backends[string(kind)].(Warmer)
+		warm := kind == isolation.BackendContainer && a.Container.Warm > 0 ||
+			kind == isolation.BackendKubernetes && cfg.Kubernetes.WarmPods() > 0
+		if !ok || !warm {
 			continue
 		}
 		spec, err := p.warmSpec(ctx, cfg, a)
 		if err != nil {
-			p.log.Warn("cannot warm containers", "agent", a.ID, "backend", kind, "err", err)
+			p.log.Warn("cannot warm sandboxes", "agent", a.ID, "backend", kind, "err", err)
 			continue
 		}
 		specs[w] = append(specs[w], spec)
