@@ -16,6 +16,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/metrics"
 	"github.com/berth-dev/berth/units"
 )
 
@@ -304,6 +305,10 @@ func (s *Service) Export(conn *dbus.Conn) error {
 	}
 	main := node
 	main.Interfaces = slices.DeleteFunc(slices.Clone(node.Interfaces), func(i introspect.Interface) bool { return i.Name == bus.ImagesJobInterface })
+	main.Interfaces = append(main.Interfaces, metrics.IntrospectData())
+	if err := metrics.Export(conn, bus.ImagesPath, s.metrics.reg); err != nil {
+		return err
+	}
 	intro, err := introspectable(bus.ImagesPath, main, []introspect.Node{{Name: "job"}})
 	if err != nil {
 		return err

@@ -93,6 +93,8 @@ type Service struct {
 
 	// buildsStarted counts builds begun (tests: N callers → one build).
 	buildsStarted atomic.Int64
+
+	metrics *imagesMetrics // metrics.go
 }
 
 // New opens images.db in stateDir and returns the service.
@@ -131,6 +133,7 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 	if s.timeout <= 0 {
 		s.timeout = 30 * time.Minute
 	}
+	s.metrics = newImagesMetrics(s)
 	if s.fetcher == nil {
 		if imagectl.HostHasApt() {
 			s.fetcher = imagectl.AptFetcher{}
@@ -502,10 +505,12 @@ func (s *Service) startBuild(p *plan, noCache bool) *build {
 
 	go func() {
 		defer cancel()
+		began := s.clock.Now()
 		b.err = s.runBuild(ctx, p, noCache, b)
 		if b.err != nil && ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled) {
 			b.err = fmt.Errorf("build of %s canceled", p.tag)
 		}
+		s.countBuild(p.target, b.err, s.clock.Since(began))
 		s.mu.Lock()
 		delete(s.builds, p.tag)
 		s.mu.Unlock()
