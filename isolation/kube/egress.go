@@ -200,7 +200,9 @@ func (b *Backend) probe(ctx context.Context, p isolation.Plan) error {
 	defer closeCanaries()
 	var script strings.Builder
 	for _, a := range append([]string{control}, canaries...) {
-		fmt.Fprintf(&script, "echo \"probe %s $(wget -q -T 3 -O - http://%s/ 2>&1 | tr '\\n' ' ')\"\n", a, a)
+		host, port, _ := net.SplitHostPort(a)
+		// A request, so the router (which waits for one) answers and closes.
+		fmt.Fprintf(&script, "echo \"probe %s $(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 %s %s 2>&1 | tr '\\r\\n' '  ')\"\n", a, host, port)
 	}
 	pod, _, err := PodFor(p, b.instance)
 	if err != nil {
@@ -253,6 +255,7 @@ func (b *Backend) probe(ctx context.Context, p isolation.Plan) error {
 	}
 	reached, err := ProbeVerdict(string(out), control, canaries)
 	if err != nil {
+		err = fmt.Errorf("%w; the probe's log: %q", err, isolation.WithTail("", string(out[:min(len(out), 2048)])))
 		return &isolation.RunError{Reason: isolation.ReasonConfinement, Detail: "cannot verify that pods have no way out but berth's egress router; every kubernetes run fails closed until they have none (or set [kubernetes] egress_verified_by = \"admin\" for a cluster that enforces NetworkPolicy)", Err: err}
 	}
 	if len(reached) > 0 {
@@ -265,7 +268,7 @@ func (b *Backend) probe(ctx context.Context, p isolation.Plan) error {
 
 // ProbeVerdict reads a probe's log: the canaries it reached, or an error
 // when the router's address did not answer (then the probe proves
-// nothing). Only a failure busybox wget names is a failure: anything else
+// nothing). Only a failure busybox nc names is a failure: anything else
 // counts as reached (fail closed).
 func ProbeVerdict(log, control string, canaries []string) ([]string, error) {
 	lines := map[string]string{}

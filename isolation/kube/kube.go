@@ -40,6 +40,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -638,6 +640,7 @@ type session struct {
 	copied     chan struct{} // closed when the attach stream ended
 	attachErr  error         // set before copied closes
 	released   sync.Once
+	killed     atomic.Bool // Kill deleted the pod: its deletion is no fault
 }
 
 func newSession(b *Backend, ns, name string) *session {
@@ -729,6 +732,9 @@ func (s *session) Wait(ctx context.Context) (isolation.Exit, error) {
 		}
 	}()
 	_, err := s.b.watchPod(ctx, s.ns, s.name, stop)
+	if err != nil && s.killed.Load() {
+		return isolation.Exit{Code: -1, Signal: syscall.SIGKILL}, nil // ended by Supervise's kill
+	}
 	if aerr := s.attachFailed(); err != nil && aerr != nil && errors.Is(context.Cause(ctx), aerr) {
 		return isolation.Exit{Code: -1}, &isolation.RunError{Reason: isolation.ReasonStart, Detail: fmt.Sprintf("cannot attach to pod %s/%s to hand berth-agent its request", s.ns, s.name), Err: aerr}
 	}
@@ -746,6 +752,7 @@ func (s *session) Wait(ctx context.Context) (isolation.Exit, error) {
 
 // Kill deletes the pod now.
 func (s *session) Kill(ctx context.Context) error {
+	s.killed.Store(true)
 	return s.b.deletePod(s.ns, s.name)
 }
 

@@ -180,7 +180,7 @@ func waitGone(t *testing.T, cs kubernetes.Interface, ns, selector string) {
 func TestKubernetesRunRepliesFromAHardenedPodWithoutTheKey(t *testing.T) {
 	c := newCluster(t)
 	img := image(t)
-	s := c.spec(t, img, "/sh echo uid=$(id -u) gid=$(id -g); grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status; touch /bin/evil; echo touch=$?; echo kept > /workspace/f && cat /workspace/f; echo files=$(grep -rl sk-berth-kube / 2>/dev/null | grep -v -e ^/proc -e ^/sys | wc -l) env=$(env | grep -c sk-berth-kube)")
+	s := c.spec(t, img, "/sh echo uid=$(id -u) gid=$(id -g); grep -E '^Cap(Eff|Prm|Bnd)' /proc/$$/status; touch /bin/evil; echo touch=$?; echo kept > /workspace/f && cat /workspace/f; echo files=$(grep -rl sk-berth-kube / 2>/dev/null | grep -v -e ^/proc -e ^/sys | wc -l) env=$(env | grep -c sk-berth-kube)")
 	var handle string
 	podJSON := make(chan []byte, 1)
 	s.OnStart = func(h string) error {

@@ -57,17 +57,17 @@ func TestKubernetesPodForRefusesWhatItCannotConfine(t *testing.T) {
 func TestKubernetesProbeVerdictFailsClosed(t *testing.T) {
 	const control, a, b = "10.231.0.1:17000", "10.0.0.5:6443", "10.231.0.1:40000"
 	canaries := []string{a, b}
-	ok := "probe " + control + " wget: server returned error: HTTP/1.1 407 Proxy Authentication Required\n" +
-		"probe " + a + " wget: can't connect to remote host (10.0.0.5): Network is unreachable\n" +
-		"probe " + b + " wget: can't connect to remote host (10.231.0.1): Connection refused\n"
+	ok := "probe " + control + " HTTP/1.1 407 Proxy Authentication Required\n" +
+		"probe " + a + " nc: can't connect to remote host (10.0.0.5): Network is unreachable\n" +
+		"probe " + b + " nc: can't connect to remote host (10.231.0.1): Connection refused\n"
 	if reached, err := kube.ProbeVerdict(ok, control, canaries); err != nil || len(reached) != 0 {
 		t.Errorf("a confined pod's probe: reached %v, %v", reached, err)
 	}
-	leaky := strings.Replace(ok, "wget: can't connect to remote host (10.0.0.5): Network is unreachable", "berth-probe-canary", 1)
+	leaky := strings.Replace(ok, "nc: can't connect to remote host (10.0.0.5): Network is unreachable", "berth-probe-canary", 1)
 	if reached, err := kube.ProbeVerdict(leaky, control, canaries); err != nil || len(reached) != 1 || reached[0] != a {
 		t.Errorf("a pod that reached %s: reached %v, %v", a, reached, err)
 	}
-	odd := strings.Replace(ok, "wget: can't connect to remote host (10.231.0.1): Connection refused", "wget: something else", 1)
+	odd := strings.Replace(ok, "nc: can't connect to remote host (10.231.0.1): Connection refused", "nc: something else", 1)
 	if reached, _ := kube.ProbeVerdict(odd, control, canaries); len(reached) != 1 {
 		t.Errorf("an answer the probe does not know counts as reached; got %v", reached)
 	}
