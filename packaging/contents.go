@@ -39,6 +39,7 @@ var binaries = []struct{ name, dst string }{
 	{"berth-intake", libexec},
 	{"berth-scheduler", libexec},
 	{"berth-imaged", libexec},
+	{"berth-metrics", libexec},
 	{"berth-egress", libexec},
 	{"berth-agent", libexec},
 }
@@ -50,7 +51,7 @@ func contents() []entry {
 	for _, b := range binaries {
 		es = append(es, entry{src: b.name, dst: path.Join(b.dst, b.name), kind: binary})
 	}
-	for _, u := range []string{"berth-intake.socket", "berth-intake.service", "berth-scheduler.service", "berth-imaged.service"} {
+	for _, u := range []string{"berth-intake.socket", "berth-intake.service", "berth-scheduler.service", "berth-imaged.service", "berth-metrics.socket", "berth-metrics.service"} {
 		es = append(es, entry{src: "units/systemd/" + u, dst: path.Join(systemdUnits, u), kind: data})
 	}
 	for _, name := range []string{"dev.berth.Intake1", "dev.berth.Scheduler1", "dev.berth.Images1"} {
@@ -60,6 +61,8 @@ func contents() []entry {
 			entry{src: "units/dbus/" + name + ".xml", dst: "/usr/share/dbus-1/interfaces/" + name + ".xml", kind: data},
 		)
 	}
+	// Every daemon serves dev.berth.Metrics1 beside its own interface.
+	es = append(es, entry{src: "units/dbus/dev.berth.Metrics1.xml", dst: "/usr/share/dbus-1/interfaces/dev.berth.Metrics1.xml", kind: data})
 	es = append(es,
 		// Readable by group berth: berth-intake runs as user berth.
 		entry{src: "packaging/etc/berth.toml", dst: "/etc/berth/berth.toml", kind: config, mode: 0o640, group: "berth"},

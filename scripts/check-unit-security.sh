@@ -14,6 +14,7 @@ dir=${1:-units/systemd}
 # root; see the comments in the units for why.
 checks=(berth-intake.service:2.0 berth-scheduler.service:4.0)
 [ -e "$dir/berth-imaged.service" ] && checks+=(berth-imaged.service:4.0)
+[ -e "$dir/berth-metrics.service" ] && checks+=(berth-metrics.service:2.0)
 
 failed=0
 for check in "${checks[@]}"; do
