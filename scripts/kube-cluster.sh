@@ -142,7 +142,7 @@ render() { # render TEMPLATE OUT
 start_daemon() { # start_daemon NAME BINARY ARGS...: detached, logging to LOG_DIR/NAME.log
   local name=$1
   shift
-  setsid "$@" </dev/null >>"$LOG_DIR/$name.log" 2>&1 &
+  setsid "$@" </dev/null >>"$LOG_DIR/$name.log" 2>&1 9<&- &
   echo $! >"$RUN_DIR/pids/$name.pid"
 }
 
@@ -240,11 +240,12 @@ host_snapshot() { # host_snapshot DIR: what a cluster may change on the host
   awk '{print $5}' /proc/self/mountinfo | sort >"$1/mounts"
   sysctl "${SYSCTLS[@]}" >"$1/sysctls" 2>/dev/null || true
   local t
-  for t in filter nat mangle; do iptables -t "$t" -S 2>/dev/null | grep '^-N' | sed "s/^/$t /"; done | sort >"$1/chains"
+  for t in filter nat mangle; do iptables -t "$t" -S 2>/dev/null | { grep '^-N' || true; } | sed "s/^/$t /"; done | sort >"$1/chains"
   local d
   for d in "${HOST_DIRS[@]}"; do [ -e "$d" ] && echo "$d"; done >"$1/dirs"
   ls /run/netns 2>/dev/null | sort >"$1/netns" || true
   find /sys/fs/cgroup -maxdepth 2 -name "$CGROUP_PARENT" 2>/dev/null | sort >"$1/cgroups"
+  touch "$1/.complete"
 }
 
 need_packages() {
@@ -386,7 +387,7 @@ our_pids() {
   find /sys/fs/cgroup/*/"$CGROUP_PARENT" -name cgroup.procs -exec cat {} + 2>/dev/null
   local p
   for p in /proc/[0-9]*; do
-    tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -- "-address $CONTAINERD_SOCK " && echo "${p#/proc/}"
+    { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -qF -- "-address $CONTAINERD_SOCK " && echo "${p#/proc/}"
   done
   true
 }
@@ -398,7 +399,7 @@ do_down() {
     # Each task killed and deleted through containerd, so its shim exits and
     # cleans its socket; the sandboxes' network namespaces are noted for below.
     for id in $(CTR containers ls -q 2>/dev/null); do
-      netns+=($(CTR containers info "$id" 2>/dev/null | jq -r '.Spec.linux.namespaces[]? | select(.type == "network") | .path // empty'))
+      netns+=($(CTR containers info "$id" 2>/dev/null | jq -r '.Spec.linux.namespaces[]? | select(.type == "network") | .path // empty' || true))
       CTR tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true
     done
     for id in $(CTR containers ls -q 2>/dev/null); do
@@ -447,7 +448,9 @@ do_down() {
   # Our cgroups, deepest first (empty by now).
   find /sys/fs/cgroup/*/"$CGROUP_PARENT" -depth -type d -exec rmdir {} + 2>/dev/null || true
 
-  if [ -d "$before" ]; then
+  # Only a whole record is restored from: a missing line must never read as
+  # "the host had no such directory".
+  if [ -f "$before/.complete" ]; then
     # The sysctls kubelet set (vm.overcommit_memory, kernel.panic, ...).
     local line key val
     while read -r line; do
@@ -458,9 +461,9 @@ do_down() {
     local t c
     local now
     now=$(mktemp)
-    for t in filter nat mangle; do iptables -t "$t" -S 2>/dev/null | grep '^-N' | sed "s/^/$t /"; done | sort >"$now"
+    for t in filter nat mangle; do iptables -t "$t" -S 2>/dev/null | { grep '^-N' || true; } | sed "s/^/$t /"; done | sort >"$now"
     while read -r t _ c; do
-      iptables -t "$t" -S 2>/dev/null | grep -E -- "-j $c( |$)" | sed 's/^-A/-D/' | while read -r rule; do
+      iptables -t "$t" -S 2>/dev/null | { grep -E -- "-j $c( |$)" || true; } | sed 's/^-A/-D/' | while read -r rule; do
         eval "iptables -t $t $rule" 2>/dev/null || true
       done
       iptables -t "$t" -F "$c" 2>/dev/null || true
