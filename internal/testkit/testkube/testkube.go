@@ -86,7 +86,7 @@ func KubeconfigPath() (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "bash", filepath.Join(RepoRoot(), "scripts", "kube-cluster.sh"), "env").Output()
+	out, err := exec.CommandContext(ctx, filepath.Join(RepoRoot(), "scripts", "kube-cluster.sh"), "env").Output()
 	if err != nil {
 		return "", fmt.Errorf("KUBECONFIG is not set and scripts/kube-cluster.sh env says the test cluster is not up: %w", err)
 	}
