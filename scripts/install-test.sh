@@ -457,6 +457,72 @@ systemctl stop berth-intake.service' || fail "cannot configure a conversation ag
   inside 'rm /etc/berth/berth.d/75-install-test-sandboxes.toml && systemctl reload berth-scheduler && systemctl stop berth-intake.service' || fail "cannot remove the conversation agent"
 }
 
+# prometheus_mirror: a flat apt repository in $cache/prometheus-mirror with
+# the .debs Debian's prometheus needs beyond the container's own packages
+# (resolved against its dpkg status by the host's apt, as local_mirror does
+# for jq), given to the container's apt as one more source.
+prometheus_mirror() {
+  local mirror=$cache/prometheus-mirror status=$work/container-status
+  mkdir -p "$mirror/partial"
+  docker cp "$container:/var/lib/dpkg/status" "$status" >/dev/null || return 1
+  fetch_prometheus() {
+    apt-get -q -y --download-only --no-install-recommends -o Dir::State::status="$status" \
+      -o Dir::Cache::archives="$mirror" -o Debug::NoLocking=1 install prometheus curl >"$work/prometheus-download.log" 2>&1
+  }
+  fetch_prometheus || { apt-get update -qq && fetch_prometheus; } || { cat "$work/prometheus-download.log" >&2; return 1; }
+  ls "$mirror"/prometheus_*.deb >/dev/null || { echo "apt fetched no prometheus" >&2; return 1; }
+  (cd "$mirror" && dpkg-scanpackages --multiversion . /dev/null >Packages 2>"$work/scan.log") || { cat "$work/scan.log" >&2; return 1; }
+  inside 'rm -rf /srv/prometheus-mirror && mkdir -p /srv/prometheus-mirror /etc/apt/sources.list.d'
+  tar -C "$mirror" --exclude=./partial --exclude=./lock -cf - . | docker exec -i "$container" tar -C /srv/prometheus-mirror -xf -
+  inside 'echo "deb [trusted=yes] copy:/srv/prometheus-mirror ./" >/etc/apt/sources.list.d/prometheus-mirror.list && apt-get update -q' >"$work/apt-update.log" 2>&1 ||
+    { cat "$work/apt-update.log" >&2; return 1; }
+}
+
+# metrics_step: Debian's prometheus scrapes berth-metrics.socket
+# (127.0.0.1:9477) on real systemd; after a webhook message's run, its HTTP
+# API (promtool query instant) has the run, the accepted message, the run's
+# queue stage, berth_up and scheduler.db's size; intake's listener serves
+# no /metrics (BERTH_INSTALL_TEST_ONLY=metrics runs it alone).
+metrics_step() {
+  local t0=$SECONDS id reply q out
+  ensure_receiver
+  prometheus_mirror || fail "cannot give the container a local Debian mirror with prometheus"
+  inside 'DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus curl' >"$work/prometheus-apt.log" 2>&1 ||
+    { cat "$work/prometheus-apt.log"; fail "apt-get install prometheus"; }
+  inside 'set -e
+getent passwd berth-metrics >/dev/null
+systemctl is-enabled -q berth-metrics.socket
+systemctl start berth-metrics.socket
+printf "%s\n" "global:" "  scrape_interval: 1s" "scrape_configs:" "  - job_name: berth" "    static_configs:" "      - targets: [\"127.0.0.1:9477\"]" >/etc/prometheus/prometheus.yml
+printf "%s\n" "[[connectors]]" "id = \"metered\"" "type = \"webhook\"" "secret_file = \"/etc/berth/hooks.secret\"" "reply_url = \"http://127.0.0.1:9999/replies\"" "" "[[agents]]" "id = \"metered\"" "" "[[bindings]]" "connector = \"metered\"" "channel_id = \"CMET\"" "agent = \"metered\"" >/etc/berth/berth.d/76-install-test-metrics.toml
+berthctl config check >/dev/null
+systemctl reload-or-restart berth-scheduler
+systemctl stop berth-intake.service
+systemctl restart prometheus' || fail "cannot configure prometheus and a metered agent"
+  id=$(inside "installprobe post --url http://127.0.0.1:8470/hooks/metered --secret-file /etc/berth/hooks.secret --channel CMET '/sh echo metered-reply'") || fail "POST to the metered connector"
+  reply=$(inside "installprobe wait --id $id --timeout 60s --field text") || fail "no reply to the metered message"
+  grep -qx metered-reply <<<"$reply" || fail "the metered message's reply: $reply"
+  # Each series as Prometheus scraped it (every second).
+  for q in 'berth_scheduler_runs_total{agent="metered",state="succeeded",daemon="scheduler"}' \
+    'berth_intake_messages_accepted_total{connector="metered",daemon="intake"}' \
+    'berth_scheduler_run_stage_seconds_count{agent="metered",stage="queue"}' \
+    'berth_up{daemon="scheduler"}' 'berth_bolt_file_size_bytes{db="scheduler.db"}'; do
+    out=""
+    for _ in $(seq 1 60); do
+      out=$(inside "promtool query instant http://127.0.0.1:9090 '$q'" 2>&1) || true
+      grep -q '=> [1-9]' <<<"$out" && break
+      sleep 1
+    done
+    grep -q '=> [1-9]' <<<"$out" || fail "prometheus has no $q: $out $(inside 'curl -s http://127.0.0.1:9477/metrics | grep ^berth_ | head -40; journalctl --no-pager -u berth-metrics -n 20')"
+  done
+  # The exporter listens on loopback only; intake's public listener serves
+  # no metrics.
+  inside 'ss -ltnH "sport = :9477"' | grep -q '127.0.0.1:9477' || fail "berth-metrics.socket is not on 127.0.0.1:9477"
+  [ "$(inside 'curl -s -o /dev/null -w %{http_code} http://127.0.0.1:8470/metrics')" != 200 ] || fail "intake's webhook listener serves /metrics"
+  inside 'rm /etc/berth/berth.d/76-install-test-metrics.toml && systemctl reload berth-scheduler && systemctl stop berth-intake.service prometheus' || fail "cannot remove the metered agent"
+  echo "    metrics step took $((SECONDS - t0))s"
+}
+
 # jq_step: berthctl container build --agent jq through the installed
 # berth-imaged (D-Bus-activated by systemd) on the host's engine, with the
 # .debs from the container's apt; then a message whose shell command runs
@@ -530,7 +596,7 @@ docker cp "$cockpit_deb" "$container:/root/berth-cockpit.deb"
 docker cp "$work/installprobe" "$container:/usr/local/bin/installprobe"
 docker cp scripts/check-unit-security.sh "$container:/usr/local/bin/check-unit-security"
 
-# BERTH_INSTALL_TEST_ONLY=schedules|sandboxes|cockpit runs one step alone
+# BERTH_INSTALL_TEST_ONLY=schedules|sandboxes|cockpit|metrics runs one step alone
 # on a fresh install, for working on it.
 only_title=""
 case "${BERTH_INSTALL_TEST_ONLY:-}" in
@@ -538,7 +604,8 @@ case "${BERTH_INSTALL_TEST_ONLY:-}" in
 schedules) only_title="schedules: a job's systemd timer is listed, fires, and its reply reaches the webhook; a job missed while the scheduler was down runs once when it is back" ;;
 sandboxes) only_title="sandboxes: a conversation's landlock sandbox is a berth-sandbox unit that keeps its /tmp and stops" ;;
 cockpit) only_title="Cockpit: berth-cockpit with Debian's Cockpit; the page in Chromium as an admin and as a plain user" ;;
-*) fail "BERTH_INSTALL_TEST_ONLY=$BERTH_INSTALL_TEST_ONLY: want schedules, sandboxes or cockpit" ;;
+metrics) only_title="metrics: Debian's prometheus scrapes berth-metrics.socket and has a run's series" ;;
+*) fail "BERTH_INSTALL_TEST_ONLY=$BERTH_INSTALL_TEST_ONLY: want schedules, sandboxes, cockpit or metrics" ;;
 esac
 if [ -n "$only_title" ]; then
   step "apt install berth"
@@ -935,12 +1002,15 @@ schedules_step
 step "sandboxes: a conversation's landlock sandbox is a berth-sandbox unit that keeps its /tmp and stops"
 sandboxes_step
 
+step "metrics: Debian's prometheus scrapes berth-metrics.socket and has a run's series"
+metrics_step
+
 step "apt-get purge leaves no berth files, units or users behind"
 inside 'DEBIAN_FRONTEND=noninteractive apt-get purge -y -q berth berth-cockpit' >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; fail "purge"; }
 inside 'systemctl stop install-test-receiver' || true
 left=$(inside 'find / -xdev \( -path /proc -o -path /sys -o -path /var/log/journal -o -path /root \) -prune -o \( -name "*berth*" -o -name "dev.berth.*" \) -print' || true)
 [ -z "$left" ] || fail "files left after purge: $left"
-for u in berth berth-agent; do inside "getent passwd $u" >/dev/null && fail "user $u left after purge"; done
+for u in berth berth-agent berth-metrics; do inside "getent passwd $u" >/dev/null && fail "user $u left after purge"; done
 for g in berth berth-agent berth-admin; do inside "getent group $g" >/dev/null && fail "group $g left after purge"; done
 grep -q . <<<"$(inside "systemctl list-units --no-legend --all 'berth*'")" && fail "units left after purge: $(inside "systemctl list-units --no-legend --all 'berth*'")"
 
