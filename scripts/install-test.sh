@@ -517,7 +517,8 @@ systemctl restart prometheus' || fail "cannot configure prometheus and a metered
   done
   # The exporter listens on loopback only; intake's public listener serves
   # no metrics.
-  inside 'ss -ltnH "sport = :9477"' | grep -q '127.0.0.1:9477' || fail "berth-metrics.socket is not on 127.0.0.1:9477"
+  out=$(inside 'systemctl show -p Listen berth-metrics.socket')
+  [ "$out" = "Listen=127.0.0.1:9477 (Stream)" ] || fail "berth-metrics.socket listens on: $out"
   [ "$(inside 'curl -s -o /dev/null -w %{http_code} http://127.0.0.1:8470/metrics')" != 200 ] || fail "intake's webhook listener serves /metrics"
   inside 'rm /etc/berth/berth.d/76-install-test-metrics.toml && systemctl reload berth-scheduler && systemctl stop berth-intake.service prometheus' || fail "cannot remove the metered agent"
   echo "    metrics step took $((SECONDS - t0))s"
