@@ -16,6 +16,7 @@ func toolEnv(req agentproto.Request, tmp string, launcher *confine.Launcher) too
 	env := tools.Env{Workspace: req.Workspace, TmpDir: tmp, Network: req.Policy.Network || req.Egress != nil, Processes: launcher}
 	if req.Egress != nil {
 		env.ProxyEnv, env.ProxyURL, env.CABundle = agentegress.EnvFor(*req.Egress), "http://"+req.Egress.ProxyAddr, req.Egress.CABundle
+		env.Own = agentegress.OwnChannel(*req.Egress)
 	}
 	return env
 }

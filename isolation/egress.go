@@ -48,6 +48,9 @@ type EgressPlan struct {
 	Agent      string                   `json:"agent,omitempty"`
 	Git        []egresspolicy.GitRule   `json:"git,omitempty"`
 	GitHubApps []egresspolicy.GitHubApp `json:"github_apps,omitempty"`
+	// ReadOnly is [agents.egress] mode = "read-only": tools may only GET
+	// and HEAD, without bodies, and every tunnel is read with the run's CA.
+	ReadOnly bool `json:"read_only,omitempty"`
 }
 
 // EgressCABundleName is the CA bundle's name in the run's directory.
@@ -84,7 +87,7 @@ func ProviderProxyURL(proxyAddr, provider string) string {
 // them, with res resolving names (nil: addresses left undecided) and addrs
 // classifying addresses.
 func (e *EgressPlan) Judge(res egresspolicy.Resolver, addrs *egresspolicy.Classifier) *egresspolicy.Judge {
-	return &egresspolicy.Judge{Allow: e.Allow, Providers: e.Providers, Secrets: e.Secrets, Agent: e.Agent, Git: e.Git, Resolver: res, Addresses: addrs}
+	return &egresspolicy.Judge{Allow: e.Allow, Providers: e.Providers, Secrets: e.Secrets, Agent: e.Agent, Git: e.Git, ReadOnly: e.ReadOnly, Resolver: res, Addresses: addrs}
 }
 
 // DecideGit says what the run's proxy would do with a git fetch of remote

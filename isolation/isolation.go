@@ -24,6 +24,7 @@ import (
 	"fmt"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/egresspolicy"
 )
 
 // Result is a finished run: the agent wrote a response (which may itself carry
@@ -40,6 +41,9 @@ type Result struct {
 	Egress        []EgressDecision
 	EgressDropped int
 	EgressCounts  EgressCounts
+	// Usage is what the run's provider calls spent, as its egress proxy
+	// read it from each answer (docs/adr/0024-usage-and-budgets.md).
+	Usage egresspolicy.Usage
 }
 
 // Backend runs agent requests in one kind of sandbox.

@@ -252,6 +252,9 @@ type Spec struct {
 	// EgressToken is the run's token at its egress proxy (with Plan.Egress):
 	// a secret, like the keys, that travels only on stdin.
 	EgressToken string
+	// EgressAgentToken opens berth-agent's own channel at the proxy
+	// (docs/adr/0026-agent-own-egress-channel.md); on stdin only, like EgressToken.
+	EgressAgentToken string
 }
 
 // throughEgress is a provider as an agent behind the egress proxy calls it:
@@ -292,7 +295,7 @@ func (s Spec) Input() ([]byte, error) {
 			fallback[i] = throughEgress(pr, s.Egress)
 		}
 		req.Fallback = fallback
-		req.Egress = &agentproto.Egress{ProxyAddr: s.Egress.ProxyAddr, Socket: s.Egress.SandboxSocket, Token: s.EgressToken, CABundle: s.Egress.SandboxCABundle}
+		req.Egress = &agentproto.Egress{ProxyAddr: s.Egress.ProxyAddr, Socket: s.Egress.SandboxSocket, Token: s.EgressToken, CABundle: s.Egress.SandboxCABundle, AgentToken: s.EgressAgentToken}
 	}
 	data, err := json.Marshal(req)
 	if err != nil {

@@ -122,6 +122,9 @@ func redact(spec Spec, res Result, err error) (Result, error) {
 	if len(spec.EgressToken) >= minSecret {
 		secrets = append(secrets, spec.EgressToken)
 	}
+	if len(spec.EgressAgentToken) >= minSecret {
+		secrets = append(secrets, spec.EgressAgentToken)
+	}
 	if spec.Egress != nil {
 		for _, s := range spec.Egress.Secrets {
 			if len(s.Value) >= minSecret {

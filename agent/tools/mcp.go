@@ -302,9 +302,15 @@ func (s *mcpServer) newTransport(env Env) (mcp.Transport, error) {
 		return nil, fmt.Errorf("MCP server %s: %w", s.entry.Name, err)
 	}
 	tr.ResponseHeaderTimeout = s.timeout
+	var rt http.RoundTripper = tr
+	if env.Own != nil && !s.entry.Workspace {
+		// berth.toml's server: on berth-agent's own channel, where its host
+		// and headers_secret apply; a workspace's goes the tools' way.
+		rt = env.Own(tr)
+	}
 	return &mcp.StreamableClientTransport{
 		Endpoint:   u.String(),
-		HTTPClient: &http.Client{Transport: tr},
+		HTTPClient: &http.Client{Transport: rt},
 		MaxRetries: -1,
 		// Only answers to the agent's own requests: no stream that stays
 		// open through the proxy for notifications the agent ignores.

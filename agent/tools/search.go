@@ -97,7 +97,7 @@ func (t webSearch) Call(ctx context.Context, raw json.RawMessage) (string, error
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", "berth-agent web_search")
-	transport, err := t.env.webTransport()
+	transport, err := t.env.ownTransport()
 	if err != nil {
 		return "", err
 	}

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,6 +51,10 @@ type Env struct {
 	ProxyEnv []string
 	ProxyURL string
 	CABundle string
+	// Own, when set, puts berth-agent's own requests (web_search,
+	// berth.toml's MCP servers) on its own channel at the egress proxy
+	// (agent/egress.OwnChannel), which no tool can use.
+	Own func(base *http.Transport) http.RoundTripper
 	// Processes, when set, starts and signals every process a tool runs:
 	// berth-agent's confine.Launcher puts them in the tools' stricter
 	// Landlock domain. Unset, they start as they are.

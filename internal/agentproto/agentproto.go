@@ -88,6 +88,9 @@ type MCPServer struct {
 	// TimeoutSeconds bounds the server's start (initialize and tool list)
 	// and each call to it; 0 means the agent's default.
 	TimeoutSeconds int `json:"timeout_seconds,omitempty"`
+	// Workspace marks a server of the workspace's .mcp.json: the sandbox
+	// wrote it, so berth-agent reaches it on the tools' channel, never its own.
+	Workspace bool `json:"workspace,omitempty"`
 }
 
 // WebSearch is the web_search tool's provider: Kind "searxng" (a SearXNG
@@ -128,6 +131,10 @@ type Egress struct {
 	// roots and the run's CA, which the proxy intercepts the hosts of
 	// [[egress.secrets]] with): SSL_CERT_FILE and friends point to it.
 	CABundle string `json:"ca_bundle,omitempty"`
+	// AgentToken opens berth-agent's own channel at the proxy (web_search,
+	// berth.toml's MCP servers; docs/adr/0026-agent-own-egress-channel.md):
+	// a secret berth-agent keeps in memory and never hands a tool.
+	AgentToken string `json:"agent_token,omitempty"`
 }
 
 // Agent is the agent's effective settings for this run.

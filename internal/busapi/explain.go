@@ -158,6 +158,9 @@ type EgressRule struct {
 	Host    string   `json:"host"`
 	Port    int      `json:"port,omitempty"`
 	Methods []string `json:"methods,omitempty"`
+	// AgentTool, when set, is berth-agent's own tool the rule is for: no
+	// tool's request matches it (ADR 26).
+	AgentTool string `json:"agent_tool,omitempty"`
 }
 
 // EgressProvider is a provider the proxy adds the key for, without the key.
@@ -187,6 +190,8 @@ type EgressSecret struct {
 	Ports   []int    `json:"ports,omitempty"`
 	Methods []string `json:"methods,omitempty"`
 	Paths   []string `json:"paths,omitempty"`
+	// AgentTool, when set, is berth-agent's own tool the secret is for.
+	AgentTool string `json:"agent_tool,omitempty"`
 }
 
 // Confinement is what the plan's backend would enforce on this host for a

@@ -64,6 +64,9 @@ type Run struct {
 	// MCP is the JSON array of how each of the agent's MCP servers fared
 	// (MCPServers decodes it); "[]" without servers.
 	MCP Output
+	// Usage is the JSON object of what its provider calls spent
+	// (RunUsage decodes it); "null" without calls.
+	Usage Output
 	// Sandbox is the conversation sandbox the run ran in ("" for a sandbox
 	// of its own); SandboxNote why it waited for one, or why one was
 	// stopped for it or after it.
@@ -89,7 +92,7 @@ func (r *Run) outputs() []struct {
 	}{
 		{"text", OutputText, &r.Text}, {"reply", OutputReply, &r.Reply}, {"error", OutputError, &r.Error},
 		{"tool_calls", OutputToolCalls, &r.ToolCalls}, {"stderr_tail", OutputStderr, &r.StderrTail},
-		{"egress", "", &r.Egress}, {"egress_counts", "", &r.EgressCounts}, {"mcp", "", &r.MCP},
+		{"egress", "", &r.Egress}, {"egress_counts", "", &r.EgressCounts}, {"mcp", "", &r.MCP}, {"usage", "", &r.Usage},
 	}
 }
 

@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"net"
 	"net/url"
 	"regexp"
 	"slices"
@@ -123,9 +122,10 @@ func checkMCPTimeout(d Duration) string {
 }
 
 // agentToolsMerged checks each agent's MCP servers and web search against
-// the rest of the merged configuration: the secrets they name, and the
-// allow rules their hosts need (the admin writes them; nothing is allowed
-// behind their back).
+// the rest of the merged configuration: the secrets they name, and that
+// the agent has an egress proxy to reach their hosts through. The URL the
+// admin writes is the allow rule of berth-agent's own requests to it, never
+// of a tool's (docs/adr/0026-agent-own-egress-channel.md).
 func (t *tree) agentToolsMerged(into *checks) {
 	// [agent_defaults]' entries are checked once per agent; an error that
 	// is not the agent's own is reported once.
@@ -206,32 +206,12 @@ func (v agentView) directNetwork() string {
 	return ""
 }
 
-// reaches says whether one of the agent's allow rules lets a request of
-// method reach host:port through the proxy (CONNECT for https).
-func (v agentView) reaches(method, host string, port int) bool {
-	for _, raw := range firstList(v.agent.v.Egress.Allow, v.defaults.v.Egress.Allow) {
-		r, err := egresspolicy.ParseRule(raw)
-		if err == nil && r.Matches(method, host, port) {
-			return true
-		}
-	}
-	return false
-}
-
 // throughProxy checks that the agent's runs reach u through the egress
-// proxy with a request of method (CONNECT for https): they have one, and an
-// allow rule lets it pass.
-func (v agentView) throughProxy(c *checks, l loc, what string, u *url.URL, method string) {
+// proxy: they have one. Its URL allows berth-agent's own requests there
+// (runplan's agentToolRules); tools need an allow rule of their own.
+func (v agentView) throughProxy(c *checks, l loc, what string, _ *url.URL, _ string) {
 	if why := v.directNetwork(); why != "" {
 		c.fail(l, "%s is reached only through the egress proxy, which agent %q's runs do not have (%s)", what, v.id(), why)
-		return
-	}
-	host, port := hostPort(u)
-	if u.Scheme == "https" {
-		method = "CONNECT"
-	}
-	if !v.reaches(method, host, port) {
-		c.fail(l, "no [agents.egress] allow rule of agent %q lets %s reach %s: add %q to its allow", v.id(), what, net.JoinHostPort(host, strconv.Itoa(port)), net.JoinHostPort(host, strconv.Itoa(port)))
 	}
 }
 

@@ -111,3 +111,14 @@ func egressModeOf(a Agent) string {
 	}
 	return ""
 }
+
+// PricesOf is prices as [providers.NAME.prices] would give them, for a
+// Config made in code (a test's).
+func PricesOf(prices map[string]egresspolicy.Price) ProviderPrices {
+	var out ProviderPrices
+	for model, p := range prices {
+		in, o, c := p.Input, p.Output, p.Cached
+		out.Models = append(out.Models, &entry[ModelPrice]{v: ModelPrice{Model: model, Input: &in, Output: &o, Cached: &c}})
+	}
+	return out
+}

@@ -43,6 +43,9 @@ Commands:
                                               would AGENT's egress proxy let the request pass, by which rule or why not (exit 0 pass, 1 refused, 2 bad question)
   egress explain --git fetch|push [--json] AGENT REMOTE [REF]
                                               the same for a git fetch of REMOTE, or a push of REF to it, by AGENT's [[agents.egress.git]] rules
+  usage [--agent A] [--since 7d] [--json]     what each agent spent on providers per day (UTC): calls, tokens, cost, refusals
+  budget [show] [--json] [AGENT] | set AGENT KEY VALUE|default
+                                              [agents.budget] with today's spending; set changes a key live (live runs get it at once)
   container build [--agent ID] [--no-cache]   build an agent's images (default: [image_config]) and follow the build
   container status | images [--json] | clean [--all] | dockerfile [--agent ID] | rm TAG
 
@@ -89,6 +92,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = c.egress(args[1:])
 	case "container":
 		err = c.container(args[1:])
+	case "usage":
+		err = c.usage(args[1:])
+	case "budget":
+		err = c.budget(args[1:])
 	default:
 		err = usageError("unknown command %q", args[0])
 	}
@@ -484,6 +491,7 @@ func printRun(w io.Writer, run busapi.Run) {
 	}
 	writeMCP(w, run)
 	writeEgress(w, run)
+	writeUsage(w, run)
 	if r := run.Reply.Text; r != "" {
 		fmt.Fprintf(w, "\nreply:\n%s\n", indent(r))
 	}

@@ -44,12 +44,17 @@ type Judge struct {
 	// (git.go): their hosts are reached for git only, unless a rule allows more.
 	Agent string
 	Git   []GitRule
+	// ReadOnly is [agents.egress] mode = "read-only" (readonly.go).
+	ReadOnly bool
 	// Resolver resolves names a rule could allow; nil leaves the address
 	// undecided (explain without a resolver says so in its note).
 	Resolver Resolver
 	// Addresses says which addresses are internal; nil judges the
 	// special-purpose ranges only.
 	Addresses *Classifier
+	// AgentChannel judges berth-agent's own requests (its agent token):
+	// rules and secrets of its own tools (AgentTool) apply too (channel.go).
+	AgentChannel bool
 }
 
 // Destination is where a tool's request may go: the rule that allows it
@@ -75,9 +80,12 @@ func (j *Judge) Destination(ctx context.Context, method, host string, port int) 
 	if port < 1 || port > 65535 {
 		return Destination{}, refused(http.StatusBadRequest, "port %d is not 1-65535", port)
 	}
-	rule, ok := MatchRule(j.Allow, method, host, port)
+	rule, ok := MatchRule(j.channelRules(), method, host, port)
 	if !ok {
 		rule, ok = j.gitHostRule(method, host, port)
+	}
+	if why := j.agentOnly(method, host, port); !ok && why != "" {
+		return Destination{}, refused(http.StatusForbidden, "%s", why)
 	}
 	if !ok {
 		return Destination{}, refused(http.StatusForbidden, "%s", NoRule(method, host, port))
@@ -119,7 +127,7 @@ func (j *Judge) Destination(ctx context.Context, method, host string, port int) 
 func (j *Judge) SecretFor(host string, port int) *Secret {
 	for i := range j.Secrets {
 		// A git rule's credential goes to its repositories only (git.go).
-		if j.Secrets[i].For(host, port) && !j.GitCredential(j.Secrets[i].Name) {
+		if j.Secrets[i].For(host, port) && j.onChannel(j.Secrets[i].AgentTool) && !j.GitCredential(j.Secrets[i].Name) {
 			return &j.Secrets[i]
 		}
 	}

@@ -17,6 +17,10 @@ type Rule struct {
 	Host    string   `json:"host"`
 	Port    int      `json:"port,omitempty"`
 	Methods []string `json:"methods,omitempty"`
+	// AgentTool, when set, is berth-agent's own tool the rule is for ("web_search",
+	// "MCP server tracker"): it allows berth-agent's own requests only
+	// (channel.go), never a tool's.
+	AgentTool string `json:"agent_tool,omitempty"`
 }
 
 // HTTPMethods are the methods a rule may name.

@@ -28,6 +28,9 @@ type Secret struct {
 	Methods []string `json:"methods,omitempty"`
 	Paths   []string `json:"paths,omitempty"`
 	Value   string   `json:"-"`
+	// AgentTool, when set, is berth-agent's own tool the secret is for: it is
+	// added to berth-agent's own requests only (channel.go), never a tool's.
+	AgentTool string `json:"agent_tool,omitempty"`
 }
 
 // For says whether the secret is for a tunnel to host:port.

@@ -86,7 +86,8 @@ func RunMCP(a config.Agent, plan isolation.Plan) (servers []agentproto.MCPServer
 				continue
 			}
 		}
-		servers = append(servers, agentproto.MCPServer{Name: m.Name, Command: m.Command, URL: m.URL})
+		// From the workspace: reached on the tools' channel (ADR 26).
+		servers = append(servers, agentproto.MCPServer{Name: m.Name, Command: m.Command, URL: m.URL, Workspace: true})
 	}
 	return servers, refused
 }
@@ -181,7 +182,8 @@ func reachesThroughProxy(plan isolation.Plan, raw string) string {
 	}
 	host := egresspolicy.NormalHost(u.Hostname())
 	for _, r := range plan.Egress.Allow {
-		if r.Matches(method, host, port) {
+		// A rule of berth-agent's own tools is no rule for the workspace's.
+		if r.AgentTool == "" && r.Matches(method, host, port) {
 			return ""
 		}
 	}

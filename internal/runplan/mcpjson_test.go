@@ -53,8 +53,8 @@ func TestAWorkspacesMCPJSONAddsServersCheckedAsBerthTomlsAndNeverItsHeaders(t *t
 	want := []agentproto.MCPServer{
 		{Name: "files", Command: []string{"mcp-files", "/workspace/docs"}, Tools: []string{"read"}, TimeoutSeconds: 2}, // berth.toml's wins
 		{Name: "tracker", URL: "https://mcp.tracker.example/mcp"},
-		{Name: "issues", URL: "https://mcp.tracker.example/issues"},
-		{Name: "notes", Command: []string{"mcp-notes", "--dir", "/workspace/notes"}},
+		{Name: "issues", URL: "https://mcp.tracker.example/issues", Workspace: true},
+		{Name: "notes", Command: []string{"mcp-notes", "--dir", "/workspace/notes"}, Workspace: true},
 	}
 	if !reflect.DeepEqual(servers, want) {
 		t.Errorf("servers = %+v\nwant %+v", servers, want)

@@ -348,7 +348,8 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		// [providers.X], never from the sandbox.
 		conf := cfg.Providers.Entries[pr.Name]
 		endpoints = append(endpoints, isolation.EgressProvider{Name: pr.Name, Kind: pr.Kind, BaseURL: base, Model: pr.Model,
-			Endpoints: conf.Endpoints, APIVersion: conf.APIVersion, Organization: conf.Organization, Project: conf.Project})
+			Endpoints: conf.Endpoints, APIVersion: conf.APIVersion, Organization: conf.Organization, Project: conf.Project,
+			Prices: conf.ModelPrices()})
 	}
 	var rules []isolation.EgressRule
 	for _, s := range a.EgressAllow {
@@ -359,6 +360,7 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		}
 		rules = append(rules, r)
 	}
+	rules = append(rules, agentToolRules(c, a)...)
 	secrets := egressSecrets(c, cfg, a, rules, host)
 	git := gitPlan(c, cfg, a, host)
 	secrets = git.withSecrets(c, cfg, secrets, host)
@@ -381,11 +383,13 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		Providers: endpoints,
 		Proxy:     isolation.EgressProxyProcess{Binary: cfg.Scheduler.EgressBinary},
 		Agent:     a.ID,
+		ReadOnly:  a.EgressReadOnly,
 	}
 	e.SandboxSocket = e.Socket
 	git.apply(e)
 	// The proxy intercepts the secrets' hosts and the git rules' with the run's CA.
-	if len(secrets) > 0 || len(git.rules) > 0 {
+	// A read-only run's every tunnel is read, so it needs the CA too.
+	if len(secrets) > 0 || len(git.rules) > 0 || (e.ReadOnly && len(rules) > 0) {
 		e.Secrets = secrets
 		e.CABundle = filepath.Join(runDir, isolation.EgressCABundleName)
 		e.SandboxCABundle = e.CABundle
@@ -427,10 +431,12 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 	if len(names) > 0 {
 		why += "; providers: " + strings.Join(names, ", ")
 	}
-	if len(rules) > 0 {
+	if len(a.EgressAllow) > 0 {
 		var raw []string
 		for _, r := range rules {
-			raw = append(raw, r.Raw)
+			if r.AgentTool == "" {
+				raw = append(raw, r.Raw)
+			}
 		}
 		why += "; [agents.egress] allow: " + strings.Join(raw, ", ") + " (loopback, private and link-local destinations only when a rule names the host)"
 	} else {
@@ -443,7 +449,7 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 			why += fmt.Sprintf(", only on ports %v, for methods %v, under paths %v (empty: any); other requests to its hosts are sent without it", s.Ports, s.Methods, s.Paths)
 		}
 	}
-	c.why["egress"] = why + git.why(e)
+	c.why["egress"] = why + agentChannelWhy(rules, secrets) + git.why(e)
 	if host.EgressUnavailable != nil {
 		if len(endpoints) > 0 {
 			c.problems = append(c.problems, providerNeedsNetwork(a, *p, endpoints[0], host.EgressUnavailable))
@@ -473,10 +479,11 @@ func egressSecrets(c *compiled, cfg *config.Config, a config.Agent, rules []isol
 		getenv = func(string) string { return "" }
 	}
 	var out []isolation.EgressSecret
+	owners := agentSecretOwners(a)
 	for _, s := range cfg.EgressSecrets {
 		var hosts []string
 		for _, h := range s.Hosts {
-			if reachable(rules, h, s.Ports) {
+			if reachable(channelRules(rules, owners[s.Name]), h, s.Ports) {
 				hosts = append(hosts, h)
 			}
 		}
@@ -489,7 +496,7 @@ func egressSecrets(c *compiled, cfg *config.Config, a config.Agent, rules []isol
 			continue
 		}
 		out = append(out, isolation.EgressSecret{Name: s.Name, Hosts: hosts, Header: s.Header, Format: s.Format,
-			Ports: s.Ports, Methods: upper(s.Methods), Paths: s.Paths, Value: value})
+			Ports: s.Ports, Methods: upper(s.Methods), Paths: s.Paths, Value: value, AgentTool: owners[s.Name]})
 	}
 	return out
 }

@@ -13,12 +13,16 @@ import (
 
 // startEgress starts the run's egress proxy as [scheduler] egress_user on
 // the run's socket, holding the provider keys the request no longer carries.
-func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host runplan.HostFacts, keep *keepOptions) (*egress.Proxy, string, error) {
+func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host runplan.HostFacts, keep *keepOptions, spend Spending) (*egress.Proxy, string, error) {
 	token, err := egress.NewToken()
 	if err != nil {
 		return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
 	}
 	pol := egress.Policy{RunID: plan.RunID, Agent: plan.AgentID, Token: token, Allow: plan.Egress.Allow}
+	// berth-agent's own channel (ADR 26): the proxy's AgentToken.
+	if pol.AgentToken, err = egress.NewToken(); err != nil {
+		return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
+	}
 	for _, ep := range plan.Egress.Providers {
 		for _, pr := range plan.Providers {
 			if pr.Name == ep.Name {
@@ -28,6 +32,7 @@ func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host ru
 		}
 	}
 	withGit(&pol, plan.Egress)
+	pol.ReadOnly, pol.Allowance = plan.Egress.ReadOnly, spend.Allowance
 	var bundle []byte
 	if hosts := caHosts(plan.Egress); len(hosts) > 0 {
 		// A CA for this run only, for the hosts it intercepts only, for as
@@ -52,6 +57,7 @@ func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host ru
 	}
 	proxy, err := egress.Launch(startCtx, pol, egress.LaunchOptions{
 		OnDecision: onDecision,
+		OnCall:     spend.OnCall,
 		Binary:     plan.Egress.Proxy.Binary,
 		User:       host.EgressUser,
 		Client:     host.RunUser,

@@ -20,6 +20,14 @@ func caHosts(e *isolation.EgressPlan) []string {
 			hosts = append(hosts, h)
 		}
 	}
+	if e.ReadOnly {
+		// A read-only run's tunnels are all read (docs/adr/0024-usage-and-budgets.md).
+		for _, h := range egresspolicy.ReadOnlyCAHosts(e.Allow) {
+			if !slices.Contains(hosts, h) {
+				hosts = append(hosts, h)
+			}
+		}
+	}
 	return hosts
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/egresspolicy"
 	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/services/egress"
@@ -91,6 +92,16 @@ type Input struct {
 	Attempt int
 	// Overrides are the run's own model and timeout (a scheduled job's).
 	Overrides runplan.Overrides
+	// Spending is what the run's egress proxy may spend and whom it tells.
+	Spending Spending
+}
+
+// Spending is the budget side of a run's egress proxy
+// (docs/adr/0024-usage-and-budgets.md): the allowance it starts with (nil:
+// no budget) and who is told each provider call (it must not block).
+type Spending struct {
+	Allowance *egresspolicy.Allowance
+	OnCall    func(egresspolicy.Call)
 }
 
 // Prepared is a run ready for its backend: call Finish once Backend.Run
@@ -105,14 +116,31 @@ type Prepared struct {
 
 	proxy       *egress.Proxy
 	egressToken string
+	// agentToken opens berth-agent's own channel at the proxy (ADR 26).
+	agentToken string
 	// unroute takes a kubernetes run off berth's egress router.
 	unroute func()
+	// allowances is proxy while it runs, for SetAllowance from another
+	// goroutine than the run's.
+	allowances atomic.Pointer[egress.Proxy]
 }
 
 // Spec is what Backend.Run takes for req: the plan, the request and the
 // token of the run's egress proxy. onStart may be nil.
 func (p *Prepared) Spec(req agentproto.Request, onStart func(handle string) error) isolation.Spec {
-	return isolation.Spec{Plan: p.Plan, Request: req, EgressToken: p.egressToken, OnStart: onStart}
+	return isolation.Spec{Plan: p.Plan, Request: req, EgressToken: p.egressToken, EgressAgentToken: p.agentToken, OnStart: onStart}
+}
+
+// SetAllowance hands the run's egress proxy a newer allowance; a run
+// without a proxy has nothing to limit.
+func (p *Prepared) SetAllowance(a egresspolicy.Allowance) error {
+	if p == nil {
+		return nil
+	}
+	if proxy := p.allowances.Load(); proxy != nil {
+		return proxy.SetAllowance(a)
+	}
+	return nil
 }
 
 // Finish stops the run's egress proxy, if it has one (its token dies with
@@ -127,6 +155,7 @@ func (p *Prepared) Finish() egress.Record {
 	}
 	proxy := p.proxy
 	p.proxy = nil
+	p.allowances.Store(nil)
 	return proxy.Stop()
 }
 
@@ -178,15 +207,17 @@ func (p *Preparer) prepare(ctx context.Context, in Input, keep *keepOptions) (*P
 			"run_id", in.RunID, "agent", a.ID, "backend", b.Name(), "network", out.Plan.Network.Mode)
 	}
 	if out.Plan.Egress != nil {
-		out.proxy, out.egressToken, err = p.startEgress(ctx, out.Plan, host, keep)
+		out.proxy, out.egressToken, err = p.startEgress(ctx, out.Plan, host, keep, in.Spending)
 		if err != nil {
 			return out, err
 		}
+		out.agentToken = out.proxy.AgentToken()
 		// A pod reaches its run's proxy through the router (ADR 22).
 		if out.unroute, err = p.routeKube(out.Plan, out.egressToken); err != nil {
 			out.Finish()
 			return out, err
 		}
+		out.allowances.Store(out.proxy)
 	}
 	return out, nil
 }

@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-dev/berth/internal/egresspolicy"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -75,6 +76,9 @@ type LaunchOptions struct {
 	// OnDecision, when set, is told each decision as the proxy reports it
 	// (a kept sandbox's activity); it must not block.
 	OnDecision func(isolation.EgressDecision)
+	// OnCall, when set, is told each provider call as the proxy reports
+	// it, with its usage (the scheduler's budgets); it must not block.
+	OnCall func(egresspolicy.Call)
 }
 
 // MakeRoot makes the directory of the runs' egress directories, or sets
@@ -146,11 +150,17 @@ type Proxy struct {
 	log     *slog.Logger
 	done    chan struct{}
 	release func()
-	// onDecision is LaunchOptions.OnDecision.
+	// onDecision is LaunchOptions.OnDecision, onCall LaunchOptions.OnCall.
 	onDecision func(isolation.EgressDecision)
+	onCall     func(egresspolicy.Call)
 
-	mu  sync.Mutex
-	rec record
+	mu    sync.Mutex
+	rec   record
+	usage egresspolicy.Usage // the provider calls of the record
+	// stdinMu orders the allowances written after the policy.
+	stdinMu sync.Mutex
+	// agentToken is the policy's AgentToken (channel.go).
+	agentToken string
 }
 
 // Record is a run's egress record: the decisions it keeps (the first and
@@ -160,6 +170,8 @@ type Record struct {
 	Decisions []isolation.EgressDecision
 	Dropped   int
 	Counts    isolation.EgressCounts
+	// Usage is what the provider calls spent (usage.go).
+	Usage egresspolicy.Usage
 }
 
 // Launch creates the run's socket, starts the proxy process on it as
@@ -261,7 +273,8 @@ func Launch(ctx context.Context, pol Policy, opts LaunchOptions) (p *Proxy, err 
 		return nil, fmt.Errorf("cannot start the egress proxy %s: %w", opts.Binary, err)
 	}
 	p = &Proxy{cmd: cmd, stdin: stdin, dir: dir, timeout: opts.StopTimeout, done: make(chan struct{}),
-		log: opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent), onDecision: opts.OnDecision}
+		log: opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent), onDecision: opts.OnDecision, onCall: opts.OnCall}
+	p.agentToken = pol.AgentToken
 	ready := make(chan error, 1)
 	go p.read(stdout, ready)
 	// Confined before it has the policy, so before it serves anything.
@@ -296,6 +309,13 @@ type childLine struct {
 	Ready    bool                      `json:"ready,omitempty"`
 	Error    string                    `json:"error,omitempty"`
 	Decision *isolation.EgressDecision `json:"decision,omitempty"`
+	Call     *egresspolicy.Call        `json:"call,omitempty"`
+}
+
+// stdinLine is one line the scheduler writes to the proxy after the
+// policy: a newer allowance (budget.go).
+type stdinLine struct {
+	Allowance *egresspolicy.Allowance `json:"allowance,omitempty"`
 }
 
 func (p *Proxy) read(stdout io.Reader, ready chan<- error) {
@@ -322,6 +342,13 @@ func (p *Proxy) read(stdout io.Reader, ready chan<- error) {
 			p.mu.Unlock()
 			if p.onDecision != nil {
 				p.onDecision(*l.Decision)
+			}
+		case l.Call != nil:
+			p.mu.Lock()
+			p.usage.Add(*l.Call)
+			p.mu.Unlock()
+			if p.onCall != nil {
+				p.onCall(*l.Call)
 			}
 		}
 	}
@@ -363,6 +390,7 @@ func (p *Proxy) Stop() Record {
 	defer p.mu.Unlock()
 	var rec Record
 	rec.Decisions, rec.Dropped, rec.Counts = p.rec.result()
+	rec.Usage = p.usage
 	return rec
 }
 
@@ -374,8 +402,25 @@ func (p *Proxy) Cut() Record {
 	defer p.mu.Unlock()
 	var rec Record
 	rec.Decisions, rec.Dropped, rec.Counts = p.rec.result()
-	p.rec = record{}
+	rec.Usage = p.usage
+	p.rec, p.usage = record{}, egresspolicy.Usage{}
 	return rec
+}
+
+// SetAllowance hands the running proxy a newer allowance (a raised
+// budget, or the agent's other runs' spending counted). The proxy reads
+// its stdin all the time, so the write does not wait on it.
+func (p *Proxy) SetAllowance(a egresspolicy.Allowance) error {
+	line, err := json.Marshal(stdinLine{Allowance: &a})
+	if err != nil {
+		return fmt.Errorf("cannot encode the allowance: %w", err)
+	}
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if _, err := p.stdin.Write(append(line, '\n')); err != nil {
+		return fmt.Errorf("cannot hand the allowance to the egress proxy: %w", err)
+	}
+	return nil
 }
 
 // Pid is the proxy process's pid.
@@ -411,7 +456,8 @@ func RunChild(stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
 	if err := json.Unmarshal(line, &cfg); err != nil {
 		return fail(fmt.Errorf("cannot decode the policy: %w", err))
 	}
-	opts := Options{Logger: log, OnDecision: func(d isolation.EgressDecision) { emit(childLine{Decision: &d}) }}
+	opts := Options{Logger: log, OnDecision: func(d isolation.EgressDecision) { emit(childLine{Decision: &d}) },
+		OnCall: func(c egresspolicy.Call) { emit(childLine{Call: &c}) }}
 	if cfg.RootCAsPEM != "" {
 		pool, err := x509.SystemCertPool()
 		if err != nil {
@@ -434,10 +480,32 @@ func RunChild(stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
 	go func() { served <- srv.Serve(ln) }()
 	emit(childLine{Ready: true})
 	// stdin closes when the run ends (or the scheduler dies): the token is
-	// revoked with the process.
-	io.Copy(io.Discard, in)
+	// revoked with the process. Until then it brings newer allowances.
+	readAllowances(in, srv, log)
 	srv.Close()
 	return <-served
+}
+
+// readAllowances hands srv each allowance on in until it closes; a line
+// longer than 64 KiB, or one it cannot read, is skipped.
+func readAllowances(in io.Reader, srv *Server, log *slog.Logger) {
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 4<<10), 64<<10)
+	for {
+		for sc.Scan() {
+			var l stdinLine
+			if err := json.Unmarshal(sc.Bytes(), &l); err != nil || l.Allowance == nil {
+				log.Warn("egress proxy: a line on stdin is not an allowance", "err", err)
+				continue
+			}
+			srv.SetAllowance(*l.Allowance)
+		}
+		if !errors.Is(sc.Err(), bufio.ErrTooLong) {
+			return
+		}
+		sc = bufio.NewScanner(in) // past the long line's rest, a fresh one
+		sc.Buffer(make([]byte, 4<<10), 64<<10)
+	}
 }
 
 // logWriter logs what the proxy writes on stderr.

@@ -17,7 +17,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
@@ -32,6 +31,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/jonboulle/clockwork"
 
 	"github.com/berth-dev/berth/internal/egresspolicy"
 )
@@ -55,6 +56,13 @@ type Policy struct {
 	// may name (git.go, githubapp.go).
 	Git        []egresspolicy.GitRule
 	GitHubApps []GitHubApp
+	// AgentToken opens berth-agent's own channel (channel.go); "" for none.
+	AgentToken string
+	// Allowance is what the run may spend on provider calls when it
+	// starts (nil: no budget); the scheduler sends newer ones on stdin
+	// (budget.go). ReadOnly is [agents.egress] mode = "read-only".
+	Allowance *egresspolicy.Allowance
+	ReadOnly  bool
 }
 
 type wireProvider struct {
@@ -73,20 +81,23 @@ type wireSecret struct {
 }
 
 type wirePolicy struct {
-	RunID     string                 `json:"run_id"`
-	Agent     string                 `json:"agent"`
-	Token     string                 `json:"token"`
-	Providers []wireProvider         `json:"providers,omitempty"`
-	Allow     []egresspolicy.Rule    `json:"allow,omitempty"`
-	Secrets   []wireSecret           `json:"secrets,omitempty"`
-	CA        *CA                    `json:"ca,omitempty"`
-	Git       []egresspolicy.GitRule `json:"git,omitempty"`
-	Apps      []wireGitHubApp        `json:"github_apps,omitempty"`
+	RunID     string                  `json:"run_id"`
+	Agent     string                  `json:"agent"`
+	Token     string                  `json:"token"`
+	AgentTok  string                  `json:"agent_token,omitempty"`
+	Providers []wireProvider          `json:"providers,omitempty"`
+	Allow     []egresspolicy.Rule     `json:"allow,omitempty"`
+	Secrets   []wireSecret            `json:"secrets,omitempty"`
+	CA        *CA                     `json:"ca,omitempty"`
+	Git       []egresspolicy.GitRule  `json:"git,omitempty"`
+	Apps      []wireGitHubApp         `json:"github_apps,omitempty"`
+	Allowance *egresspolicy.Allowance `json:"allowance,omitempty"`
+	ReadOnly  bool                    `json:"read_only,omitempty"`
 }
 
 // MarshalJSON writes the policy with its keys, for the proxy's stdin only.
 func (p Policy) MarshalJSON() ([]byte, error) {
-	w := wirePolicy{RunID: p.RunID, Agent: p.Agent, Token: p.Token, Allow: p.Allow, CA: p.CA, Git: p.Git}
+	w := wirePolicy{RunID: p.RunID, Agent: p.Agent, Token: p.Token, AgentTok: p.AgentToken, Allow: p.Allow, CA: p.CA, Git: p.Git, Allowance: p.Allowance, ReadOnly: p.ReadOnly}
 	for _, a := range p.GitHubApps {
 		w.Apps = append(w.Apps, wireGitHubApp{GitHubApp: a, PrivateKey: a.PrivateKey})
 	}
@@ -105,7 +116,7 @@ func (p *Policy) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &w); err != nil {
 		return err
 	}
-	*p = Policy{RunID: w.RunID, Agent: w.Agent, Token: w.Token, Allow: w.Allow, CA: w.CA, Git: w.Git}
+	*p = Policy{RunID: w.RunID, Agent: w.Agent, Token: w.Token, AgentToken: w.AgentTok, Allow: w.Allow, CA: w.CA, Git: w.Git, Allowance: w.Allowance, ReadOnly: w.ReadOnly}
 	for _, a := range w.Apps {
 		a.GitHubApp.PrivateKey = a.PrivateKey
 		p.GitHubApps = append(p.GitHubApps, a.GitHubApp)
@@ -164,6 +175,11 @@ type Options struct {
 	OnDecision func(egresspolicy.Decision)
 	// RootCAs verifies upstream TLS; nil is the system's pool.
 	RootCAs *x509.CertPool
+	// OnCall sees every provider call with its usage (usage.go);
+	// berth-egress streams them to the scheduler like the decisions.
+	OnCall func(egresspolicy.Call)
+	// Clock times requests_per_minute and the calls; nil is the real one.
+	Clock clockwork.Clock
 }
 
 // Server is one run's egress proxy.
@@ -182,12 +198,16 @@ type Server struct {
 	idle      idleConns // getSpliced's connections between requests
 	revoked   atomic.Bool
 	budget    byteBudget
+	allowance budgetState // provider spending (budget.go)
 
 	mu          sync.Mutex
 	closed      bool
 	active      sync.WaitGroup // requests being served
 	tunnels     map[net.Conn]struct{}
 	intercepted map[string]*http.Transport // by tunnel target host:port
+
+	// agentJudge judges berth-agent's own channel (channel.go).
+	agentJudge *egresspolicy.Judge
 }
 
 // NewServer makes the proxy of one run.
@@ -234,6 +254,9 @@ func NewServer(pol Policy, opts Options) (*Server, error) {
 	if opts.TunnelIdleTimeout <= 0 {
 		opts.TunnelIdleTimeout = 10 * time.Minute
 	}
+	if opts.Clock == nil {
+		opts.Clock = clockwork.NewRealClock()
+	}
 	for _, p := range pol.Providers {
 		if _, err := p.BaseURLParsed(); err != nil {
 			return nil, fmt.Errorf("cannot make an egress proxy: %w", err)
@@ -254,8 +277,12 @@ func NewServer(pol Policy, opts Options) (*Server, error) {
 	}
 	s := &Server{pol: pol, opts: opts, tunnels: map[net.Conn]struct{}{}, intercepted: map[string]*http.Transport{},
 		log:    opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent),
-		budget: byteBudget{max: opts.MaxProviderBuffer}}
-	s.judge = &egresspolicy.Judge{Allow: pol.Allow, Providers: pol.Providers, Secrets: pol.Secrets, Agent: pol.Agent, Git: pol.Git, Resolver: opts.Resolver, Addresses: opts.Addresses}
+		budget: byteBudget{max: opts.MaxProviderBuffer}, allowance: budgetState{clock: opts.Clock}}
+	if pol.Allowance != nil {
+		s.allowance.set(*pol.Allowance)
+	}
+	s.judge = &egresspolicy.Judge{Allow: pol.Allow, Providers: pol.Providers, Secrets: pol.Secrets, Agent: pol.Agent, Git: pol.Git, ReadOnly: pol.ReadOnly, Resolver: opts.Resolver, Addresses: opts.Addresses}
+	s.agentJudge = s.judge.OnAgentChannel()
 	if pol.CA != nil {
 		icpt, err := newInterceptor(*pol.CA)
 		if err != nil {
@@ -405,7 +432,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, d, http.StatusRequestHeaderFieldsTooLarge, fmt.Sprintf("the request header is %d bytes, over the %d allowed", n, s.opts.MaxHeaderBytes))
 		return
 	}
-	if !s.authorized(r) {
+	agent, ok := s.channelOf(r)
+	if !ok {
 		d.Host, d.Port = splitHostPort(r.Host, 80)
 		w.Header().Set("Proxy-Authenticate", `Bearer realm="berth-egress"`)
 		s.refuse(w, d, http.StatusProxyAuthRequired, "no valid token of this run (the token ends with its run)")
@@ -414,6 +442,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if c := connOf(r.Context()); c != nil {
 		c.authenticated()
 	}
+	r = onChannel(r, agent)
 	switch {
 	case r.Method == http.MethodConnect:
 		s.tunnel(w, r, d)
@@ -442,20 +471,12 @@ func headerSize(r *http.Request) int {
 	return n
 }
 
-func (s *Server) authorized(r *http.Request) bool {
-	if s.revoked.Load() {
-		return false
-	}
-	got, ok := strings.CutPrefix(r.Header.Get("Proxy-Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(s.pol.Token)) == 1
-}
-
 // destination judges a tool's request with the proxy's resolver, bounded
 // by DialTimeout.
 func (s *Server) destination(ctx context.Context, method, host string, port int) (egresspolicy.Destination, *egresspolicy.Refusal) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
 	defer cancel()
-	return s.judge.Destination(ctx, method, host, port)
+	return s.judgeFor(ctx).Destination(ctx, method, host, port)
 }
 
 func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, d egresspolicy.Decision) {
@@ -468,9 +489,12 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, d egresspolicy.D
 	}
 	// A secret's host, where a rule allows it, is always reached through
 	// the interceptor, which adds the secret and judges each request.
-	if sec := s.judge.SecretFor(d.Host, d.Port); sec != nil || s.judge.GitHost(d.Host, d.Port) {
+	if sec := s.judgeFor(r.Context()).SecretFor(d.Host, d.Port); sec != nil || s.judge.GitHost(d.Host, d.Port) {
 		d.Rule = interceptRule(sec)
 		s.intercept(w, r, d, sec)
+		return
+	}
+	if s.readOnlyTunnel(w, r, d, dest) {
 		return
 	}
 	d.Rule = dest.Rule.Raw
@@ -525,6 +549,10 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d egresspolicy.
 	d.Path = r.URL.Path
 	if r.URL.Scheme != "http" {
 		s.refuse(w, d, http.StatusBadRequest, fmt.Sprintf("scheme %q: plain requests must be http://, use CONNECT for https", r.URL.Scheme))
+		return
+	}
+	if ref := s.judgeFor(r.Context()).ReadOnlyRefusal(r.Method, hasBody(r)); ref != nil {
+		s.refusal(w, d, ref)
 		return
 	}
 	dest, ref := s.destination(r.Context(), r.Method, d.Host, d.Port)
@@ -696,6 +724,11 @@ func (s *Server) provider(w http.ResponseWriter, r *http.Request, d egresspolicy
 		}
 	}
 	d.Rule = "provider " + p.Name
+	if ref := s.allowance.admit(); ref != nil {
+		s.refuseBudget(w, d, p, ref)
+		s.reportCall(egresspolicy.Call{Time: s.opts.Clock.Now().UTC(), Provider: p.Name, Model: p.Model, Endpoint: call.Endpoint, Budget: ref.budget, BudgetReason: ref.reason})
+		return
+	}
 	out, err := http.NewRequestWithContext(r.Context(), r.Method, call.URL.String(), bytes.NewReader(body))
 	if err != nil {
 		s.refuse(w, d, http.StatusBadRequest, "cannot build the provider request")
@@ -706,7 +739,7 @@ func (s *Server) provider(w http.ResponseWriter, r *http.Request, d egresspolicy
 	if body == nil {
 		out.Body = http.NoBody
 	}
-	s.roundTrip(w, s.providers, out, d)
+	s.meteredCall(w, out, d, p, call.Endpoint)
 }
 
 // readProviderBody reads a provider call's body within MaxProviderBody and

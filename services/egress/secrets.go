@@ -291,6 +291,14 @@ func (s *Server) interceptOne(conn net.Conn, transport *http.Transport, req *htt
 	if err := egresspolicy.CheckFronting(host, port, req); err != nil {
 		return refuse(http.StatusForbidden, interceptRule(sec)+": "+err.Error())
 	}
+	// A read-only run's tunnels are all intercepted (readonly.go): each
+	// request is judged here before anything else.
+	if sec == nil && s.pol.ReadOnly && !s.judge.GitHost(host, port) {
+		rd.Rule = "read-only"
+	}
+	if ref := s.readOnlyInside(s.judgeFor(ctx), req, escaped, host, port); ref != nil {
+		return refuse(ref.Code, ref.Reason)
+	}
 	dest, ref := s.destination(ctx, http.MethodConnect, host, port)
 	if ref != nil {
 		return refuse(ref.Code, ref.Reason)

@@ -347,6 +347,7 @@ func (r Run) BusRun() busapi.Run {
 		Egress:            output(egressJSON(r), false),
 		EgressCounts:      output(egressCountsJSON(r), false),
 		MCP:               output(mcpJSON(r), true),
+		Usage:             output(runUsageJSON(r), false),
 		Sandbox:           r.Sandbox,
 		SandboxNote:       r.SandboxNote,
 		Schedule:          r.Schedule,

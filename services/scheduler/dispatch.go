@@ -234,6 +234,7 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 		if runErr == nil {
 			cur.MCP = recordedMCP(res.Response.MCP)
 		}
+		recordUsage(&cur, res.Usage)
 		final = cur
 		return putRun(tx, cur)
 	})

@@ -93,7 +93,7 @@ func busPlan(p isolation.Plan) busapi.Plan {
 		}
 		for _, sec := range e.Secrets {
 			be.Secrets = append(be.Secrets, busapi.EgressSecret{Name: sec.Name, Hosts: sec.Hosts, Header: sec.Header, Format: sec.Format,
-				Ports: sec.Ports, Methods: sec.Methods, Paths: sec.Paths})
+				Ports: sec.Ports, Methods: sec.Methods, Paths: sec.Paths, AgentTool: sec.AgentTool})
 		}
 		be.Agent = e.Agent
 		for _, g := range e.Git {

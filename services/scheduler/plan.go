@@ -17,17 +17,23 @@ import (
 // workspace, image, egress proxy), hands it to its backend and finishes it.
 // backend is the name of the backend used, if any.
 func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res isolation.Result, backend string, err error) {
-	prep, err := s.prep.Prepare(ctx, runprep.Input{Config: cfg, Agent: r.Agent, RunID: r.ID, Attempt: r.Attempt, Overrides: r.overrides()})
+	// What the run's proxy may spend, and who counts its calls (usage.go).
+	sp, spending := s.beginSpend(cfg, r.Agent)
+	prep, err := s.prep.Prepare(ctx, runprep.Input{Config: cfg, Agent: r.Agent, RunID: r.ID, Attempt: r.Attempt, Overrides: r.overrides(), Spending: spending})
 	if prep != nil {
 		backend = prep.Backend.Name()
 	}
 	if err != nil {
+		s.endSpend(sp)
 		return res, backend, err
 	}
+	sp.attach(prep)
 	defer func() {
 		// The run is over: its token dies with its proxy.
 		rec := prep.Finish()
+		s.endSpend(sp)
 		res.Egress, res.EgressDropped, res.EgressCounts = rec.Decisions, rec.Dropped, rec.Counts
+		res.Usage = rec.Usage
 	}()
 	req, refusedMCP := s.runRequest(r, prep.Agent, prep.Plan)
 	spec := prep.Spec(req, func(handle string) error {

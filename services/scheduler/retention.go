@@ -98,6 +98,10 @@ func (s *Service) prune(ctx context.Context) retainReport {
 	if rep.Conversations, err = s.pruneConversations(ctx, now, ret.IdleConversation); err != nil {
 		rep.Err = fmt.Errorf("cannot prune idle conversations: %w", err)
 	}
+	// usage/ keeps usageDays of each agent's days (usage.go).
+	if _, err := s.pruneUsage(ctx, now.Add(-usageDays*24*time.Hour)); err != nil && rep.Err == nil {
+		rep.Err = fmt.Errorf("cannot prune old usage: %w", err)
+	}
 	if rep.Runs > 0 {
 		s.publishCounts()
 	}

@@ -86,6 +86,10 @@ type sandbox struct {
 
 	stopOnce sync.Once
 	ended    chan struct{} // closed once it is stopped and forgotten
+
+	// spend is its egress proxy's account of provider calls (usage.go);
+	// set before it starts, nil without one.
+	spend *spend
 }
 
 // sandboxClaim is what the dispatcher decided for a run of a conversation
@@ -355,10 +359,12 @@ func (s *Service) runInSandbox(ctx context.Context, r Run, cfg *config.Config, c
 	s.log.Info("run in its conversation's sandbox", "run_id", r.ID, "agent", r.Agent, "sandbox_id", sb.id)
 	s.sandboxes.touch(sb, s.clock.Now())
 	req, refusedMCP := s.runRequest(r, prep.Agent, prep.Plan)
+	s.newSpendRun(sb.spend) // cost_per_run starts again for this run
 	res, err = kept.Run(ctx, req)
 	res.Response.MCP = append(refusedMCP, res.Response.MCP...)
 	rec := prep.CutEgress()
 	res.Egress, res.EgressDropped, res.EgressCounts = rec.Decisions, rec.Dropped, rec.Counts
+	res.Usage = rec.Usage
 
 	now := s.clock.Now()
 	ended := false
@@ -404,8 +410,9 @@ func (s *Service) startSandbox(ctx context.Context, r Run, cfg *config.Config, s
 	if err != nil {
 		return "", &isolation.RunError{Reason: isolation.ReasonAgentNotConfigured, Err: err}
 	}
+	sp, spending := s.beginSpend(cfg, r.Agent)
 	prep, err := s.prep.PrepareKept(ctx, runprep.KeptInput{
-		Input:    runprep.Input{Config: cfg, Agent: r.Agent, RunID: sb.id, Attempt: 1},
+		Input:    runprep.Input{Config: cfg, Agent: r.Agent, RunID: sb.id, Attempt: 1, Spending: spending},
 		Lifetime: a.Sandbox.MaxLifetime,
 		// Every egress request is activity: a tool that calls out keeps
 		// its sandbox alive, however long ago the last message was.
@@ -415,8 +422,11 @@ func (s *Service) startSandbox(ctx context.Context, r Run, cfg *config.Config, s
 		backend = prep.Backend.Name()
 	}
 	if err != nil {
+		s.endSpend(sp)
 		return backend, err
 	}
+	sp.attach(prep)
+	sb.spend = sp
 	started := s.clock.Now()
 	s.sandboxes.mu.Lock()
 	sb.backend, sb.started, sb.last = backend, started, started
@@ -438,6 +448,7 @@ func (s *Service) startSandbox(ctx context.Context, r Run, cfg *config.Config, s
 	kept, err := prep.Keeper.Start(ctx, spec)
 	if err != nil {
 		prep.Finish()
+		s.endSpend(sp)
 		s.deleteSandbox(sb.id)
 		s.log.Warn("cannot start a conversation's sandbox", "sandbox_id", sb.id, "agent", r.Agent, "run_id", r.ID, "err", err)
 		return backend, err
@@ -468,6 +479,7 @@ func (s *Service) stopSandbox(sb *sandbox, why string) {
 		if prep != nil {
 			prep.Finish()
 		}
+		s.endSpend(sb.spend)
 		s.deleteSandbox(sb.id)
 		s.log.Info("sandbox stopped", "sandbox_id", sb.id, "agent", sb.conv.agent, "reason", why, "runs", runs)
 		close(sb.ended)

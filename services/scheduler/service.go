@@ -145,6 +145,9 @@ type Service struct {
 	props     *properties
 
 	metrics *schedulerMetrics // metrics.go
+
+	// spends are the live egress proxies that get allowances (usage.go).
+	spends spendBook
 }
 
 type activeRun struct {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/boltstore"
+	"github.com/berth-dev/berth/internal/egresspolicy"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -110,6 +111,10 @@ type Run struct {
 	// after it.
 	Sandbox     string `json:"sandbox,omitempty"`
 	SandboxNote string `json:"sandbox_note,omitempty"`
+
+	// Usage is what the run's provider calls spent, as its egress proxy
+	// read it (usage.go); nil without calls.
+	Usage *egresspolicy.Usage `json:"usage,omitempty"`
 }
 
 // Summary is what ListRuns returns of a run, stored in summaries/ so that a
