@@ -87,6 +87,7 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 	if maxIter == 0 {
 		maxIter = DefaultMaxIterations
 	}
+	progress := newProgressReporter(log)
 	spans := startSpans(&resp, req) // ADR 25: the loop's spans, in the response
 	for i := 1; i <= maxIter; i++ {
 		if err := ctx.Err(); err != nil {
@@ -107,6 +108,7 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 			return resp, agentproto.ExitOK
 		}
 		for _, call := range turn.ToolCalls {
+			progress.toolStarted(call.Name, call.Args)
 			toolSpan := spans.tool(call.Name)
 			out, err := set.Call(ctx, call.Name, call.Args)
 			spans.toolDone(toolSpan, err)

@@ -98,6 +98,8 @@ type KeptOutput struct {
 	partial []byte
 	over    bool
 	tail    *Tail // the current request's log
+	// progress reads the current request's log for progress (ADR 27).
+	progress *progressLines
 }
 
 // keptLine is one line of a kept agent's stdout; err when it was too long.
@@ -163,8 +165,11 @@ type keptStderr struct{ o *KeptOutput }
 
 func (w keptStderr) Write(p []byte) (int, error) {
 	w.o.mu.Lock()
-	t := w.o.tail
+	t, progress := w.o.tail, w.o.progress
 	w.o.mu.Unlock()
+	if progress != nil {
+		_, _ = progress.Write(p)
+	}
 	return t.Write(p)
 }
 
@@ -363,6 +368,8 @@ func (k *kept) Run(ctx context.Context, req agentproto.Request) (Result, error) 
 		k.mu.Unlock()
 	}()
 	tail := k.out.newRequestTail()
+	k.out.setProgress(newProgressLines(ctx, spec))
+	defer k.out.setProgress(nil)
 	res, err := k.run(ctx, spec, input, tail)
 	return redact(spec, res, err)
 }

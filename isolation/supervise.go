@@ -112,7 +112,8 @@ const Redacted = "[redacted]"
 // minSecret: shorter values are not redacted (they would match everywhere).
 const minSecret = 8
 
-func redact(spec Spec, res Result, err error) (Result, error) {
+// knownSecrets are the secrets of spec that redact replaces.
+func knownSecrets(spec Spec) []string {
 	var secrets []string
 	for _, pr := range spec.Providers {
 		if len(pr.Key) >= minSecret {
@@ -132,6 +133,11 @@ func redact(spec Spec, res Result, err error) (Result, error) {
 			}
 		}
 	}
+	return secrets
+}
+
+func redact(spec Spec, res Result, err error) (Result, error) {
+	secrets := knownSecrets(spec)
 	if len(secrets) == 0 {
 		return res, err
 	}
@@ -180,7 +186,7 @@ func supervise(ctx context.Context, spec Spec, start StartFunc) (Result, error) 
 	}
 	stdout := NewStdout()
 	stderr := NewTail()
-	sb, err := start(ctx, spec, input, stdout, stderr)
+	sb, err := start(ctx, spec, input, stdout, withProgress(ctx, spec, stderr))
 	if err != nil {
 		if ctx.Err() != nil {
 			return Result{}, &RunError{Reason: ReasonCanceled, Detail: "while the sandbox was being made", Err: errors.Join(context.Cause(ctx), err)}
