@@ -179,6 +179,7 @@ func (s *Service) Export(conn *dbus.Conn) error {
 	s.propsMu.Unlock()
 	go s.publish(conn.Context().Done())
 	s.refreshCounters() // in case a commit landed in between
+	s.watchRunProgress(conn)
 
 	reply, err := conn.RequestName(bus.IntakeName, dbus.NameFlagDoNotQueue)
 	if err != nil {

@@ -198,6 +198,7 @@ func (s *Service) deliver(ctx context.Context, r outboxEntry) (time.Time, bool) 
 		log.Warn("reply not delivered; will retry", "attempts", r.Attempts+1, "retry_at", due, "err", err)
 		return due, true
 	}
+	s.finishProgress(r)
 	if err := s.store.markDelivered(r.RunID, now); err != nil {
 		log.Error("cannot record delivered reply", "err", err)
 		return now.Add(s.retryDelay.Max), true

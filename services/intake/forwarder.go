@@ -552,6 +552,7 @@ func (s *Service) record(m inboxEntry, lane *forwardLane, attempts int, runID st
 	log.Info("message submitted", "run_id", runID)
 	s.refreshCounters()
 	s.startTyping(m)
+	s.startProgress(m, runID)
 	return true
 }
 

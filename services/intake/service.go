@@ -55,6 +55,7 @@ type Service struct {
 	submitWindow int                   // Submits in flight per connector (submitWindow; benchmarks change it)
 	forwardLanes sync.Map              // connector id → *forwardLane (retry state, in memory)
 	typing       typingSet
+	progress     progressBoard // progress.go
 
 	// Unix nanoseconds of the last pass of the forward and deliver loops.
 	forwardPassed, deliverPassed atomic.Int64

@@ -56,6 +56,9 @@ type inboxEntry struct {
 	LastError   string            `json:"last_error,omitempty"`
 	DoneAt      time.Time         `json:"done_at,omitzero"`
 	Seq         uint64            `json:"seq"`
+	// ProgressMessage is the platform id of the run's progress message
+	// (progress.go), deleted once the reply is posted.
+	ProgressMessage string `json:"progress_message,omitempty"`
 }
 
 // Key is the message's inbox key and the scheduler's idempotency key.

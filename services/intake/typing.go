@@ -41,7 +41,7 @@ func (s *Service) startTyping(m inboxEntry) {
 	if !ok || rc.conn == nil {
 		return
 	}
-	if _, ok := rc.conn.(connector.Typer); !ok {
+	if _, ok := rc.conn.(connector.Typer); !ok || !s.showsTyping(m.Connector) {
 		return
 	}
 	e := &typingEntry{connector: m.Connector, channel: m.Channel, meta: replyMeta(m), since: s.clock.Now()}

@@ -162,11 +162,13 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 	var backend string
 	var runErr error
 	claim := s.sandboxes.claimOf(r.ID)
+	runCtx, endProgress := s.relayRunProgress(ctx, r)
 	if claim != nil {
-		res, backend, runErr = s.runInSandbox(ctx, r, cfg, claim)
+		res, backend, runErr = s.runInSandbox(runCtx, r, cfg, claim)
 	} else {
-		res, backend, runErr = s.runOnce(ctx, r, cfg)
+		res, backend, runErr = s.runOnce(runCtx, r, cfg)
 	}
+	endProgress()
 	defer s.sandboxes.forgetClaim(r.ID)
 	cause := context.Cause(ctx)
 

@@ -73,6 +73,7 @@ type Server struct {
 	postRequests      int
 	loseResponses     int
 	nonceWindow       time.Duration
+	progress          progressState // progress.go
 }
 
 // sentNonce is a message created with enforce_nonce, kept for the window in
@@ -153,6 +154,7 @@ func New(t testing.TB) *Server {
 		nonceWindow:       5 * time.Minute,
 	}
 	mux := http.NewServeMux()
+	s.handleProgress(mux)
 	mux.HandleFunc("GET /api/v10/gateway/bot", s.gatewayBot)
 	mux.HandleFunc("POST /api/v10/channels/{channel}/messages", s.channelMessage)
 	mux.HandleFunc("POST /api/v10/channels/{channel}/typing", s.channelTyping)

@@ -137,6 +137,7 @@ type Fake struct {
 	silent     bool
 	nextID     int
 	changed    chan struct{}
+	reactions  []Reaction // progress.go
 }
 
 type gwConn struct {
@@ -154,6 +155,7 @@ func New(o Options) *Fake {
 	mux.HandleFunc("GET /api/bot-gateway", f.gateway)
 	mux.HandleFunc("POST /api/servers/{server}/channels/{channel}/messages", f.post)
 	mux.HandleFunc("POST /api/dms/{channel}/messages", f.post)
+	f.handleReactions(mux)
 	f.srv = httptest.NewUnstartedServer(mux)
 	// Refused handshakes (an untrusted certificate) are what tests provoke.
 	f.srv.Config.ErrorLog = log.New(io.Discard, "", 0)

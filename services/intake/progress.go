@@ -1,0 +1,321 @@
+package intake
+
+import (
+	"context"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/godbus/dbus/v5"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/services/intake/connector"
+)
+
+// Live progress and reactions (docs/adr/0027-live-progress.md).
+//
+// A message handed to its agent gets 👀 (reactions = true). With progress =
+// "edit", the run's first RunProgress signal posts one progress message in
+// the conversation, later ones edit it in place, at most once per the
+// platform's ProgressLimits.Every (the latest text wins), and once the
+// reply is posted — as a new message, through the reply path and its
+// protection against doubles — the progress message is deleted and the
+// message gets ✅ or ❌. The progress message's id is kept with the message
+// in intake.db, so an intake restarted mid-run still deletes it: nothing
+// is posted twice, the answer is never an edit that a crash could lose.
+
+const (
+	// progressCallTimeout bounds each call about a progress message or a
+	// reaction.
+	progressCallTimeout = 10 * time.Second
+	// progressFor forgets the progress of a run whose reply has not come
+	// after this long (the scheduler's run timeouts are far shorter).
+	progressFor = 6 * time.Hour
+	// progressTextDefault caps a text when a platform gives no MaxText.
+	progressTextDefault = 200
+)
+
+// progressBoard holds the progress messages of runs in progress, by
+// message key. In memory; the platform id of a posted one is also in the
+// message's inbox entry.
+type progressBoard struct {
+	mu      sync.Mutex
+	entries map[string]*progressEntry
+}
+
+type progressEntry struct {
+	key, connector, runID string
+	since                 time.Time
+	msg                   connector.ProgressMessage // msg.ID once posted
+	want                  string                    // the latest text asked for
+	seq                   uint32
+	shown                 string // the text on the platform
+	lastCall              time.Time
+	inFlight              bool
+	timer                 clockwork.Timer
+	done                  bool // the reply is posted: no more calls but a delete
+}
+
+// progressOf is the connector's [connectors] progress and reactions.
+func progressOf(rc *running) (mode string, reactions bool) {
+	if rc == nil {
+		return config.ProgressOff, false
+	}
+	// A config made in code may leave it unset: typing, as before.
+	return rc.cfg.Progress, rc.cfg.Reactions
+}
+
+// showsTyping tells whether a message of connectorID shows "typing" while
+// its run is in progress.
+func (s *Service) showsTyping(connectorID string) bool {
+	rc, _ := s.connectorByID(connectorID)
+	mode, _ := progressOf(rc)
+	return mode != config.ProgressOff
+}
+
+// startProgress is called once m was handed to the scheduler as run runID.
+func (s *Service) startProgress(m inboxEntry, runID string) {
+	rc, ok := s.connectorByID(m.Connector)
+	if !ok || rc.conn == nil {
+		return
+	}
+	mode, reactions := progressOf(rc)
+	if reactions {
+		s.react(rc, connector.Reaction{MessageID: m.ID, Channel: m.Channel, Meta: replyMeta(m), Status: connector.ReactionAccepted})
+	}
+	if _, ok := rc.conn.(connector.ProgressEditor); !ok || mode != config.ProgressEdit {
+		return
+	}
+	now := s.clock.Now()
+	e := &progressEntry{key: m.Key(), connector: m.Connector, runID: runID, since: now,
+		msg: connector.ProgressMessage{MessageID: m.ID, Channel: m.Channel, Thread: m.Thread, Meta: replyMeta(m)}}
+	s.progress.mu.Lock()
+	defer s.progress.mu.Unlock()
+	if s.progress.entries == nil {
+		s.progress.entries = map[string]*progressEntry{}
+	}
+	for key, old := range s.progress.entries {
+		if now.Sub(old.since) > progressFor {
+			s.dropProgressLocked(key, old)
+		}
+	}
+	if old, ok := s.progress.entries[e.key]; ok {
+		s.dropProgressLocked(e.key, old)
+	}
+	s.progress.entries[e.key] = e
+}
+
+func (s *Service) dropProgressLocked(key string, e *progressEntry) {
+	e.done = true
+	if e.timer != nil {
+		e.timer.Stop()
+		e.timer = nil
+	}
+	delete(s.progress.entries, key)
+}
+
+// watchRunProgress passes the scheduler's RunProgress signals on conn to
+// their messages' progress, until conn closes.
+func (s *Service) watchRunProgress(conn *dbus.Conn) {
+	signals := busapi.WatchRunProgress(conn.Context(), conn)
+	go func() {
+		for p := range signals {
+			s.onRunProgress(p)
+		}
+	}()
+}
+
+// onRunProgress takes one RunProgress: the text the run's progress message
+// should say now.
+func (s *Service) onRunProgress(p busapi.RunProgress) {
+	s.progress.mu.Lock()
+	defer s.progress.mu.Unlock()
+	e, ok := s.progress.entries[p.MessageKey]
+	if !ok || e.done || (e.runID != "" && e.runID != p.RunID) || p.Seq <= e.seq || p.Text == "" {
+		return
+	}
+	e.seq, e.want = p.Seq, p.Text
+	s.kickProgressLocked(e)
+}
+
+// kickProgressLocked makes the next call about e's message now, or when the
+// platform's limit allows, unless one is under way or due already.
+func (s *Service) kickProgressLocked(e *progressEntry) {
+	if e.inFlight || e.timer != nil || e.done {
+		return
+	}
+	every := s.progressLimits(e.connector).Every
+	if wait := e.lastCall.Add(every).Sub(s.clock.Now()); !e.lastCall.IsZero() && wait > 0 {
+		e.timer = s.clock.AfterFunc(wait, func() {
+			s.progress.mu.Lock()
+			defer s.progress.mu.Unlock()
+			e.timer = nil
+			s.kickProgressLocked(e)
+		})
+		return
+	}
+	if e.want == e.shown && e.msg.ID != "" {
+		return
+	}
+	e.inFlight = true
+	msg := e.msg
+	msg.Meta = maps.Clone(e.msg.Meta)
+	msg.Text = cutProgressText(e.want, s.progressLimits(e.connector).MaxText)
+	go s.callProgress(e, msg)
+}
+
+func (s *Service) progressLimits(connectorID string) connector.ProgressLimits {
+	l := connector.ProgressLimits{Every: time.Second, MaxText: progressTextDefault}
+	if rc, ok := s.connectorByID(connectorID); ok && rc.conn != nil {
+		if pe, ok := rc.conn.(connector.ProgressEditor); ok {
+			got := pe.ProgressLimits()
+			if got.Every > 0 {
+				l.Every = got.Every
+			}
+			if got.MaxText > 0 {
+				l.MaxText = got.MaxText
+			}
+		}
+	}
+	return l
+}
+
+// callProgress posts or edits e's message to say msg.Text (no lock held).
+func (s *Service) callProgress(e *progressEntry, msg connector.ProgressMessage) {
+	rc, ok := s.connectorByID(e.connector)
+	var pe connector.ProgressEditor
+	if ok && rc.conn != nil {
+		pe, _ = rc.conn.(connector.ProgressEditor)
+	}
+	if pe == nil {
+		s.progress.mu.Lock()
+		e.inFlight = false
+		s.progress.mu.Unlock()
+		return
+	}
+	var err error
+	posted := ""
+	ctx, cancel := context.WithTimeout(context.Background(), progressCallTimeout)
+	if msg.ID == "" {
+		posted, err = pe.PostProgress(ctx, msg)
+	} else {
+		err = pe.EditProgress(ctx, msg)
+	}
+	cancel()
+	if err != nil {
+		s.log.Debug("cannot show progress", "connector", e.connector, "run_id", e.runID, "err", redact(err.Error(), rc.secrets))
+	}
+	if posted != "" {
+		// Kept with the message: a restarted intake deletes it too.
+		if serr := s.store.updateMessage(e.key, s.clock.Now(), func(m *inboxEntry) { m.ProgressMessage = posted }); serr != nil {
+			s.log.Warn("cannot record the progress message", "connector", e.connector, "run_id", e.runID, "err", serr)
+		}
+	}
+	s.progress.mu.Lock()
+	e.inFlight = false
+	e.lastCall = s.clock.Now()
+	if err == nil {
+		e.shown = msg.Text
+	}
+	if posted != "" {
+		e.msg.ID = posted
+	}
+	late := e.done && posted != ""
+	if !e.done && e.want != e.shown {
+		s.kickProgressLocked(e)
+	}
+	s.progress.mu.Unlock()
+	if late {
+		// The reply was posted while this progress message was on its way.
+		msg.ID = posted
+		s.deleteProgress(rc, e.connector, msg, s.clock.Now())
+	}
+}
+
+// finishProgress is called once r's reply was posted: the progress message
+// goes (the one in memory, or the one the inbox entry names after a
+// restart), and the message gets its status reaction.
+func (s *Service) finishProgress(r outboxEntry) {
+	rc, ok := s.connectorByID(r.Connector)
+	if !ok || rc.conn == nil {
+		return
+	}
+	key := busapi.MessageKey(r.Connector, r.MessageID)
+	s.progress.mu.Lock()
+	e, inMemory := s.progress.entries[key]
+	var msg connector.ProgressMessage
+	var lastCall time.Time
+	if inMemory {
+		msg, lastCall = e.msg, e.lastCall
+		s.dropProgressLocked(key, e)
+	}
+	s.progress.mu.Unlock()
+	mode, reactions := progressOf(rc)
+	if !inMemory && mode == config.ProgressEdit {
+		if m, found, err := s.store.message(r.Connector, r.MessageID); err == nil && found && m.ProgressMessage != "" {
+			msg = connector.ProgressMessage{ID: m.ProgressMessage, MessageID: m.ID, Channel: m.Channel, Thread: m.Thread, Meta: replyMeta(m)}
+		}
+	}
+	if msg.ID != "" {
+		s.deleteProgress(rc, r.Connector, msg, lastCall)
+	}
+	if reactions {
+		status := connector.ReactionSucceeded
+		if connectorReply(r).Failed {
+			status = connector.ReactionFailed
+		}
+		s.react(rc, connector.Reaction{MessageID: r.MessageID, Channel: r.Channel, Meta: maps.Clone(r.Meta), Status: status})
+	}
+}
+
+// deleteProgress deletes a progress message, in the background, once the
+// platform's limit allows after the last call about it (lastCall).
+func (s *Service) deleteProgress(rc *running, connectorID string, msg connector.ProgressMessage, lastCall time.Time) {
+	pe, ok := rc.conn.(connector.ProgressEditor)
+	if !ok {
+		return
+	}
+	wait := time.Duration(0)
+	if !lastCall.IsZero() {
+		wait = lastCall.Add(s.progressLimits(connectorID).Every).Sub(s.clock.Now())
+	}
+	go func() {
+		if wait > 0 {
+			<-s.clock.After(wait)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), progressCallTimeout)
+		defer cancel()
+		if err := pe.DeleteProgress(ctx, msg); err != nil {
+			s.log.Warn("cannot delete the progress message", "connector", connectorID, "message_id", msg.MessageID, "err", redact(err.Error(), rc.secrets))
+		}
+	}()
+}
+
+// react adds a status reaction, in the background; a failure is logged.
+func (s *Service) react(rc *running, r connector.Reaction) {
+	rx, ok := rc.conn.(connector.Reactor)
+	if !ok || r.MessageID == "" {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), progressCallTimeout)
+		defer cancel()
+		if err := rx.React(ctx, r); err != nil {
+			s.log.Warn("cannot add a reaction", "connector", rc.cfg.ID, "message_id", r.MessageID, "status", r.Status, "err", redact(err.Error(), rc.secrets))
+		}
+	}()
+}
+
+// cutProgressText cuts s to at most n bytes on a character boundary.
+func cutProgressText(s string, n int) string {
+	if n <= 0 || len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && s[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return s[:cut]
+}
