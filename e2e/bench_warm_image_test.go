@@ -1,0 +1,173 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/berth-dev/berth/imagectl"
+	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/testkit/devstack"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
+	boxes "github.com/berth-dev/berth/isolation/container"
+)
+
+// ownImage is the image the benchmark's agent names itself
+// (container_mode.image): berth-agent layered on a Debian image
+// (berth-base:bookworm, scripts/base-image.sh) when the engine has one, as
+// an agent's own image usually is, else on berth's scratch and busybox
+// agent image; built with a label of its own, so it is an image of its own
+// (another ID), not a second name of one of berth's.
+const ownImage = "berth-bench-own:1"
+
+// buildOwnImage builds ownImage and says what it is based on.
+func buildOwnImage(b *testing.B, cli *client.Client) string {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	agent := filepath.Join(binDir, "berth-agent")
+	from, ref := "", "berth-base:bookworm"
+	if img, err := cli.ImageInspect(ctx, ref); err == nil {
+		from = img.ID
+	} else {
+		tag, err := imagectl.Ensure(ctx, cli, imagectl.AgentImage{AgentBinary: agent})
+		if err != nil {
+			b.Fatalf("cannot build berth-agent's image to base %s on: %v", ownImage, err)
+		}
+		from, ref = tag, tag+" (scratch and busybox)"
+	}
+	var buildCtx bytes.Buffer
+	if err := (imagectl.IsolatedImage{From: from, BaseRef: ref, BaseHash: from, AgentBinary: agent, Version: "bench"}).WriteContext(&buildCtx); err != nil {
+		b.Fatalf("cannot make the build context of %s: %v", ownImage, err)
+	}
+	if err := imagectl.Build(ctx, cli, &buildCtx, ownImage, map[string]string{"dev.berth.bench": "own-image"}); err != nil {
+		b.Fatalf("cannot build %s: %v", ownImage, err)
+	}
+	return ref
+}
+
+// BenchmarkWarmContainerOwnImage measures POST → reply through a warm
+// container pool (warm = 1) for an agent that names its own image
+// (container_mode.image) beside one with berth's default isolation image
+// (berth-imaged's) and a Landlock agent, in one stack, the three
+// interleaved message by message; every container message is sent once its
+// pool has a new container, so each is a hand-off to a waiting container.
+// The message is "ping" (no tool), as in BenchmarkWarmContainer.
+func BenchmarkWarmContainerOwnImage(b *testing.B) {
+	cli := testdocker.Engine(b)
+	testenv.NeedRoot(b)
+	if buildErr != nil {
+		b.Fatalf("cannot build berth: %v", buildErr)
+	}
+	base := buildOwnImage(b, cli)
+	runs := 30
+	if v, err := strconv.Atoi(os.Getenv("BENCH_E2E_RUNS")); err == nil && v > 0 {
+		runs = v / 2
+	}
+	st, sink := ownImageStack(b)
+	conn, err := st.Conn()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.Object(bus.SchedulerName, bus.SchedulerPath).Call("org.freedesktop.DBus.Peer.Ping", 0).Err; err != nil {
+		b.Fatalf("cannot activate the scheduler: %v", err)
+	}
+	used := map[string]bool{}
+	waitWarm := func(agent string) {
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			for _, c := range containersLabelled(b, cli, boxes.LabelPool+"="+agent) {
+				if c.State == "running" && !used[c.ID] {
+					used[c.ID] = true
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("the warm pool of %s has no new container within 2 minutes", agent)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	agents := []string{"wdefault", "wown", "a0"}
+	took := map[string][]time.Duration{}
+	runIDs := map[string][]string{}
+	measure := func(n int) {
+		for i := range n {
+			// The order turns every message, so no agent always follows another.
+			for j := range agents {
+				agent := agents[(i+j)%len(agents)]
+				if agent != "a0" {
+					waitWarm(agent)
+				}
+				start := time.Now()
+				id := postText(b, st, agent, "ping")
+				waitFor(b, sink.expect(id), id)
+				took[agent] = append(took[agent], sink.at(id).Sub(start))
+				runIDs[agent] = append(runIDs[agent], sink.runID(id))
+			}
+		}
+	}
+	// Warm up: the scheduler's activation, the default image, the pools.
+	measure(2)
+	clear(took)
+	clear(runIDs)
+	b.ResetTimer()
+	measure(runs)
+	b.StopTimer()
+	keepLogs(b, st)
+	sink.failures(b)
+	b.ReportMetric(ms(quantile(took["wdefault"], 0.5)), "default_image_p50_ms")
+	b.ReportMetric(ms(quantile(took["wdefault"], 0.95)), "default_image_p95_ms")
+	b.ReportMetric(ms(quantile(took["wown"], 0.5)), "own_image_p50_ms")
+	b.ReportMetric(ms(quantile(took["wown"], 0.95)), "own_image_p95_ms")
+	b.ReportMetric(ms(quantile(took["a0"], 0.5)), "landlock_p50_ms")
+	for agent, name := range map[string]string{"wdefault": "default_image", "wown": "own_image"} {
+		toConfined, toEnd := runSplit(b, st, runIDs[agent])
+		b.ReportMetric(ms(quantile(toConfined, 0.5)), name+"_start_to_confined_p50_ms")
+		b.ReportMetric(ms(quantile(toEnd, 0.5)), name+"_confined_to_end_p50_ms")
+	}
+	b.Logf("%s is berth-agent on %s", ownImage, base)
+}
+
+// ownImageStack is the suite as systemd runs it with three agents: a0
+// (Landlock), wdefault (container, warm = 1, berth's isolation image) and
+// wown (container, warm = 1, container_mode.image = ownImage).
+func ownImageStack(b *testing.B) (*devstack.Stack, *fastSink) {
+	b.Helper()
+	sink := newFastSink(b)
+	var cfg strings.Builder
+	fmt.Fprintf(&cfg, "[providers]\nprimary = \"local\"\n\n")
+	fmt.Fprintf(&cfg, "[[agents]]\nid = \"a0\"\nmax_iterations = 4\n\n")
+	fmt.Fprintf(&cfg, "[[agents]]\nid = \"wdefault\"\nmax_iterations = 4\n%s\nwarm = 1\n\n", containerAgent)
+	fmt.Fprintf(&cfg, "[[agents]]\nid = \"wown\"\nmax_iterations = 4\n%s\nwarm = 1\nimage = %q\n\n", containerAgent, ownImage)
+	fmt.Fprintf(&cfg, "[intake]\ndefault_agent = \"a0\"\n\n")
+	fmt.Fprintf(&cfg, "[[connectors]]\nid = \"hooks\"\ntype = \"webhook\"\nsecret = %q\nreply_url = %q\n\n", secret, sink.srv.URL+"/replies")
+	for _, a := range []string{"a0", "wdefault", "wown"} {
+		fmt.Fprintf(&cfg, "[[bindings]]\nconnector = \"hooks\"\nchannel_id = %q\nagent = %q\n\n", a, a)
+	}
+	fmt.Fprintf(&cfg, "[scheduler]\nmax_concurrent_runs = 8\ndefault_timeout_seconds = 60\nrun_as = \"nobody\"\nagent_binary = %q\n", filepath.Join(binDir, "berth-agent"))
+	dir, err := os.MkdirTemp(baseDir, "b-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var env []string
+	if v := os.Getenv("BENCH_E2E_LOG_LEVEL"); v != "" {
+		env = append(env, "BERTH_LOG_LEVEL="+v)
+	}
+	st, err := devstack.Start(devstack.Options{BinDir: binDir, Dir: dir, Config: cfg.String(), Env: env})
+	if err != nil {
+		b.Fatalf("cannot start the suite: %v", err)
+	}
+	b.Cleanup(st.Stop)
+	return st, sink
+}
