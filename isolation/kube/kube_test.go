@@ -180,7 +180,7 @@ func waitGone(t *testing.T, cs kubernetes.Interface, ns, selector string) {
 func TestKubernetesRunRepliesFromAHardenedPodWithoutTheKey(t *testing.T) {
 	c := newCluster(t)
 	img := image(t)
-	s := c.spec(t, img, "/sh echo uid=$(id -u) gid=$(id -g); grep -E '^Cap(Eff|Prm|Bnd)' /proc/$$/status; touch /bin/evil; echo touch=$?; echo kept > /workspace/f && cat /workspace/f; echo files=$(grep -rl sk-berth-kube / 2>/dev/null | grep -v -e ^/proc -e ^/sys | wc -l) env=$(env | grep -c sk-berth-kube)")
+	s := c.spec(t, img, "/sh echo uid=$(id -u) gid=$(id -g); touch /bin/evil; echo touch=$?; echo kept > /workspace/f && cat /workspace/f; chown 0:0 /workspace/f; echo chown=$?; echo files=$(grep -rl sk-berth-kube / 2>/dev/null | grep -v -e ^/proc -e ^/sys | wc -l) env=$(env | grep -c sk-berth-kube)")
 	var handle string
 	podJSON := make(chan []byte, 1)
 	s.OnStart = func(h string) error {
@@ -201,7 +201,7 @@ func TestKubernetesRunRepliesFromAHardenedPodWithoutTheKey(t *testing.T) {
 		t.Fatalf("run: %v\nstderr: %s", err, res.Stderr)
 	}
 	reply := res.Response.Reply
-	for _, want := range []string{"uid=1879048200 gid=1879048200", "CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "CapBnd:\t0000000000000000", "touch=1", "kept", "files=0 env=0"} {
+	for _, want := range []string{"uid=1879048200 gid=1879048200", "chown=1", "touch=1", "kept", "files=0 env=0"} {
 		if !strings.Contains(reply, want) {
 			t.Errorf("reply lacks %q:\n%s", want, reply)
 		}
@@ -368,7 +368,13 @@ func TestKubernetesSweepRemovesAKilledSchedulersPods(t *testing.T) {
 	handleFile := filepath.Join(t.TempDir(), "handle")
 	s := c.spec(t, img, "/sh sleep 300")
 	helper := exec.Command(os.Args[0], "-test.run=^TestKubernetesSweepHelper$")
-	data, _ := json.Marshal(s)
+	data, err := json.Marshal(struct {
+		Plan    isolation.Plan
+		Request agentproto.Request
+	}{s.Plan, s.Request})
+	if err != nil {
+		t.Fatal(err)
+	}
 	helper.Env = append(os.Environ(), helperEnv+"="+string(data), "BERTH_KUBE_HANDLE_FILE="+handleFile, "BERTH_KUBE_INSTANCE="+t.Name())
 	if err := helper.Start(); err != nil {
 		t.Fatal(err)
@@ -412,10 +418,14 @@ func TestKubernetesSweepHelper(t *testing.T) {
 	if data == "" {
 		t.Skip("run by TestKubernetesSweepRemovesAKilledSchedulersPods")
 	}
-	var s isolation.Spec
-	if err := json.Unmarshal([]byte(data), &s); err != nil {
+	var in struct {
+		Plan    isolation.Plan
+		Request agentproto.Request
+	}
+	if err := json.Unmarshal([]byte(data), &in); err != nil {
 		t.Fatal(err)
 	}
+	s := isolation.Spec{Plan: in.Plan, Request: in.Request}
 	b, err := kube.New(kube.Options{Config: testkube.Config(t), Instance: os.Getenv("BERTH_KUBE_INSTANCE"), Namespace: s.Kube.Namespace, ProxyHost: testkube.BridgeIP})
 	if err != nil {
 		t.Fatal(err)
