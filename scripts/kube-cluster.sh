@@ -249,9 +249,7 @@ host_snapshot() { # host_snapshot DIR: what a cluster may change on the host
 }
 
 need_packages() {
-  ensure_packages containerd:containerd ctr:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins \
-    /usr/lib/cni/host-local:containernetworking-plugins /bin/busybox:busybox-static openssl:openssl \
-    jq:jq curl:curl ip:iproute2 iptables:iptables flock:util-linux
+  ensure_packages containerd:containerd ctr:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins /usr/lib/cni/host-local:containernetworking-plugins /bin/busybox:busybox-static openssl:openssl jq:jq curl:curl /bin/ip:iproute2 iptables:iptables flock:util-linux
 }
 
 # ---- up ------------------------------------------------------------------------

@@ -35,6 +35,8 @@ test_needs=(
   /usr/share/cockpit/shell/manifest.json:cockpit-system
   dpkg-deb:dpkg rpm:rpm # packaging tests inspect the .deb and the .rpm
   debootstrap:debootstrap dpkg-scanpackages:dpkg-dev # base image and install test: rootfs, local apt mirror
+  ctr:containerd containerd:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins # the test cluster (scripts/kube-cluster.sh)
+  /usr/lib/cni/host-local:containernetworking-plugins /bin/busybox:busybox-static openssl:openssl jq:jq iptables:iptables flock:util-linux
 )
 ensure_packages "${test_needs[@]}"
 if [ "${1:-}" = --install-only ]; then
@@ -43,6 +45,12 @@ fi
 ensure_docker
 echo "==> base image (berth-base:bookworm, debootstrapped once and cached)"
 scripts/base-image.sh
+
+echo "==> Kubernetes test cluster (binaries built once, cached under /var/cache/berth/kubernetes)"
+scripts/kube-cluster.sh build
+scripts/kube-cluster.sh up
+trap 'scripts/kube-cluster.sh down' EXIT
+export "$(scripts/kube-cluster.sh env)"
 
 echo "==> go vet"
 go vet ./...

@@ -18,7 +18,7 @@ func TestUsageAndBudgetOutputMatchTheGoldenFiles(t *testing.T) {
 	t.Parallel()
 	u := busapi.Usage{Calls: 3, Input: 1200, Cached: 1000, Output: 300, Cost: 0.0042, Refused: 1, Budget: "tokens_per_day",
 		BudgetReason: "the agent's budget tokens_per_day (1500) is used up for today (UTC)",
-		Models: []busapi.ModelUsage{{Provider: "openai", Model: "gpt-4o-mini", Calls: 3, Input: 1200, Cached: 1000, Output: 300, Cost: 0.0042}}}
+		Models:       []busapi.ModelUsage{{Provider: "openai", Model: "gpt-4o-mini", Calls: 3, Input: 1200, Cached: 1000, Output: 300, Cost: 0.0042}}}
 	tests := []struct {
 		name  string
 		write func(*bytes.Buffer) error

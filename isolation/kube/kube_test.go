@@ -126,7 +126,7 @@ func (c cluster) spec(t *testing.T, img, text string) isolation.Spec {
 			Timeout: 2 * time.Minute, KillGrace: 2 * time.Second, Policy: policy,
 			Limits:  isolation.Limits{MemoryBytes: 256 << 20, Pids: 256, NanoCPUs: 500_000_000, TmpfsBytes: 64 << 20},
 			Network: isolation.Network{Mode: "none"},
-			Kube: isolation.KubePlan{Namespace: c.ns, Image: img, ImagePullPolicy: "Never", ProxyAddr: c.proxy, EgressVerifiedBy: "probe"},
+			Kube:    isolation.KubePlan{Namespace: c.ns, Image: img, ImagePullPolicy: "Never", ProxyAddr: c.proxy, EgressVerifiedBy: "probe"},
 		},
 		Request: agentproto.Request{
 			Version: agentproto.Version, RunID: id,

@@ -59,4 +59,3 @@ func runUsageJSON(r Run) string {
 	}
 	return usageWire(*r.Usage).Wire()
 }
-
