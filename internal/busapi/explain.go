@@ -48,6 +48,7 @@ type Plan struct {
 	Network          Network       `json:"network"`
 	Mounts           []Mount       `json:"mounts,omitempty"`
 	Container        ContainerPlan `json:"container,omitzero"`
+	Kube             KubePlan      `json:"kubernetes,omitzero"`
 	Providers        []Provider    `json:"providers"`
 	Egress           *EgressPlan   `json:"egress,omitempty"`
 	Timeout          time.Duration `json:"timeout"`
@@ -105,6 +106,35 @@ type ContainerPlan struct {
 	Warm        int      `json:"warm,omitempty"`
 }
 
+// KubePlan is what only the kubernetes backend reads (ADR 22).
+type KubePlan struct {
+	Namespace        string            `json:"namespace,omitempty"`
+	Image            string            `json:"image,omitempty"`
+	ImagePullPolicy  string            `json:"image_pull_policy,omitempty"`
+	RuntimeClass     string            `json:"runtime_class,omitempty"`
+	NodeSelector     map[string]string `json:"node_selector,omitempty"`
+	Tolerations      []KubeToleration  `json:"tolerations,omitempty"`
+	ServiceAccount   string            `json:"service_account,omitempty"`
+	ProxyAddr        string            `json:"proxy_addr,omitempty"`
+	EgressVerifiedBy string            `json:"egress_verified_by,omitempty"`
+	Warm             int               `json:"warm,omitempty"`
+}
+
+// KubeToleration is one toleration of a run's pod.
+type KubeToleration struct {
+	Key      string `json:"key,omitempty"`
+	Operator string `json:"operator,omitempty"`
+	Value    string `json:"value,omitempty"`
+	Effect   string `json:"effect,omitempty"`
+}
+
+// Price is a model's price per million tokens ([providers.X.prices]).
+type Price struct {
+	Input  float64 `json:"input"`
+	Output float64 `json:"output"`
+	Cached float64 `json:"cached,omitempty"`
+}
+
 // Provider is one provider of the plan's chain, without its key.
 type Provider struct {
 	Name      string `json:"name"`
@@ -127,6 +157,9 @@ type EgressPlan struct {
 	Secrets         []EgressSecret     `json:"secrets,omitempty"`
 	CABundle        string             `json:"ca_bundle,omitempty"`
 	SandboxCABundle string             `json:"sandbox_ca_bundle,omitempty"`
+	// ReadOnly: only GET and HEAD without a body pass ([agents.egress]
+	// mode = "read-only").
+	ReadOnly bool `json:"read_only,omitempty"`
 	// Agent names the agent in git's reasons; Git are its git rules and
 	// GitHubApps the apps they name, without their keys.
 	Agent      string      `json:"agent,omitempty"`
@@ -173,6 +206,8 @@ type EgressProvider struct {
 	APIVersion   string   `json:"api_version,omitempty"`
 	Organization string   `json:"organization,omitempty"`
 	Project      string   `json:"project,omitempty"`
+	// Prices are the provider's prices by model.
+	Prices map[string]Price `json:"prices,omitempty"`
 }
 
 // EgressProxyProcess is how the run's proxy is started.

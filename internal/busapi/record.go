@@ -33,6 +33,9 @@ type EgressCounts struct {
 	// counts the requests to the hosts after them.
 	Hosts      []EgressHostCount `json:"hosts,omitempty"`
 	OtherHosts EgressHostCount   `json:"other_hosts"`
+	// BytesUp and BytesDown add up the bytes of every request.
+	BytesUp   int64 `json:"bytes_up,omitempty"`
+	BytesDown int64 `json:"bytes_down,omitempty"`
 }
 
 // EgressHostCount is how many requests to one host were allowed and refused.

@@ -545,7 +545,8 @@ func egressCountsJSON(r Run) string {
 	if c == nil {
 		return (*busapi.EgressCounts)(nil).Wire()
 	}
-	counts := busapi.EgressCounts{Allowed: c.Allowed, Refused: c.Refused, OtherHosts: busapi.EgressHostCount(c.OtherHosts)}
+	counts := busapi.EgressCounts{Allowed: c.Allowed, Refused: c.Refused, OtherHosts: busapi.EgressHostCount(c.OtherHosts),
+		BytesUp: c.BytesUp, BytesDown: c.BytesDown}
 	for _, h := range c.Hosts {
 		counts.Hosts = append(counts.Hosts, busapi.EgressHostCount(h))
 	}

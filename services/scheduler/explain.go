@@ -67,9 +67,15 @@ func busPlan(p isolation.Plan) busapi.Plan {
 		Limits:           busapi.Limits(p.Limits),
 		Network:          busapi.Network(p.Network),
 		Container:        busapi.ContainerPlan(p.Container),
-		Providers:        make([]busapi.Provider, len(p.Providers)),
-		Timeout:          p.Timeout,
-		KillGrace:        p.KillGrace,
+		Kube: busapi.KubePlan{Namespace: p.Kube.Namespace, Image: p.Kube.Image, ImagePullPolicy: p.Kube.ImagePullPolicy,
+			RuntimeClass: p.Kube.RuntimeClass, NodeSelector: p.Kube.NodeSelector, ServiceAccount: p.Kube.ServiceAccount,
+			ProxyAddr: p.Kube.ProxyAddr, EgressVerifiedBy: p.Kube.EgressVerifiedBy, Warm: p.Kube.Warm},
+		Providers: make([]busapi.Provider, len(p.Providers)),
+		Timeout:   p.Timeout,
+		KillGrace: p.KillGrace,
+	}
+	for _, t := range p.Kube.Tolerations {
+		out.Kube.Tolerations = append(out.Kube.Tolerations, busapi.KubeToleration(t))
 	}
 	if p.User != nil {
 		u := busapi.RunUser(*p.User)
@@ -90,12 +96,19 @@ func busPlan(p isolation.Plan) busapi.Plan {
 		for _, pr := range e.Providers {
 			be.Providers = append(be.Providers, busapi.EgressProvider{Name: pr.Name, Kind: pr.Kind, BaseURL: pr.BaseURL, Model: pr.Model,
 				Endpoints: pr.Endpoints, APIVersion: pr.APIVersion, Organization: pr.Organization, Project: pr.Project})
+			if len(pr.Prices) > 0 {
+				last := &be.Providers[len(be.Providers)-1]
+				last.Prices = make(map[string]busapi.Price, len(pr.Prices))
+				for m, price := range pr.Prices {
+					last.Prices[m] = busapi.Price(price)
+				}
+			}
 		}
 		for _, sec := range e.Secrets {
 			be.Secrets = append(be.Secrets, busapi.EgressSecret{Name: sec.Name, Hosts: sec.Hosts, Header: sec.Header, Format: sec.Format,
 				Ports: sec.Ports, Methods: sec.Methods, Paths: sec.Paths, AgentTool: sec.AgentTool})
 		}
-		be.Agent = e.Agent
+		be.Agent, be.ReadOnly = e.Agent, e.ReadOnly
 		for _, g := range e.Git {
 			be.Git = append(be.Git, busapi.GitRule(g))
 		}
