@@ -498,6 +498,8 @@ printf "%s\n" "[[connectors]]" "id = \"metered\"" "type = \"webhook\"" "secret_f
 berthctl config check >/dev/null
 systemctl reload-or-restart berth-scheduler
 systemctl stop berth-intake.service
+# Not on 9090: that is cockpit.socket in the full run.
+printf "%s\n" "ARGS=\"--web.listen-address=127.0.0.1:9091\"" >/etc/default/prometheus
 systemctl restart prometheus' || fail "cannot configure prometheus and a metered agent"
   id=$(inside "installprobe post --url http://127.0.0.1:8470/hooks/metered --secret-file /etc/berth/hooks.secret --channel CMET '/sh echo metered-reply'") || fail "POST to the metered connector"
   reply=$(inside "installprobe wait --id $id --timeout 60s --field text") || fail "no reply to the metered message"
@@ -509,7 +511,7 @@ systemctl restart prometheus' || fail "cannot configure prometheus and a metered
     'berth_up{daemon="scheduler"}' 'berth_bolt_file_size_bytes{db="scheduler.db"}'; do
     out=""
     for _ in $(seq 1 60); do
-      out=$(inside "promtool query instant http://127.0.0.1:9090 '$q'" 2>&1) || true
+      out=$(inside "promtool query instant http://127.0.0.1:9091 '$q'" 2>&1) || true
       grep -q '=> [1-9]' <<<"$out" && break
       sleep 1
     done
