@@ -367,7 +367,7 @@ func TestKubernetesSweepRemovesAKilledSchedulersPods(t *testing.T) {
 	// A scheduler process that is SIGKILLed while its run's pod runs.
 	handleFile := filepath.Join(t.TempDir(), "handle")
 	s := c.spec(t, img, "/sh sleep 300")
-	helper := exec.Command(os.Args[0], "-test.run=^TestKubernetesSweepHelper$")
+	helper := exec.Command(os.Args[0], "-test.run=^$")
 	data, err := json.Marshal(struct {
 		Plan    isolation.Plan
 		Request agentproto.Request
@@ -412,26 +412,40 @@ func TestKubernetesSweepRemovesAKilledSchedulersPods(t *testing.T) {
 
 const helperEnv = "BERTH_KUBE_SWEEP_HELPER"
 
-// TestKubernetesSweepHelper is the scheduler process the sweep test kills.
-func TestKubernetesSweepHelper(t *testing.T) {
-	data := os.Getenv(helperEnv)
-	if data == "" {
-		t.Skip("run by TestKubernetesSweepRemovesAKilledSchedulersPods")
+// TestMain runs the sweep test's scheduler process when asked to.
+func TestMain(m *testing.M) {
+	if data := os.Getenv(helperEnv); data != "" {
+		if err := runSweepHelper(data); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
+	os.Exit(m.Run())
+}
+
+// runSweepHelper is the scheduler process the sweep test kills: it starts
+// the run's pod, writes its handle and waits.
+func runSweepHelper(data string) error {
 	var in struct {
 		Plan    isolation.Plan
 		Request agentproto.Request
 	}
 	if err := json.Unmarshal([]byte(data), &in); err != nil {
-		t.Fatal(err)
+		return err
+	}
+	cfg, err := testkube.Reachable()
+	if err != nil {
+		return err
 	}
 	s := isolation.Spec{Plan: in.Plan, Request: in.Request}
-	b, err := kube.New(kube.Options{Config: testkube.Config(t), Instance: os.Getenv("BERTH_KUBE_INSTANCE"), Namespace: s.Kube.Namespace, ProxyHost: testkube.BridgeIP})
+	b, err := kube.New(kube.Options{Config: cfg, Instance: os.Getenv("BERTH_KUBE_INSTANCE"), Namespace: s.Kube.Namespace, ProxyHost: testkube.BridgeIP})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	s.OnStart = func(h string) error { return os.WriteFile(os.Getenv("BERTH_KUBE_HANDLE_FILE"), []byte(h), 0o600) }
-	_, _ = b.Run(context.Background(), s)
+	_, err = b.Run(context.Background(), s)
+	return err
 }
 
 // A pod deleted under its run (a node lost, an eviction) ends the run

@@ -101,7 +101,7 @@ func KubeconfigPath() (string, error) {
 // its API server answers. No cluster: the test fails under CI=true, skips elsewhere.
 func Config(t testing.TB) *rest.Config {
 	t.Helper()
-	cfg, err := reachable()
+	cfg, err := Reachable()
 	testenv.Need(t, err == nil, "no reachable Kubernetes cluster (set KUBECONFIG or run scripts/kube-cluster.sh up): %v", err)
 	return cfg
 }
@@ -116,7 +116,9 @@ func Clientset(t testing.TB) *kubernetes.Clientset {
 	return cs
 }
 
-func reachable() (*rest.Config, error) {
+// Reachable is the client config of the cluster Config names once its API
+// server answers /readyz, for a helper process that has no testing.T.
+func Reachable() (*rest.Config, error) {
 	path, err := KubeconfigPath()
 	if err != nil {
 		return nil, err
