@@ -145,15 +145,7 @@ func (im Images) ListImages(ctx context.Context) ([]Image, error) {
 	if err := im.call(ctx, "ListImages", nil, &raw); err != nil {
 		return nil, err
 	}
-	out := make([]Image, 0, len(raw))
-	for _, m := range raw {
-		img, err := ImageFromWire(m)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, img)
-	}
-	return out, nil
+	return listFromWire(raw, ImageFromWire)
 }
 
 // Dockerfile returns the Dockerfiles a target's images are built from.

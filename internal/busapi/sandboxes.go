@@ -79,15 +79,7 @@ func (s Scheduler) ListSandboxes(ctx context.Context, agent string) ([]Sandbox, 
 	if err := s.call(ctx, "ListSandboxes", []any{agent}, &list); err != nil {
 		return nil, err
 	}
-	out := make([]Sandbox, 0, len(list))
-	for _, m := range list {
-		sb, err := SandboxFromWire(m)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, sb)
-	}
-	return out, nil
+	return listFromWire(list, SandboxFromWire)
 }
 
 // StopSandbox stops a live sandbox without a run under way (SIGTERM, a

@@ -95,15 +95,7 @@ func (s Scheduler) ListRuns(ctx context.Context, f ListFilter) ([]RunSummary, er
 	if err := s.call(ctx, "ListRuns", []any{f.Wire()}, &page); err != nil {
 		return nil, err
 	}
-	out := make([]RunSummary, 0, len(page))
-	for _, m := range page {
-		sum, err := RunSummaryFromWire(m)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, sum)
-	}
-	return out, nil
+	return listFromWire(page, RunSummaryFromWire)
 }
 
 // Output names of GetRunOutput.
@@ -150,15 +142,7 @@ func (s Scheduler) TestProviders(ctx context.Context, name string) ([]ProviderRe
 	if err := s.call(ctx, "TestProviders", []any{name}, &raw); err != nil {
 		return nil, err
 	}
-	out := make([]ProviderResult, 0, len(raw))
-	for _, m := range raw {
-		p, err := ProviderResultFromWire(m)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p)
-	}
-	return out, nil
+	return listFromWire(raw, ProviderResultFromWire)
 }
 
 // ExplainEgress says whether the agent's egress proxy would let a request

@@ -90,13 +90,5 @@ func (s Scheduler) ListSchedules(ctx context.Context) ([]Schedule, error) {
 	if err := s.call(ctx, "ListSchedules", nil, &raw); err != nil {
 		return nil, err
 	}
-	out := make([]Schedule, 0, len(raw))
-	for _, m := range raw {
-		sc, err := ScheduleFromWire(m)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, sc)
-	}
-	return out, nil
+	return listFromWire(raw, ScheduleFromWire)
 }

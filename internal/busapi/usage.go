@@ -156,15 +156,7 @@ func (s Scheduler) Usage(ctx context.Context, agent string, since time.Time) ([]
 	if err := s.call(ctx, "Usage", []any{agent, usecOf(since)}, &raw); err != nil {
 		return nil, err
 	}
-	out := make([]UsageDay, 0, len(raw))
-	for _, m := range raw {
-		d, err := UsageDayFromWire(m)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, d)
-	}
-	return out, nil
+	return listFromWire(raw, UsageDayFromWire)
 }
 
 // GetBudgets is agent's budget ("" for every agent's) and today's spending.
@@ -173,15 +165,7 @@ func (s Scheduler) GetBudgets(ctx context.Context, agent string) ([]Budget, erro
 	if err := s.call(ctx, "GetBudgets", []any{agent}, &raw); err != nil {
 		return nil, err
 	}
-	out := make([]Budget, 0, len(raw))
-	for _, m := range raw {
-		b, err := BudgetFromWire(m)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, b)
-	}
-	return out, nil
+	return listFromWire(raw, BudgetFromWire)
 }
 
 // SetBudget changes one key of agent's budget live (value a number, 0 for

@@ -64,3 +64,16 @@ func (e invalidError) Is(target error) bool { return target == ErrInvalid }
 func invalid(format string, args ...any) error {
 	return invalidError{fmt.Sprintf(format, args...)}
 }
+
+// listFromWire decodes each dictionary of a list answer with from.
+func listFromWire[T any](raw []map[string]dbus.Variant, from func(map[string]dbus.Variant) (T, error)) ([]T, error) {
+	out := make([]T, 0, len(raw))
+	for _, m := range raw {
+		v, err := from(m)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
