@@ -84,7 +84,7 @@ func TestKubernetesToolsGoOutOnlyThroughTheRunsProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer proxy.Stop()
-	defer r.add(token, socket)()
+	defer r.add(socket, token)()
 
 	b, err := kube.New(kube.Options{Config: cfg, Instance: t.Name(), Namespace: ns, ProxyHost: testkube.BridgeIP})
 	if err != nil {

@@ -65,9 +65,10 @@ func (p *Preparer) kubeRouterFor(addr string) (*kubeRouter, error) {
 	return r, nil
 }
 
-// routeKube puts a kubernetes run's proxy on the router; the func takes it
-// off again.
-func (p *Preparer) routeKube(plan isolation.Plan, token string) (func(), error) {
+// routeKube puts a kubernetes run's proxy on the router under each of its
+// tokens (the tools' run token and berth-agent's own, ADR 26); the func
+// takes it off again.
+func (p *Preparer) routeKube(plan isolation.Plan, tokens ...string) (func(), error) {
 	if plan.Backend != isolation.BackendKubernetes || plan.Egress == nil {
 		return func() {}, nil
 	}
@@ -75,17 +76,26 @@ func (p *Preparer) routeKube(plan isolation.Plan, token string) (func(), error) 
 	if err != nil {
 		return nil, &isolation.RunError{Reason: isolation.ReasonStart, Detail: "cannot route the pod's egress", Err: err}
 	}
-	return r.add(token, plan.Egress.Socket), nil
+	return r.add(plan.Egress.Socket, tokens...), nil
 }
 
-func (r *kubeRouter) add(token, socket string) func() {
-	key := sha256.Sum256([]byte(token))
+func (r *kubeRouter) add(socket string, tokens ...string) func() {
+	var keys [][32]byte
+	for _, t := range tokens {
+		if t != "" {
+			keys = append(keys, sha256.Sum256([]byte(t)))
+		}
+	}
 	r.mu.Lock()
-	r.runs[key] = socket
+	for _, k := range keys {
+		r.runs[k] = socket
+	}
 	r.mu.Unlock()
 	return func() {
 		r.mu.Lock()
-		delete(r.runs, key)
+		for _, k := range keys {
+			delete(r.runs, k)
+		}
 		r.mu.Unlock()
 	}
 }

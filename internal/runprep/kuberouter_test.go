@@ -59,10 +59,15 @@ func TestKubernetesRouterPicksTheRunByItsToken(t *testing.T) {
 	}
 	addr := r.ln.Addr().String()
 	t.Cleanup(func() { r.ln.Close() })
-	offA := r.add("token-of-a", runSocket(t, "run a"))
-	r.add("token-of-b", runSocket(t, "run b"))
+	offA := r.add(runSocket(t, "run a"), "token-of-a", "agent-token-of-a")
+	r.add(runSocket(t, "run b"), "token-of-b")
 	if code, body := ask(t, addr, "token-of-a"); code != 200 || body != "run a saw GET Bearer token-of-a" {
 		t.Errorf("run a's token: %d %q", code, body)
+	}
+	// berth-agent's own channel (web_search, MCP servers) reaches the same
+	// run's proxy with its own token.
+	if code, body := ask(t, addr, "agent-token-of-a"); code != 200 || body != "run a saw GET Bearer agent-token-of-a" {
+		t.Errorf("run a's agent token: %d %q", code, body)
 	}
 	if code, body := ask(t, addr, "token-of-b"); code != 200 || !strings.HasPrefix(body, "run b saw") {
 		t.Errorf("run b's token: %d %q", code, body)
@@ -73,7 +78,9 @@ func TestKubernetesRouterPicksTheRunByItsToken(t *testing.T) {
 		}
 	}
 	offA()
-	if code, _ := ask(t, addr, "token-of-a"); code != http.StatusProxyAuthRequired {
-		t.Errorf("a finished run's token: %d, want 407", code)
+	for _, tok := range []string{"token-of-a", "agent-token-of-a"} {
+		if code, _ := ask(t, addr, tok); code != http.StatusProxyAuthRequired {
+			t.Errorf("a finished run's token %q: %d, want 407", tok, code)
+		}
 	}
 }

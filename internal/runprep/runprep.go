@@ -213,7 +213,7 @@ func (p *Preparer) prepare(ctx context.Context, in Input, keep *keepOptions) (*P
 		}
 		out.agentToken = out.proxy.AgentToken()
 		// A pod reaches its run's proxy through the router (ADR 22).
-		if out.unroute, err = p.routeKube(out.Plan, out.egressToken); err != nil {
+		if out.unroute, err = p.routeKube(out.Plan, out.egressToken, out.agentToken); err != nil {
 			out.Finish()
 			return out, err
 		}
