@@ -35,6 +35,8 @@ type ConnectorStatus struct {
 	LastErrorAt    string
 	Reconnects     uint32
 	Warning        string
+	Progress       string // edit | typing | off; "" for a webhook
+	Reactions      string // off | on | why the platform refuses them
 }
 
 // Wire is c as the Connectors property holds it (a{sv}).
@@ -49,6 +51,8 @@ func (c ConnectorStatus) Wire() map[string]dbus.Variant {
 		"last_error_at":   dbus.MakeVariant(c.LastErrorAt),
 		"reconnects":      dbus.MakeVariant(c.Reconnects),
 		"warning":         dbus.MakeVariant(c.Warning),
+		"progress":        dbus.MakeVariant(c.Progress),
+		"reactions":       dbus.MakeVariant(c.Reactions),
 	}
 }
 
@@ -71,6 +75,8 @@ func ConnectorsFromWire(v dbus.Variant) ([]ConnectorStatus, error) {
 		f.str("last_error_at", &c.LastErrorAt)
 		f.u32("reconnects", &c.Reconnects)
 		f.str("warning", &c.Warning)
+		f.str("progress", &c.Progress)
+		f.str("reactions", &c.Reactions)
 		if f.err != nil {
 			return nil, fmt.Errorf("cannot read connector status: %w", f.err)
 		}

@@ -20,12 +20,18 @@ func writeConnectors(w io.Writer, list []busapi.ConnectorStatus) error {
 	}
 	fmt.Fprintln(w, "connectors:")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "  ID\tTYPE\tSTATE\tCONNECTED SINCE\tLAST EVENT\tRECONNECTS")
+	fmt.Fprintln(tw, "  ID\tTYPE\tSTATE\tCONNECTED SINCE\tLAST EVENT\tRECONNECTS\tPROGRESS\tREACTIONS")
 	var notes []string
 	for _, c := range list {
 		id := c.ID
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\n", id, c.Type, c.State,
-			cmp.Or(c.ConnectedSince, "-"), cmp.Or(c.LastEvent, "-"), c.Reconnects)
+		reactions := cmp.Or(c.Reactions, "-")
+		if strings.HasPrefix(reactions, "refused") {
+			notes = append(notes, fmt.Sprintf("  %s: WARNING: reactions %s (grant it, or set reactions = false)", id, oneLine(reactions)))
+			reactions = "refused"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", id, c.Type, c.State,
+			cmp.Or(c.ConnectedSince, "-"), cmp.Or(c.LastEvent, "-"), c.Reconnects,
+			cmp.Or(c.Progress, "-"), reactions)
 		if e := c.LastError; e != "" {
 			if at := c.LastErrorAt; at != "" {
 				notes = append(notes, fmt.Sprintf("  %s: last error at %s: %s", id, at, oneLine(e)))

@@ -25,6 +25,12 @@ func TestStatusPrintsEachConnector(t *testing.T) {
 		{"Last_error_and_warning_are_shown_under_the_table", []busapi.ConnectorStatus{
 			{ID: "dc", Type: "discord", State: "disconnected", LastError: "gateway closed\n4004", Warning: "MESSAGE_CONTENT intent not granted", Reconnects: 7},
 		}, []string{"dc: last error: gateway closed 4004", "dc: WARNING: MESSAGE_CONTENT intent not granted"}},
+		{"Progress_and_reactions_are_columns", []busapi.ConnectorStatus{
+			{ID: "sl", Type: "slack", State: "connected", Progress: "edit", Reactions: "on"},
+		}, []string{"PROGRESS", "REACTIONS", "edit", "on"}},
+		{"Refused_reactions_are_a_warning_naming_what_to_grant", []busapi.ConnectorStatus{
+			{ID: "sl", Type: "slack", State: "connected", Progress: "edit", Reactions: "refused, none added until intake restarts: the bot lacks the bot scope reactions:write"},
+		}, []string{"refused\n", "sl: WARNING: reactions refused, none added until intake restarts: the bot lacks the bot scope reactions:write (grant it, or set reactions = false)"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -100,7 +100,8 @@ func TestOutputMatchesTheGoldenFiles(t *testing.T) {
 		{"container_images_none.txt", func(w *bytes.Buffer) error { return writeImages(w, nil) }},
 		{"status_connectors.txt", func(w *bytes.Buffer) error {
 			return writeConnectors(w, []busapi.ConnectorStatus{
-				{ID: "chat", Type: "meepachat", State: "connected", ConnectedSince: "2026-12-01T09:00:00Z", Reconnects: 2},
+				{ID: "chat", Type: "meepachat", State: "connected", ConnectedSince: "2026-12-01T09:00:00Z", Reconnects: 2, Progress: "typing", Reactions: "on"},
+				{ID: "sl", Type: "slack", State: "connected", ConnectedSince: "2026-12-01T09:00:00Z", Progress: "edit", Reactions: "refused, none added until intake restarts: the bot lacks the bot scope reactions:write: Slack answered missing_scope"},
 				{ID: "dc", Type: "discord", State: "disconnected", LastError: "gateway closed\n4004", LastErrorAt: "2026-12-01T09:05:00Z", Warning: "MESSAGE_CONTENT intent not granted", Reconnects: 7},
 				{ID: "hooks", Type: "webhook", State: "http"},
 			})

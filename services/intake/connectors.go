@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berth-dev/berth/internal/config"
@@ -42,6 +43,9 @@ type running struct {
 	secrets  []string     // resolved credentials, only to keep them out of Status
 	cancel   context.CancelFunc
 	done     chan struct{} // closed when Run has returned
+	// reactionsRefused is the platform's standing refusal of reactions
+	// (progress.go), nil while none came.
+	reactionsRefused atomic.Pointer[refusal]
 }
 
 // connectors holds the running connectors by id.
@@ -274,6 +278,8 @@ func (s *Service) connectorIDs() []string {
 type ConnectorStatus struct {
 	ID string
 	connector.Status
+	Progress  string // [connectors] progress: edit | typing | off, "" for webhooks
+	Reactions string // off | on | why the platform refuses them (running.reactionsState)
 }
 
 // ConnectorStatuses returns every configured connector's status, by id.
@@ -298,7 +304,8 @@ func (s *Service) ConnectorStatuses() []ConnectorStatus {
 		}
 		st.LastError = redact(st.LastError, secrets)
 		st.Warning = redact(st.Warning, secrets)
-		out = append(out, ConnectorStatus{ID: r.cfg.ID, Status: st})
+		mode, _ := progressOf(r)
+		out = append(out, ConnectorStatus{ID: r.cfg.ID, Status: st, Progress: mode, Reactions: redact(r.reactionsState(), secrets)})
 	}
 	slices.SortFunc(out, func(a, b ConnectorStatus) int { return strings.Compare(a.ID, b.ID) })
 	return out

@@ -138,6 +138,8 @@ func connectorsValue(st []ConnectorStatus) []map[string]dbus.Variant {
 			LastErrorAt:    stamp(c.LastErrorAt),
 			Reconnects:     uint32(max(c.Reconnects, 0)),
 			Warning:        bus.Text(c.Warning),
+			Progress:       c.Progress,
+			Reactions:      bus.Text(c.Reactions),
 		}.Wire())
 	}
 	return out

@@ -2,7 +2,9 @@ package intake
 
 import (
 	"context"
+	"errors"
 	"maps"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,6 +45,9 @@ const (
 type progressBoard struct {
 	mu      sync.Mutex
 	entries map[string]*progressEntry
+	// reacting counts reactions under way (each bounded by
+	// progressCallTimeout), so a test can tell none is left to come.
+	reacting sync.WaitGroup
 }
 
 type progressEntry struct {
@@ -299,13 +304,49 @@ func (s *Service) react(rc *running, r connector.Reaction) {
 	if !ok || r.MessageID == "" {
 		return
 	}
-	go func() {
+	if ref := rc.reactionsRefused.Load(); ref != nil && ref.everywhere {
+		return // the platform refused them for every channel: see berthctl status
+	}
+	s.progress.reacting.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), progressCallTimeout)
 		defer cancel()
-		if err := rx.React(ctx, r); err != nil {
-			s.log.Warn("cannot add a reaction", "connector", rc.cfg.ID, "message_id", r.MessageID, "status", r.Status, "err", redact(err.Error(), rc.secrets))
+		err := rx.React(ctx, r)
+		if err == nil {
+			return
 		}
-	}()
+		text := redact(err.Error(), rc.secrets)
+		var np *connector.NotPermittedError
+		if errors.As(err, &np) {
+			text = redact(strings.TrimPrefix(err.Error(), np.What+": "), rc.secrets)
+			if old := rc.reactionsRefused.Swap(&refusal{text: text, everywhere: np.Everywhere}); old == nil {
+				s.log.Warn("the platform refuses reactions; berthctl status shows it", "connector", rc.cfg.ID, "err", text)
+				s.refreshConnectors()
+			}
+			return
+		}
+		s.log.Warn("cannot add a reaction", "connector", rc.cfg.ID, "message_id", r.MessageID, "status", r.Status, "err", text)
+	})
+}
+
+// refusal is a platform's standing refusal of a connector's reactions.
+type refusal struct {
+	text       string
+	everywhere bool // intake adds none until it restarts
+}
+
+// reactionsState is what `berthctl status` shows of a connector's
+// reactions: "off", "on", or why the platform refuses them.
+func (rc *running) reactionsState() string {
+	if !rc.cfg.Reactions {
+		return "off"
+	}
+	if r := rc.reactionsRefused.Load(); r != nil {
+		if r.everywhere {
+			return "refused, none added until intake restarts: " + r.text
+		}
+		return "refused in a channel: " + r.text
+	}
+	return "on"
 }
 
 // cutProgressText cuts s to at most n bytes on a character boundary.

@@ -54,6 +54,16 @@ func progressDiscord(t *testing.T, progress string, reactions bool) (*discordtes
 	fake.MessageCreate(discordtest.MessageSpec{ID: "1000", Channel: progressChannel, Guild: progressGuild,
 		Author: discordtest.User{ID: "500000000000000001", Username: "alice"}, Content: "run the tests"})
 	eventually(t, "message 1000 is submitted", func() bool { return d.sub.callsFor("dc/1000") == 1 })
+	if progress == config.ProgressEdit {
+		// startProgress runs once Submit has returned; a RunProgress before
+		// it finds no entry (and is dropped, as for an unknown run).
+		eventually(t, "message 1000's progress is kept", func() bool {
+			s.progress.mu.Lock()
+			defer s.progress.mu.Unlock()
+			_, ok := s.progress.entries["dc/1000"]
+			return ok
+		})
+	}
 	return fake, d, s, clock
 }
 
@@ -216,6 +226,12 @@ func TestSlackProgress_uses_chat_update_and_chat_delete_and_reactions(t *testing
 	key := busapi.MessageKey("sl", msgID)
 	eventually(t, "the message is submitted", func() bool { return sub.callsFor(key) == 1 })
 	eventually(t, "👀", func() bool { return len(fake.Reactions()) == 1 })
+	eventually(t, "the message's progress is kept", func() bool {
+		s.progress.mu.Lock()
+		defer s.progress.mu.Unlock()
+		_, ok := s.progress.entries[key]
+		return ok
+	})
 
 	s.onRunProgress(busapi.RunProgress{RunID: "run-1", MessageKey: key, Seq: 1, Text: "running `pytest`"})
 	eventually(t, "the progress post", func() bool { return len(fake.Posts()) == 1 })

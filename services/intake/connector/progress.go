@@ -2,6 +2,7 @@ package connector
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -73,3 +74,28 @@ type Reaction struct {
 type Reactor interface {
 	React(ctx context.Context, r Reaction) error
 }
+
+// NotPermittedError is a platform refusing a progress call or a reaction
+// because the bot lacks a scope or permission (Slack missing_scope,
+// Discord 403 Missing Permissions). Intake shows it in the connector's
+// status, since the admin must grant Need or turn the feature off.
+type NotPermittedError struct {
+	What string // "reactions"
+	Need string // what to grant, e.g. "the bot scope reactions:write"
+	// Everywhere is true when the refusal holds for every channel (a
+	// missing app scope), so intake stops asking until it restarts;
+	// false when it may hold for one channel only (a Discord channel's
+	// permission overwrites).
+	Everywhere bool
+	Err        error
+}
+
+func (e *NotPermittedError) Error() string {
+	msg := fmt.Sprintf("%s: the bot lacks %s", e.What, e.Need)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
+}
+
+func (e *NotPermittedError) Unwrap() error { return e.Err }

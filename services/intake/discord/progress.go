@@ -117,7 +117,19 @@ func (c *Connector) React(ctx context.Context, r connector.Reaction) error {
 	}
 	path := "/channels/" + url.PathEscape(channel) + "/messages/" + url.PathEscape(r.MessageID) + "/reactions/" + url.PathEscape(emoji) + "/@me"
 	_, err := c.call(ctx, http.MethodPut, "PUT /channels/"+channel+"/messages/reactions", path, nil, true)
+	if isForbidden(err) {
+		// Permissions are per channel (overwrites), so another channel
+		// may still take reactions.
+		return &connector.NotPermittedError{What: "reactions", Need: "the Add Reactions and Read Message History permissions in channel " + channel, Err: err}
+	}
 	return err
+}
+
+// isForbidden tells a refusal with Discord's 403 (Missing Permissions,
+// Missing Access).
+func isForbidden(err error) bool {
+	var pe *connector.PermanentError
+	return errors.As(err, &pe) && strings.Contains(pe.Reason, ": 403 ")
 }
 
 // isNotFound tells a refusal with Discord's 404.

@@ -87,8 +87,12 @@ func (c *Connector) React(ctx context.Context, r connector.Reaction) error {
 	ctx, cancel := context.WithTimeout(ctx, c.o.RequestTimeout)
 	defer cancel()
 	err := c.api.AddReactionContext(ctx, name, slackapi.ItemRef{Channel: channel, Timestamp: ts})
-	if slackError(err) == "already_reacted" {
+	switch code := slackError(err); code {
+	case "already_reacted":
 		return nil
+	case "missing_scope", "not_allowed_token_type":
+		// The app's scopes hold for every channel: asking again is useless.
+		return &connector.NotPermittedError{What: "reactions", Need: "the bot scope reactions:write", Everywhere: true, Err: errors.New("Slack answered " + code)}
 	}
 	return c.classifyProgress(err)
 }

@@ -45,6 +45,10 @@ type progressState struct {
 	reactions []Reaction
 	calls     map[string][]time.Time // channel → message calls in the window
 	overruns  int
+	// noReactions are channels where the bot lacks Add Reactions: PUT
+	// reactions answers 403 Missing Permissions (code 50013).
+	noReactions      map[string]bool
+	refusedReactions int
 }
 
 func (s *Server) handleProgress(mux *http.ServeMux) {
@@ -66,6 +70,25 @@ func (s *Server) Edits() []Edit {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.progress.edits)
+}
+
+// DenyReactions takes the Add Reactions permission from the bot in
+// channel: a reaction there is answered 403 {"message": "Missing
+// Permissions", "code": 50013}, as discord-api-docs documents.
+func (s *Server) DenyReactions(channel string) {
+	s.mu.Lock()
+	if s.progress.noReactions == nil {
+		s.progress.noReactions = map[string]bool{}
+	}
+	s.progress.noReactions[channel] = true
+	s.mu.Unlock()
+}
+
+// RefusedReactions counts reactions answered 403.
+func (s *Server) RefusedReactions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.progress.refusedReactions
 }
 
 // Reactions lists the reactions added, in order.
@@ -175,6 +198,12 @@ func (s *Server) addReaction(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.progress.noReactions[r.PathValue("channel")] {
+		s.progress.refusedReactions++
+		s.notify()
+		reply(w, http.StatusForbidden, map[string]any{"message": "Missing Permissions", "code": 50013})
+		return
+	}
 	s.progress.reactions = append(s.progress.reactions, Reaction{Channel: r.PathValue("channel"), Message: r.PathValue("message"), Emoji: r.PathValue("emoji")})
 	s.notify()
 	w.WriteHeader(http.StatusNoContent)

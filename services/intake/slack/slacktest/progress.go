@@ -34,6 +34,10 @@ type progressState struct {
 	reactions []Reaction
 	lastCall  map[string]time.Time // channel → last update or delete
 	overruns  int
+	// noReactionScope makes reactions.add answer missing_scope, as Slack
+	// does for an app installed without reactions:write.
+	noReactionScope bool
+	refusedReactions int
 }
 
 func (s *Server) handleProgress(mux *http.ServeMux) {
@@ -55,6 +59,22 @@ func (s *Server) Edits() []Edit {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]Edit(nil), s.progress.edits...)
+}
+
+// WithoutReactionsScope makes the fake an app installed without the
+// reactions:write scope: reactions.add answers missing_scope with the
+// needed and provided scopes, as api.slack.com documents.
+func (s *Server) WithoutReactionsScope() {
+	s.mu.Lock()
+	s.progress.noReactionScope = true
+	s.mu.Unlock()
+}
+
+// RefusedReactions counts reactions.add calls answered missing_scope.
+func (s *Server) RefusedReactions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.progress.refusedReactions
 }
 
 // Reactions lists the reactions added, in order.
@@ -166,6 +186,12 @@ func (s *Server) reactionsAdd(w http.ResponseWriter, r *http.Request) {
 	defer s.mu.Unlock()
 	if rx.Channel == "" || rx.Timestamp == "" || rx.Name == "" {
 		refuse(w, "invalid_arguments")
+		return
+	}
+	if s.progress.noReactionScope {
+		s.progress.refusedReactions++
+		s.notify()
+		reply(w, map[string]any{"ok": false, "error": "missing_scope", "needed": "reactions:write", "provided": "chat:write,channels:history"})
 		return
 	}
 	for _, old := range s.progress.reactions {
