@@ -36,7 +36,7 @@ type progressState struct {
 	overruns  int
 	// noReactionScope makes reactions.add answer missing_scope, as Slack
 	// does for an app installed without reactions:write.
-	noReactionScope bool
+	noReactionScope  bool
 	refusedReactions int
 }
 
