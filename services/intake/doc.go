@@ -74,7 +74,8 @@
 //	│         connector, id, channel, channel_name, server, thread, author,
 //	│         text, meta, agent, received_at, state (pending|submitted|refused),
 //	│         run_id, attempts (Submits it took, written when it ends),
-//	│         last_error (why it was refused), done_at, seq
+//	│         last_error (why it was refused), done_at, seq,
+//	│         progress_message
 //	├── pending
 //	│   ╰── <connector> NUL <seq: uint64, big-endian> : <connector>/<message id>
 //	╰── done
@@ -89,6 +90,10 @@
 //	│   ╰── <connector> NUL <seq: uint64, big-endian> : <run id>
 //	╰── done
 //	    ╰── <done_at: unix ns, uint64 big-endian><seq: uint64 big-endian> : <run id>
+//	progress (created by the first progress message; no schema change)
+//	╰── <connector>/<message id> : the platform id of its progress message,
+//	      until it is deleted (progress_store.go): a restart deletes the
+//	      ones whose answer is posted
 //	sessions (created by the first save; no schema change)
 //	╰── <connector> : the gateway session the connector keeps (Discord: JSON
 //	      session_id, resume_gateway_url, seq, bot_user_id), so that a

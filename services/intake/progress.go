@@ -37,6 +37,9 @@ const (
 	progressFor = 6 * time.Hour
 	// progressTextDefault caps a text when a platform gives no MaxText.
 	progressTextDefault = 200
+	// progressDeleteAttempts bounds the deletes of one progress message,
+	// retried with the reply back-off; a restart tries once more.
+	progressDeleteAttempts = 5
 )
 
 // progressBoard holds the progress messages of runs in progress, by
@@ -214,7 +217,7 @@ func (s *Service) callProgress(e *progressEntry, msg connector.ProgressMessage) 
 	}
 	if posted != "" {
 		// Kept with the message: a restarted intake deletes it too.
-		if serr := s.store.updateMessage(e.key, s.clock.Now(), func(m *inboxEntry) { m.ProgressMessage = posted }); serr != nil {
+		if serr := s.store.setProgressMessage(e.key, posted, s.clock.Now()); serr != nil {
 			s.log.Warn("cannot record the progress message", "connector", e.connector, "run_id", e.runID, "err", serr)
 		}
 	}
@@ -286,16 +289,62 @@ func (s *Service) deleteProgress(rc *running, connectorID string, msg connector.
 	if !lastCall.IsZero() {
 		wait = lastCall.Add(s.progressLimits(connectorID).Every).Sub(s.clock.Now())
 	}
+	key := busapi.MessageKey(connectorID, msg.MessageID)
 	go func() {
-		if wait > 0 {
-			<-s.clock.After(wait)
+		gone := true // deleted, or refused for good: forget it
+		for attempt := 1; ; attempt++ {
+			if wait > 0 {
+				<-s.clock.After(wait)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), progressCallTimeout)
+			err := pe.DeleteProgress(ctx, msg)
+			cancel()
+			if err == nil {
+				break
+			}
+			text := redact(err.Error(), rc.secrets)
+			if connector.IsPermanent(err) {
+				s.log.Warn("the platform refuses to delete the progress message", "connector", connectorID, "message_id", msg.MessageID, "attempts", attempt, "err", text)
+				break
+			}
+			if attempt == progressDeleteAttempts {
+				// Kept in the progress index: intake's next start tries again.
+				s.log.Warn("cannot delete the progress message; intake's next start tries again", "connector", connectorID, "message_id", msg.MessageID, "attempts", attempt, "err", text)
+				gone = false
+				break
+			}
+			wait = s.retryDelay.Delay(attempt)
+			if after, ok := connector.RetryAfter(err); ok {
+				wait = max(after, s.progressLimits(connectorID).Every)
+			}
+			s.log.Info("cannot delete the progress message; will retry", "connector", connectorID, "message_id", msg.MessageID, "attempts", attempt, "retry_in", wait, "err", text)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), progressCallTimeout)
-		defer cancel()
-		if err := pe.DeleteProgress(ctx, msg); err != nil {
-			s.log.Warn("cannot delete the progress message", "connector", connectorID, "message_id", msg.MessageID, "err", redact(err.Error(), rc.secrets))
+		if !gone {
+			return
+		}
+		if err := s.store.progressGone(key, s.clock.Now()); err != nil {
+			s.log.Warn("cannot record the progress message's delete", "connector", connectorID, "message_id", msg.MessageID, "err", err)
 		}
 	}()
+}
+
+// deleteLeftoverProgress deletes the progress messages a crash or failed
+// deletes left behind after their answer (store.leftoverProgress). Run
+// calls it once the connectors are started.
+func (s *Service) deleteLeftoverProgress() {
+	left, err := s.store.leftoverProgress()
+	if err != nil {
+		s.log.Warn("cannot list progress messages left behind", "err", err)
+		return
+	}
+	for _, m := range left {
+		rc, ok := s.connectorByID(m.Connector)
+		if !ok || rc.conn == nil {
+			continue // connector gone: the record goes with its message
+		}
+		s.log.Info("deleting a progress message left behind", "connector", m.Connector, "message_id", m.ID)
+		s.deleteProgress(rc, m.Connector, connector.ProgressMessage{ID: m.ProgressMessage, MessageID: m.ID, Channel: m.Channel, Thread: m.Thread, Meta: replyMeta(m)}, time.Time{})
+	}
 }
 
 // react adds a status reaction, in the background; a failure is logged.

@@ -174,6 +174,7 @@ func (s *Service) Run(ctx context.Context) error {
 	s.forwardOn.Store(fwd)
 	s.deliverOn.Store(dlv)
 	s.startConnectors(ctx)
+	s.deleteLeftoverProgress()
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		runLoop(ctx, s.clock, s.wakeForward, idlePass, s.forwardPass, func() { s.notePass("forward", &s.forwardPassed) })

@@ -49,6 +49,8 @@ type progressState struct {
 	// reactions answers 403 Missing Permissions (code 50013).
 	noReactions      map[string]bool
 	refusedReactions int
+	failDeletes      int // the next deletes answered 500
+	failedDeletes    int
 }
 
 func (s *Server) handleProgress(mux *http.ServeMux) {
@@ -82,6 +84,21 @@ func (s *Server) DenyReactions(channel string) {
 	}
 	s.progress.noReactions[channel] = true
 	s.mu.Unlock()
+}
+
+// FailDeletes makes the next n message deletes fail with 500 Internal
+// Server Error (a Discord outage: the client may retry).
+func (s *Server) FailDeletes(n int) {
+	s.mu.Lock()
+	s.progress.failDeletes = n
+	s.mu.Unlock()
+}
+
+// FailedDeletes counts deletes answered 500.
+func (s *Server) FailedDeletes() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.progress.failedDeletes
 }
 
 // RefusedReactions counts reactions answered 403.
@@ -177,6 +194,13 @@ func (s *Server) deleteMessage(w http.ResponseWriter, r *http.Request) {
 	ch, id := r.PathValue("channel"), r.PathValue("message")
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.progress.failDeletes > 0 {
+		s.progress.failDeletes--
+		s.progress.failedDeletes++
+		s.notify()
+		reply(w, http.StatusInternalServerError, map[string]any{"message": "500: Internal Server Error", "code": 0})
+		return
+	}
 	if s.overChannelLimitLocked(ch) {
 		w.Header().Set("Retry-After", "1")
 		reply(w, http.StatusTooManyRequests, map[string]any{"message": "You are being rate limited.", "retry_after": 1.0, "global": false})
