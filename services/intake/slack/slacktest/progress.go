@@ -1,6 +1,8 @@
 package slacktest
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"time"
 )
@@ -75,6 +77,16 @@ func (s *Server) RefusedReactions() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.progress.refusedReactions
+}
+
+// WaitProgress waits until cond, given the posts, edits and reactions so
+// far, holds, or ctx ends.
+func (s *Server) WaitProgress(ctx context.Context, what string, cond func(posts []Post, edits []Edit, reactions []Reaction) bool) error {
+	err := s.wait(ctx, func() bool { return cond(s.posts, s.progress.edits, s.progress.reactions) })
+	if err != nil {
+		return fmt.Errorf("waiting until %s: %w", what, err)
+	}
+	return nil
 }
 
 // Reactions lists the reactions added, in order.
