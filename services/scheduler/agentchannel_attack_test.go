@@ -239,6 +239,9 @@ func attackAgentChannel(t *testing.T, inner isolation.Backend, box string) {
 		}) (*mcp.CallToolResult, any, error) {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "issue " + in.ID + ": login fails"}}}, nil, nil
 		})
+		s.AddResource(&mcp.Resource{URI: "tracker://open", Name: "open"}, func(_ context.Context, r *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+			return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: r.Params.URI, Text: "7 open issues"}}}, nil
+		})
 		return s
 	}, nil)
 	tracker := newWallTarget(t, "X-Tracker-Key", wallTrackerKey, mcpHandler)
@@ -454,6 +457,18 @@ allow = ["127.0.0.1:%s", "127.0.0.1:%s"]
 		}
 		got := tracker.requests("")[before:]
 		if len(got) == 0 || slices.ContainsFunc(got, func(s seenRequest) bool { return s.key != wallTrackerKey }) {
+			t.Errorf("the MCP server saw %+v, want its header on every request", got)
+		}
+	})
+
+	// A resource of the server's, read the same way.
+	t.Run("ControlMCPResource", func(t *testing.T) {
+		before := len(tracker.requests(""))
+		r, _ := run("wall", `/tool mcp__tracker__read_resource {"uri":"tracker://open"}`)
+		if r.Reply != "[mcp__tracker__read_resource]\n7 open issues" {
+			t.Errorf("reply %q, want the resource's text", r.Reply)
+		}
+		if got := tracker.requests("")[before:]; len(got) == 0 || slices.ContainsFunc(got, func(s seenRequest) bool { return s.key != wallTrackerKey }) {
 			t.Errorf("the MCP server saw %+v, want its header on every request", got)
 		}
 	})
