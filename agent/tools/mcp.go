@@ -247,8 +247,10 @@ func (s *mcpServer) connect(ctx context.Context, env Env, log *slog.Logger) {
 			Parameters:  toolParameters(t.InputSchema),
 		}})
 	}
+	// Its resources and prompts, as tools, when it has them.
+	tools = append(tools, s.resourceTools(ctx, tools, log)...)
 	for _, name := range s.entry.Tools {
-		if !slices.ContainsFunc(tools, func(t Tool) bool { return t.(mcpTool).name == name }) {
+		if !slices.ContainsFunc(tools, func(t Tool) bool { return t.Spec().Name == mcpFullName(s.entry.Name, name) }) {
 			log.Warn("MCP tool named in the entry's tools is not offered by the server", "server", s.entry.Name, "tool", name)
 		}
 	}
