@@ -49,7 +49,6 @@ func TestALandlockRunCallsAnMCPToolAndItsRecordShowsTheServers(t *testing.T) {
 	if err != nil {
 		t.Fatalf("cannot build the MCP server: %v", err)
 	}
-	t.Cleanup(func() { os.RemoveAll(filepath.Dir(bin)) })
 	cfg := testConfig(1)
 	cfg.Scheduler.AgentBinary = berthAgent(t)
 	cfg.Agents[0].Provider = "local"

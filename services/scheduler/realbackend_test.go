@@ -23,6 +23,10 @@ func TestMain(m *testing.M) {
 	if testAgentPath != "" {
 		os.RemoveAll(filepath.Dir(testAgentPath))
 	}
+	// Shared by parallel tests, so removed only once they all ended.
+	if bin, err := mcpServerBinary(); err == nil && bin != "" {
+		os.RemoveAll(filepath.Dir(bin))
+	}
 	os.Exit(code)
 }
 
