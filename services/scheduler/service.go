@@ -95,6 +95,9 @@ type Options struct {
 	ScheduleTimers schedules.Timers
 	// quotaRefusal is runprep.Options.QuotaRefusal, for tests.
 	quotaRefusal error
+	// noScheduleCatchUp turns the catch-up of missed jobs off: the tests'
+	// control.
+	noScheduleCatchUp bool
 }
 
 // Service is berth-scheduler: the store, the dispatcher, the deliveries and

@@ -423,7 +423,7 @@ func putRun(tx *bolt.Tx, r Run) error {
 	if err != nil {
 		return fmt.Errorf("cannot update deliveries for run %s: %w", r.ID, err)
 	}
-	return nil
+	return noteScheduledRun(tx, r)
 }
 
 // appendOnly fills pages of the buckets keyed by run id (or prefix and run
