@@ -592,7 +592,8 @@
             : "";
         return h("tr", { "data-run-id": r.id, "data-state": r.state },
             h("th", { scope: "row", "data-label": "Run" }, h("a", { href: "#/runs/" + encodeURIComponent(r.id) }, h("code", {}, r.id))),
-            h("td", { "data-label": "Agent" }, r.agent || "—"),
+            h("td", { "data-label": "Agent" }, r.agent || "—",
+                r.schedule ? h("div", { class: "berth-reason", "data-schedule": r.schedule }, "schedule " + r.schedule) : null),
             h("td", { "data-label": "State", class: "berth-run-state" }, stateLabel(r.state), r.reason ? h("span", { class: "berth-reason" }, " " + r.reason) : null),
             h("td", { "data-label": "Created" }, fromSignals ? fmtTime(r.seen_usec) : fmtTime(r.created_usec)),
             h("td", { "data-label": "Duration" }, fromSignals ? "—" : fmtDuration(runDuration(r))),

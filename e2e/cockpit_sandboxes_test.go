@@ -158,6 +158,10 @@ func TestCockpitAsAnAdminShowsSchedulesWithTheirNextRunAndRunsOneNow(t *testing.
 	c.goTo("/runs")
 	c.waitFor(live, jsRow(runID)+`?.dataset.state === "succeeded"`)
 	c.waitFor(live, jsRow(runID)+`?.textContent.includes("nightly summary")`)
+	// The row says which job fired it.
+	if got := evalString(c, jsRow(runID)+`.querySelector('[data-label="Agent"] [data-schedule]')?.textContent ?? ""`); got != "schedule nightly" {
+		t.Errorf("the scheduled run's row names its job as %q, want %q", got, "schedule nightly")
+	}
 }
 
 // berth's policy lets only root and berth-admin list sandboxes and jobs:

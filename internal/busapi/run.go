@@ -45,6 +45,9 @@ type RunHead struct {
 	StartedAt  time.Time
 	FinishedAt time.Time
 	Delivered  bool
+	// Schedule is the [[schedules]] job that fired the run; "" for a
+	// message's run.
+	Schedule string
 }
 
 // Run is one run as dev.berth.Scheduler1.GetRun returns it.
@@ -71,9 +74,9 @@ type Run struct {
 	// of its own); SandboxNote why it waited for one, or why one was
 	// stopped for it or after it.
 	Sandbox, SandboxNote string
-	// Schedule is the job that fired the run; Model and MaxRuntimeSeconds
-	// the job's overrides it ran with ("" and 0: the agent's).
-	Schedule, Model   string
+	// Model and MaxRuntimeSeconds are the overrides of the job that fired
+	// it (RunHead.Schedule) it ran with ("" and 0: the agent's).
+	Model             string
 	MaxRuntimeSeconds int64
 	// TraceID is the trace of the run's message (internal/tracing), ""
 	// when it was not traced.
@@ -126,7 +129,6 @@ func (r Run) Wire() map[string]dbus.Variant {
 	m["egress_dropped"] = dbus.MakeVariant(r.EgressDropped)
 	m["sandbox"] = dbus.MakeVariant(r.Sandbox)
 	m["sandbox_note"] = dbus.MakeVariant(r.SandboxNote)
-	m["schedule"] = dbus.MakeVariant(r.Schedule)
 	m["model"] = dbus.MakeVariant(r.Model)
 	m["max_runtime_seconds"] = dbus.MakeVariant(r.MaxRuntimeSeconds)
 	m["trace_id"] = dbus.MakeVariant(r.TraceID)
@@ -146,7 +148,6 @@ func RunFromWire(m map[string]dbus.Variant) (Run, error) {
 	f.u32("egress_dropped", &r.EgressDropped)
 	f.str("sandbox", &r.Sandbox)
 	f.str("sandbox_note", &r.SandboxNote)
-	f.str("schedule", &r.Schedule)
 	f.str("model", &r.Model)
 	f.get("max_runtime_seconds", &r.MaxRuntimeSeconds)
 	f.str("trace_id", &r.TraceID)
@@ -178,6 +179,7 @@ func (h *RunHead) wire() map[string]dbus.Variant {
 		"started_usec":  usecVariant(h.StartedAt),
 		"finished_usec": usecVariant(h.FinishedAt),
 		"delivered":     dbus.MakeVariant(h.Delivered),
+		"schedule":      dbus.MakeVariant(h.Schedule),
 	}
 }
 
@@ -197,6 +199,7 @@ func (h *RunHead) read(f *fields) {
 	f.usec("started_usec", &h.StartedAt)
 	f.usec("finished_usec", &h.FinishedAt)
 	f.boolean("delivered", &h.Delivered)
+	f.str("schedule", &h.Schedule)
 }
 
 // RunSummary is one entry of dev.berth.Scheduler1.ListRuns.
@@ -235,10 +238,11 @@ func RunSummaryFromWire(m map[string]dbus.Variant) (RunSummary, error) {
 
 // ListFilter selects ListRuns' runs; zero fields do not filter.
 type ListFilter struct {
-	State  string
-	Agent  string
-	Limit  uint32 // 0: the scheduler's default (50); at most 500
-	Before string // a run id: the runs after it, for the next page
+	State    string
+	Agent    string
+	Schedule string // the runs the [[schedules]] job fired
+	Limit    uint32 // 0: the scheduler's default (50); at most 500
+	Before   string // a run id: the runs after it, for the next page
 }
 
 // Wire is f as ListRuns takes it (a{sv}, only the keys set).
@@ -249,6 +253,9 @@ func (f ListFilter) Wire() map[string]dbus.Variant {
 	}
 	if f.Agent != "" {
 		m["agent"] = dbus.MakeVariant(f.Agent)
+	}
+	if f.Schedule != "" {
+		m["schedule"] = dbus.MakeVariant(f.Schedule)
 	}
 	if f.Limit != 0 {
 		m["limit"] = dbus.MakeVariant(f.Limit)
@@ -270,12 +277,14 @@ func ListFilterFromWire(m map[string]dbus.Variant) (ListFilter, error) {
 			err = dbus.Store([]any{v.Value()}, &lf.State)
 		case "agent":
 			err = dbus.Store([]any{v.Value()}, &lf.Agent)
+		case "schedule":
+			err = dbus.Store([]any{v.Value()}, &lf.Schedule)
 		case "before":
 			err = dbus.Store([]any{v.Value()}, &lf.Before)
 		case "limit":
 			err = dbus.Store([]any{v.Value()}, &lf.Limit)
 		default:
-			return ListFilter{}, invalid("unknown filter key %q (known: state, agent, limit, before)", key)
+			return ListFilter{}, invalid("unknown filter key %q (known: state, agent, schedule, limit, before)", key)
 		}
 		if err != nil {
 			return ListFilter{}, invalid("filter %s has type %s: %v", key, v.Signature(), err)

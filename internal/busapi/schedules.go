@@ -24,7 +24,9 @@ type Schedule struct {
 	// LastDetail says why it failed or was skipped.
 	LastState  string `json:"last_state"`
 	LastDetail string `json:"last_detail,omitempty"`
-	Running    bool   `json:"running"`
+	// LastRun is the last firing's run ("" when it started none).
+	LastRun string `json:"last_run,omitempty"`
+	Running bool   `json:"running"`
 }
 
 // Wire is the schedule as an a{sv} entry of ListSchedules.
@@ -41,6 +43,7 @@ func (s Schedule) Wire() map[string]dbus.Variant {
 		"last_end_usec":   usecVariant(s.LastEnd),
 		"last_state":      dbus.MakeVariant(s.LastState),
 		"last_detail":     dbus.MakeVariant(s.LastDetail),
+		"last_run_id":     dbus.MakeVariant(s.LastRun),
 		"running":         dbus.MakeVariant(s.Running),
 	}
 }
@@ -60,6 +63,7 @@ func ScheduleFromWire(m map[string]dbus.Variant) (Schedule, error) {
 	f.usec("last_end_usec", &s.LastEnd)
 	f.str("last_state", &s.LastState)
 	f.str("last_detail", &s.LastDetail)
+	f.str("last_run_id", &s.LastRun)
 	f.boolean("running", &s.Running)
 	if f.err == nil && s.ID == "" {
 		return Schedule{}, invalid("a schedule without an id")

@@ -58,14 +58,14 @@ func TestRunAndSummaryRoundTripThroughTheirWireForm(t *testing.T) {
 	t.Parallel()
 	at := time.UnixMicro(1_700_000_000_123_456).UTC()
 	r := Run{RunHead: RunHead{ID: "r1", MessageID: "hooks/m1", Agent: "alpha", State: StateFailed, Reason: "timeout", Connector: "hooks",
-		Attempts: 2, CreatedAt: at, StartedAt: at.Add(time.Second), Delivered: true, Backend: "landlock"}, EgressDropped: 3,
+		Attempts: 2, CreatedAt: at, StartedAt: at.Add(time.Second), Delivered: true, Backend: "landlock", Schedule: "standup"}, EgressDropped: 3,
 		Text: Output{Text: "hi", Bytes: 2}, Reply: Output{Text: "cut", Bytes: 5 << 20, Cut: true}, ToolCalls: Output{Text: "[]", Bytes: 2},
-		Schedule: "standup", Model: "small", MaxRuntimeSeconds: 600}
+		Model: "small", MaxRuntimeSeconds: 600}
 	got, err := RunFromWire(r.Wire())
 	if err != nil || !reflect.DeepEqual(got, r) {
 		t.Fatalf("round trip = %+v (%v), want %+v", got, err, r)
 	}
-	s := RunSummary{RunHead: RunHead{ID: "r1", Agent: "alpha", State: StateQueued, CreatedAt: at}, TextPreview: "hi", TextBytes: 2}
+	s := RunSummary{RunHead: RunHead{ID: "r1", Agent: "alpha", State: StateQueued, CreatedAt: at, Schedule: "standup"}, TextPreview: "hi", TextBytes: 2}
 	gotSum, err := RunSummaryFromWire(s.Wire())
 	if err != nil || gotSum != s {
 		t.Fatalf("round trip = %+v (%v), want %+v", gotSum, err, s)
@@ -99,7 +99,7 @@ func TestProviderResultConnectorStatusAndImageRoundTrip(t *testing.T) {
 
 func TestListFilterRefusesUnknownKeysAndWrongTypes(t *testing.T) {
 	t.Parallel()
-	f := ListFilter{State: "queued", Agent: "alpha", Limit: 7, Before: "r9"}
+	f := ListFilter{State: "queued", Agent: "alpha", Schedule: "standup", Limit: 7, Before: "r9"}
 	if got, err := ListFilterFromWire(f.Wire()); err != nil || got != f {
 		t.Fatalf("round trip = %+v (%v), want %+v", got, err, f)
 	}

@@ -30,7 +30,7 @@ const usage = `usage: berthctl COMMAND [ARGS]
 Commands:
   config check [--config FILE] [--agent ID]   validate the config; with --agent print its effective settings
   status                                      are the services up, queue depth, running runs
-  runs list [--state S] [--agent A] [--limit N] [--before RUN_ID | --all] [--json]
+  runs list [--state S] [--agent A] [--schedule ID] [--limit N] [--before RUN_ID | --all] [--json]
                                               newest first, N per page (default 50, at most 500)
   runs show RUN_ID [--json]
   runs cancel RUN_ID
@@ -260,6 +260,7 @@ func (c *cli) runs(args []string) error {
 		fs := newFlags("runs list")
 		state := fs.String("state", "", "only runs in this state")
 		agent := fs.String("agent", "", "only runs of this agent")
+		schedule := fs.String("schedule", "", "only runs this [[schedules]] job fired")
 		limit := fs.Uint("limit", 50, "at most this many runs per page (at most 500)")
 		before := fs.String("before", "", "only runs older than this run id (the next page)")
 		all := fs.Bool("all", false, "walk every page")
@@ -283,7 +284,7 @@ func (c *cli) runs(args []string) error {
 		var runs []busapi.RunSummary
 		cursor := *before
 		for {
-			page, err := sched.ListRuns(context.Background(), busapi.ListFilter{State: *state, Agent: *agent, Limit: uint32(*limit), Before: cursor})
+			page, err := sched.ListRuns(context.Background(), busapi.ListFilter{State: *state, Agent: *agent, Schedule: *schedule, Limit: uint32(*limit), Before: cursor})
 			if err != nil {
 				return fmt.Errorf("cannot list runs: %w", err)
 			}
@@ -415,9 +416,9 @@ func (c *cli) send(args []string) error {
 // writeRunList prints runs as `runs list` does: one line each.
 func writeRunList(w io.Writer, runs []busapi.RunSummary) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tAGENT\tSTATE\tCREATED\tREASON\tTEXT")
+	fmt.Fprintln(tw, "RUN\tAGENT\tSTATE\tCREATED\tSCHEDULE\tREASON\tTEXT")
 	for _, r := range runs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Agent, r.State, localTime(r.CreatedAt), r.Reason, previewCell(r.TextPreview, 40))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Agent, r.State, localTime(r.CreatedAt), r.Schedule, r.Reason, previewCell(r.TextPreview, 40))
 	}
 	return tw.Flush()
 }

@@ -52,6 +52,7 @@ func TestOutputMatchesTheGoldenFiles(t *testing.T) {
 			return writeRunList(w, []busapi.RunSummary{
 				{RunHead: busapi.RunHead{ID: "20261201T093000_1_aa", Agent: "alpha", State: busapi.StateSucceeded, CreatedAt: at}, TextPreview: "deploy the\nthing, please, and tell me when it is done"},
 				{RunHead: busapi.RunHead{ID: "20261201T092900_1_bb", Agent: "beta", State: busapi.StateFailed, Reason: "timeout", CreatedAt: at.Add(-time.Minute)}, TextPreview: "hi"},
+				{RunHead: busapi.RunHead{ID: "20261201T090000_1_cc", Agent: "alpha", State: busapi.StateSucceeded, CreatedAt: at.Add(-30 * time.Minute), Schedule: "standup"}, TextPreview: "Summarise yesterday"},
 			})
 		}},
 		{"runs_show.txt", func(w *bytes.Buffer) error {

@@ -24,8 +24,46 @@ type Options struct {
 	Timers Timers
 	// Clock is the time of firings and listings (default the real clock);
 	// the scheduler passes its own.
-	Clock  clockwork.Clock
-	Logger *slog.Logger
+	Clock clockwork.Clock
+	// Store keeps each job's last firing across restarts (the scheduler's
+	// scheduler.db); nil keeps it in memory only.
+	Store Store
+	// CatchUp fires, once, a job whose calendar elapsed while no Table
+	// kept its time: at the first Set, for each job whose Store record
+	// says when its time was last kept (Persistent=true, as systemd's
+	// timers do). It needs Store, and it is for the Table that keeps the
+	// time itself: under systemd (Timers) the timer catches up, and
+	// CatchUp is ignored.
+	CatchUp bool
+	Logger  *slog.Logger
+}
+
+// Store keeps one Record per job. The Table calls it without holding its
+// own lock, from the goroutine that decided the change.
+type Store interface {
+	// Records is every job's record, by id.
+	Records() (map[string]Record, error)
+	// Update changes one job's record (a zero Record when it has none) in
+	// one transaction; fn may be called more than once.
+	Update(id string, fn func(*Record)) error
+	// Keep removes the records of every job not in ids.
+	Keep(ids []string) error
+}
+
+// Record is what a Store keeps of a job: its last firing, and until when
+// the Table kept its time.
+type Record struct {
+	LastStart  time.Time `json:"last_start,omitzero"`
+	LastEnd    time.Time `json:"last_end,omitzero"`
+	LastState  State     `json:"last_state,omitempty"`
+	LastDetail string    `json:"last_detail,omitempty"`
+	// RunID is the last firing's run; the scheduler writes it in the
+	// transaction that queues the run, and the run's end in the one that
+	// finishes it.
+	RunID string `json:"run_id,omitempty"`
+	// Checked is when the Table last decided the job's due firings (or
+	// first had the job): every elapse up to it was fired or skipped.
+	Checked time.Time `json:"checked,omitzero"`
 }
 
 // Timers is what keeps time for the Table when it does not: something
@@ -75,7 +113,9 @@ type Status struct {
 	LastState State
 	// LastDetail says why the last firing failed or was skipped.
 	LastDetail string
-	Running    bool
+	// RunID is the last firing's run, when the Store knows it.
+	RunID   string
+	Running bool
 }
 
 // Table holds the jobs, fires them and remembers how each firing went.
@@ -87,8 +127,9 @@ type Table struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup // loops and firings
 
-	mu   sync.Mutex
-	jobs map[string]*entry
+	mu     sync.Mutex
+	jobs   map[string]*entry
+	loaded bool // the first Set read the Store's records
 }
 
 type entry struct {
@@ -130,11 +171,32 @@ func (t *Table) Set(ctx context.Context, jobs []Job) error {
 		}
 		next[j.ID] = c
 	}
+	// The first Set reads the records: a job missed while no Table kept
+	// its time fires once (CatchUp).
+	t.mu.Lock()
+	first := !t.loaded
+	t.mu.Unlock()
+	var records map[string]Record
+	if first && t.opts.Store != nil {
+		var err error
+		if records, err = t.opts.Store.Records(); err != nil {
+			t.log.Error("cannot read the schedules' last firings; a job missed meanwhile is not caught up", "err", err)
+		}
+	}
+	now := t.clock.Now()
+	type catchUp struct {
+		e          *entry
+		c          compiled
+		due, since time.Time
+	}
+	var missed []catchUp
+	var fresh []string // jobs whose time is kept from now on
 	t.mu.Lock()
 	if t.ctx.Err() != nil {
 		t.mu.Unlock()
 		return errClosed
 	}
+	t.loaded = true
 	for id, e := range t.jobs {
 		if c, kept := next[id]; !kept || c.job != e.job {
 			if e.stopLoop != nil {
@@ -150,7 +212,8 @@ func (t *Table) Set(ctx context.Context, jobs []Job) error {
 		if e != nil && e.job == c.job {
 			continue
 		}
-		if e == nil {
+		added := e == nil
+		if added {
 			e = &entry{status: Status{ID: id}}
 			t.jobs[id] = e
 		}
@@ -161,8 +224,38 @@ func (t *Table) Set(ctx context.Context, jobs []Job) error {
 			e.stopLoop = stop
 			t.wg.Go(func() { t.loop(loopCtx, e, c) })
 		}
+		if !added || t.opts.Timers != nil || t.opts.Store == nil {
+			continue
+		}
+		rec, had := records[id]
+		if !had || rec.Checked.IsZero() {
+			fresh = append(fresh, id)
+			continue
+		}
+		if due, ok := c.spec.Next(rec.Checked); first && t.opts.CatchUp && ok && !due.After(now) {
+			missed = append(missed, catchUp{e, c, due, rec.Checked})
+		}
 	}
 	t.mu.Unlock()
+	if t.opts.Store != nil {
+		ids := make([]string, 0, len(next))
+		for id := range next {
+			ids = append(ids, id)
+		}
+		if err := t.opts.Store.Keep(ids); err != nil {
+			t.log.Error("cannot remove the last firings of removed schedules", "err", err)
+		}
+		for _, id := range fresh {
+			t.save(id, func(r *Record) { r.Checked = now })
+		}
+	}
+	// The loops wait for the next elapse after now: a missed one fires
+	// here, once however many elapsed.
+	for _, m := range missed {
+		t.log.Info("schedule missed while berth-scheduler was not running: it fires once now",
+			"schedule", m.c.job.ID, "missed", m.due, "not_running_since", m.since)
+		t.trigger(m.e, m.c, Scheduled)
+	}
 	if t.opts.Timers != nil {
 		if err := t.opts.Timers.Reconcile(ctx, jobs); err != nil {
 			return fmt.Errorf("cannot set the schedules' timers: %w", err)
@@ -225,8 +318,11 @@ func (t *Table) Trigger(id string, cause Cause) (Outcome, error) {
 
 func (t *Table) trigger(e *entry, c compiled, cause Cause) Outcome {
 	now := t.clock.Now()
+	// A scheduled firing decides every elapse up to now (the Table's
+	// loop's; under systemd the timer keeps that).
+	checked := cause == Scheduled && t.opts.Timers == nil
 	if cause == Scheduled && c.window != nil && !c.window.contains(t.inZone(c, now)) {
-		t.skip(e, "it is outside its active hours "+c.job.ActiveHours)
+		t.skip(e, "it is outside its active hours "+c.job.ActiveHours, now, checked)
 		return Skipped
 	}
 	t.mu.Lock()
@@ -242,51 +338,97 @@ func (t *Table) trigger(e *entry, c compiled, cause Cause) Outcome {
 			if !already {
 				t.log.Info("schedule waits: its previous firing is still running", "schedule", c.job.ID)
 			}
+			if checked {
+				t.save(c.job.ID, func(r *Record) { r.Checked = now })
+			}
 			return Queued
 		}
 		t.mu.Unlock()
-		t.skip(e, "its previous firing is still running")
+		t.skip(e, "its previous firing is still running", now, checked)
 		return Skipped
 	}
 	e.running = true
-	t.startLocked(e, now)
+	t.startLocked(e, now, checked)
 	t.mu.Unlock()
 	return Started
 }
 
-// startLocked runs the entry's current job; t.mu is held.
-func (t *Table) startLocked(e *entry, now time.Time) {
+// startLocked runs the entry's current job; t.mu is held. checked says
+// the firing decided the job's elapses up to now.
+func (t *Table) startLocked(e *entry, now time.Time, checked bool) {
 	job := e.job
 	e.status.LastStart, e.status.LastEnd = now, time.Time{}
 	e.status.LastState, e.status.LastDetail = StateRunning, ""
 	t.log.Info("schedule fired", "schedule", job.ID, "agent", job.Agent)
 	t.wg.Go(func() {
+		// Recorded before the run is: the scheduler adds the run's id in
+		// the transaction that queues it.
+		t.save(job.ID, func(r *Record) {
+			r.LastStart, r.LastEnd, r.LastState, r.LastDetail, r.RunID = now, time.Time{}, StateRunning, "", ""
+			if checked {
+				r.Checked = now
+			}
+		})
 		err := t.opts.Fire(t.ctx, job)
 		end := t.clock.Now()
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		e.status.LastEnd = end
+		// Closing: the run goes on, and its end is recorded with it.
+		closing := t.ctx.Err() != nil
+		state, detail := StateSucceeded, ""
 		if err != nil {
-			e.status.LastState, e.status.LastDetail = StateFailed, err.Error()
-			t.log.Warn("schedule's run failed", "schedule", job.ID, "err", err)
-		} else {
-			e.status.LastState = StateSucceeded
+			state, detail = StateFailed, err.Error()
 		}
-		if e.pending && t.jobs[job.ID] == e && t.ctx.Err() == nil {
+		t.mu.Lock()
+		if !closing {
+			e.status.LastEnd, e.status.LastState, e.status.LastDetail = end, state, detail
+			if err != nil {
+				t.log.Warn("schedule's run failed", "schedule", job.ID, "err", err)
+			}
+		}
+		if e.pending && t.jobs[job.ID] == e && !closing {
 			e.pending = false
-			t.startLocked(e, end)
+			t.startLocked(e, end, false)
+		} else {
+			e.pending, e.running = false, false
+		}
+		t.mu.Unlock()
+		if closing {
 			return
 		}
-		e.pending, e.running = false, false
+		t.save(job.ID, func(r *Record) {
+			switch {
+			case r.LastStart.After(now):
+				return // a later firing started
+			case r.LastStart.Equal(now) && r.RunID != "" && !r.LastEnd.IsZero():
+				return // recorded with its run's end
+			}
+			r.LastEnd, r.LastState, r.LastDetail = end, state, detail
+		})
 	})
 }
 
-func (t *Table) skip(e *entry, why string) {
+func (t *Table) skip(e *entry, why string, now time.Time, checked bool) {
 	t.mu.Lock()
 	e.status.LastState, e.status.LastDetail = StateSkipped, why
 	id := e.job.ID
 	t.mu.Unlock()
 	t.log.Info("schedule skipped: "+why, "schedule", id)
+	t.save(id, func(r *Record) {
+		r.LastState, r.LastDetail = StateSkipped, why
+		if checked {
+			r.Checked = now
+		}
+	})
+}
+
+// save changes a job's record in the Store, if there is one; a Store that
+// fails costs the record, not the firing.
+func (t *Table) save(id string, fn func(*Record)) {
+	if t.opts.Store == nil {
+		return
+	}
+	if err := t.opts.Store.Update(id, fn); err != nil {
+		t.log.Error("cannot record the schedule's firing", "schedule", id, "err", err)
+	}
 }
 
 // inZone is now in the zone the job's calendar names, else the host's.
@@ -297,13 +439,25 @@ func (t *Table) inZone(c compiled, now time.Time) time.Time {
 	return now
 }
 
-// List is every job's status, by id.
+// List is every job's status, by id. The last firing is the Store's
+// record when there is one: it outlives the process, and the scheduler
+// writes a run's end into it in the run's own transaction.
 func (t *Table) List() []Status {
+	var records map[string]Record
+	if t.opts.Store != nil {
+		var err error
+		if records, err = t.opts.Store.Records(); err != nil {
+			t.log.Warn("cannot read the schedules' last firings; listing this process's", "err", err)
+		}
+	}
 	now := t.clock.Now()
 	t.mu.Lock()
 	out := make([]Status, 0, len(t.jobs))
-	for _, e := range t.jobs {
+	for id, e := range t.jobs {
 		s := e.status
+		if r, ok := records[id]; ok && (!r.LastStart.IsZero() || r.LastState != StateNever) {
+			s.LastStart, s.LastEnd, s.LastState, s.LastDetail, s.RunID = r.LastStart, r.LastEnd, r.LastState, r.LastDetail, r.RunID
+		}
 		s.Running = e.running
 		if next, ok := e.spec.Next(now); ok {
 			s.Next = next

@@ -208,7 +208,7 @@ func (o *schedulerObject) ListRuns(sender dbus.Sender, filter map[string]dbus.Va
 	if err != nil {
 		return nil, bus.NewError(bus.ErrInvalidArgument, "%v", err)
 	}
-	f := RunFilter{State: lf.State, Agent: lf.Agent, Before: lf.Before, Limit: int(min(lf.Limit, maxListLimit+1))}
+	f := RunFilter{State: lf.State, Agent: lf.Agent, Schedule: lf.Schedule, Before: lf.Before, Limit: int(min(lf.Limit, maxListLimit+1))}
 	runs, err := o.s.ListRuns(f)
 	if err != nil {
 		return nil, dbusError(err)
@@ -337,6 +337,7 @@ func (r Run) BusRun() busapi.Run {
 			FinishedAt: r.FinishedAt,
 			Delivered:  r.Delivered,
 			Backend:    r.Backend,
+			Schedule:   r.Schedule,
 		},
 		EgressDropped:     uint32(r.EgressDropped),
 		Text:              output(r.Text, false),
@@ -350,7 +351,6 @@ func (r Run) BusRun() busapi.Run {
 		Usage:             output(runUsageJSON(r), false),
 		Sandbox:           r.Sandbox,
 		SandboxNote:       r.SandboxNote,
-		Schedule:          r.Schedule,
 		Model:             r.Model,
 		MaxRuntimeSeconds: r.MaxRuntimeSeconds,
 	}
@@ -375,6 +375,7 @@ func (sum Summary) Wire() map[string]dbus.Variant {
 			StartedAt:  sum.StartedAt,
 			FinishedAt: sum.FinishedAt,
 			Delivered:  sum.Delivered,
+			Schedule:   sum.Schedule,
 		},
 		TextPreview:  cleanText(sum.TextPreview),
 		ReplyPreview: cleanText(sum.ReplyPreview),

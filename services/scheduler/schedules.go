@@ -40,7 +40,12 @@ func (s *Service) startSchedules(cfg *config.Config) error {
 		Fire:   s.fireSchedule,
 		Timers: s.opts.ScheduleTimers,
 		Clock:  s.clock,
-		Logger: s.log,
+		Store:  scheduleStore{s.store},
+		// Without systemd the table keeps the time, and catches up a job
+		// missed while the scheduler was not running; under systemd the
+		// timer does (Persistent=true).
+		CatchUp: s.opts.ScheduleTimers == nil && !s.opts.noScheduleCatchUp,
+		Logger:  s.log,
 	})
 	if err != nil {
 		return err
@@ -106,8 +111,8 @@ func (s *Service) fireSchedule(ctx context.Context, job schedules.Job) error {
 			return fmt.Errorf("cannot follow the run of schedule %q: %w", job.ID, err)
 		}
 		if Finished(r.State) {
-			if r.State != StateSucceeded {
-				return fmt.Errorf("run %s %s: %s", r.ID, r.State, r.Reason)
+			if state, detail := scheduledOutcome(r); state != schedules.StateSucceeded {
+				return errors.New(detail)
 			}
 			return nil
 		}
@@ -207,7 +212,7 @@ func (s *Service) ListSchedules() []busapi.Schedule {
 			ID: st.ID, Agent: j.Agent, OnCalendar: onCalendar,
 			Connector: j.DeliverTo.Connector, Channel: j.DeliverTo.Channel, Thread: j.DeliverTo.Thread,
 			Next: st.Next, LastStart: st.LastStart, LastEnd: st.LastEnd,
-			LastState: string(st.LastState), LastDetail: st.LastDetail, Running: st.Running,
+			LastState: string(st.LastState), LastDetail: st.LastDetail, LastRun: st.RunID, Running: st.Running,
 		})
 	}
 	return out

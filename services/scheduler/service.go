@@ -95,6 +95,9 @@ type Options struct {
 	ScheduleTimers schedules.Timers
 	// quotaRefusal is runprep.Options.QuotaRefusal, for tests.
 	quotaRefusal error
+	// noScheduleCatchUp turns the catch-up of missed jobs off: the tests'
+	// control.
+	noScheduleCatchUp bool
 }
 
 // Service is berth-scheduler: the store, the dispatcher, the deliveries and
@@ -450,6 +453,8 @@ type RunFilter struct {
 	Agent  string
 	Limit  int    // 0 means 50; at most 500
 	Before string // a run id: only runs older than it (the next page)
+	// Schedule is the [[schedules]] job whose firings are listed.
+	Schedule string
 }
 
 // List bounds.
@@ -460,7 +465,8 @@ const (
 
 // ListRuns returns the summaries of the runs matching f, newest first. It
 // reads the state index when f has a state, the agent index when it has
-// only an agent, and never a full run record.
+// only an agent, and never a full run record; a schedule filters the
+// summaries so read.
 func (s *Service) ListRuns(f RunFilter) ([]Summary, error) {
 	if f.Limit <= 0 {
 		f.Limit = defaultListLimit
@@ -509,7 +515,7 @@ func (s *Service) listOnce(f RunFilter) ([]Summary, []*corruptRecord, error) {
 			if err != nil {
 				return err
 			}
-			if !ok || (f.State != "" && sum.State != f.State) || (f.Agent != "" && sum.Agent != f.Agent) {
+			if !ok || (f.State != "" && sum.State != f.State) || (f.Agent != "" && sum.Agent != f.Agent) || (f.Schedule != "" && sum.Schedule != f.Schedule) {
 				continue
 			}
 			out = append(out, sum)

@@ -139,6 +139,9 @@ type Summary struct {
 	ReplyPreview string    `json:"reply_preview,omitempty"`
 	TextBytes    int       `json:"text_bytes"`
 	ReplyBytes   int       `json:"reply_bytes"`
+	// Schedule is the [[schedules]] job that fired the run ("" for a
+	// message's run, and for runs recorded before summaries had it).
+	Schedule string `json:"schedule,omitempty"`
 }
 
 // previewChars bounds text_preview and reply_preview (in characters).
@@ -153,6 +156,7 @@ func summaryOf(r Run) Summary {
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, Delivered: r.Delivered,
 		TextPreview: preview(r.Text), ReplyPreview: preview(r.Reply),
 		TextBytes: len(r.Text), ReplyBytes: len(r.Reply),
+		Schedule: r.Schedule,
 	}
 }
 
@@ -419,7 +423,7 @@ func putRun(tx *bolt.Tx, r Run) error {
 	if err != nil {
 		return fmt.Errorf("cannot update deliveries for run %s: %w", r.ID, err)
 	}
-	return nil
+	return noteScheduledRun(tx, r)
 }
 
 // appendOnly fills pages of the buckets keyed by run id (or prefix and run
