@@ -35,7 +35,13 @@ type Options struct {
 	// time itself: under systemd (Timers) the timer catches up, and
 	// CatchUp is ignored.
 	CatchUp bool
-	Logger  *slog.Logger
+	// Follow waits until run runID ends, returning its failure like Fire.
+	// At the first Set, a job whose Store record says its last firing's
+	// run was still going when the last Table stopped counts as running
+	// until Follow returns, so that a restart cannot start a second run of
+	// it beside the first. Nil: such a run is not waited for.
+	Follow func(ctx context.Context, runID string) error
+	Logger *slog.Logger
 }
 
 // Store keeps one Record per job. The Table calls it without holding its
@@ -224,6 +230,11 @@ func (t *Table) Set(ctx context.Context, jobs []Job) error {
 			e.stopLoop = stop
 			t.wg.Go(func() { t.loop(loopCtx, e, c) })
 		}
+		if rec, had := records[id]; added && first && had && rec.LastState == StateRunning && rec.RunID != "" && t.opts.Follow != nil {
+			e.running = true
+			e.status.LastStart, e.status.LastState, e.status.RunID = rec.LastStart, StateRunning, rec.RunID
+			t.followLocked(e, rec)
+		}
 		if !added || t.opts.Timers != nil || t.opts.Store == nil {
 			continue
 		}
@@ -400,6 +411,42 @@ func (t *Table) startLocked(e *entry, now time.Time, checked bool) {
 				return // a later firing started
 			case r.LastStart.Equal(now) && r.RunID != "" && !r.LastEnd.IsZero():
 				return // recorded with its run's end
+			}
+			r.LastEnd, r.LastState, r.LastDetail = end, state, detail
+		})
+	})
+}
+
+// followLocked waits, in the background, for the run a previous Table's
+// firing of e left going, and ends e's firing with it; t.mu is held.
+func (t *Table) followLocked(e *entry, rec Record) {
+	id := e.job.ID
+	t.log.Info("schedule's last firing is still running after a restart: its next firings skip or wait for it", "schedule", id, "run_id", rec.RunID)
+	t.wg.Go(func() {
+		err := t.opts.Follow(t.ctx, rec.RunID)
+		end := t.clock.Now()
+		closing := t.ctx.Err() != nil
+		state, detail := StateSucceeded, ""
+		if err != nil {
+			state, detail = StateFailed, err.Error()
+		}
+		t.mu.Lock()
+		if !closing {
+			e.status.LastEnd, e.status.LastState, e.status.LastDetail = end, state, detail
+		}
+		if e.pending && t.jobs[id] == e && !closing {
+			e.pending = false
+			t.startLocked(e, end, false)
+		} else {
+			e.pending, e.running = false, false
+		}
+		t.mu.Unlock()
+		if closing {
+			return
+		}
+		t.save(id, func(r *Record) {
+			if r.RunID != rec.RunID || !r.LastEnd.IsZero() {
+				return // a later firing, or recorded with its run's end
 			}
 			r.LastEnd, r.LastState, r.LastDetail = end, state, detail
 		})

@@ -36,7 +36,7 @@ type scheduled struct {
 // New calls it, so the jobs are there before Export claims the bus name
 // that a timer's FireSchedule reaches.
 func (s *Service) startSchedules(cfg *config.Config) error {
-	t, err := schedules.New(schedules.Options{
+	opts := schedules.Options{
 		Fire:   s.fireSchedule,
 		Timers: s.opts.ScheduleTimers,
 		Clock:  s.clock,
@@ -45,8 +45,12 @@ func (s *Service) startSchedules(cfg *config.Config) error {
 		// missed while the scheduler was not running; under systemd the
 		// timer does (Persistent=true).
 		CatchUp: s.opts.ScheduleTimers == nil && !s.opts.noScheduleCatchUp,
-		Logger:  s.log,
-	})
+		Logger: s.log,
+	}
+	if !s.opts.noScheduleFollow {
+		opts.Follow = s.followScheduledRun
+	}
+	t, err := schedules.New(opts)
 	if err != nil {
 		return err
 	}
@@ -103,12 +107,24 @@ func (s *Service) fireSchedule(ctx context.Context, job schedules.Job) error {
 	if err != nil {
 		return fmt.Errorf("cannot fire schedule %q: %w", job.ID, err)
 	}
+	return s.followRun(ctx, runID)
+}
+
+// followScheduledRun is the table's Follow: the run a firing before a
+// restart left going.
+func (s *Service) followScheduledRun(ctx context.Context, runID string) error {
+	return s.followRun(ctx, runID)
+}
+
+// followRun waits until run runID ends; a run that did not succeed is the
+// error.
+func (s *Service) followRun(ctx context.Context, runID string) error {
 	ended := s.scheduled.waitFor(runID)
 	defer s.scheduled.forget(runID)
 	for {
 		r, err := s.GetRun(runID)
 		if err != nil {
-			return fmt.Errorf("cannot follow the run of schedule %q: %w", job.ID, err)
+			return fmt.Errorf("cannot follow run %s: %w", runID, err)
 		}
 		if Finished(r.State) {
 			if state, detail := scheduledOutcome(r); state != schedules.StateSucceeded {
@@ -120,7 +136,7 @@ func (s *Service) fireSchedule(ctx context.Context, job schedules.Job) error {
 		case <-ended:
 			ended = s.scheduled.waitFor(runID) // read it once more, then wait again if need be
 		case <-ctx.Done():
-			return fmt.Errorf("stopped waiting for run %s of schedule %q: %w", runID, job.ID, context.Cause(ctx))
+			return fmt.Errorf("stopped waiting for run %s: %w", runID, context.Cause(ctx))
 		}
 	}
 }

@@ -161,8 +161,8 @@ func TestARunThatEndsAfterARestartRecordsItsJobsLastState(t *testing.T) {
 	gate := newGateBackend("landlock")
 	second := openAt(t, cfg, stateDir, clock, gate, &log)
 	defer second.Close()
-	if sc := listed(t, second, "standup"); sc.LastState != string(schedules.StateRunning) || sc.LastRun != runID || sc.Running {
-		t.Fatalf("after the restart: %+v, want run %s listed running (by the record, not a firing of this process)", sc, runID)
+	if sc := listed(t, second, "standup"); sc.LastState != string(schedules.StateRunning) || sc.LastRun != runID || !sc.Running {
+		t.Fatalf("after the restart: %+v, want run %s listed running (by the record, followed by this process)", sc, runID)
 	}
 	stop := start(t, second)
 	defer stop()
@@ -342,5 +342,95 @@ func TestListRunsNamesAndFiltersTheJobThatFiredARun(t *testing.T) {
 	only, err := s.ListRuns(RunFilter{Schedule: lf.Schedule, Agent: lf.Agent})
 	if err != nil || len(only) != 1 || only[0].ID != firedRun {
 		t.Fatalf("ListRuns of schedule standup = %+v, %v; want %s alone", only, err, firedRun)
+	}
+}
+
+// overlapAcrossARestart fires the job in one scheduler whose backend never
+// starts its run, restarts on the same scheduler.db, and fires it again in
+// the second before the first firing's run ends: it returns the second
+// firing's outcome and the job's runs.
+func overlapAcrossARestart(t *testing.T, with ...func(*Options)) (schedules.Outcome, []Summary, *Service, *gateBackend, string) {
+	t.Helper()
+	cfg := scheduledConfig(standup("echo one at a time"))
+	stateDir := t.TempDir()
+	clock := clockwork.NewFakeClockAt(restartClock)
+	first := openAt(t, cfg, stateDir, clock, newGateBackend("landlock"), nil)
+	if _, err := first.TriggerSchedule("standup", schedules.Manual); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for listed(t, first, "standup").LastRun == "" {
+		if time.Now().After(deadline) {
+			t.Fatalf("the firing's run was not recorded: %+v", listed(t, first, "standup"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	runID := listed(t, first, "standup").LastRun
+	first.Close()
+	// A firing's message id has its second in it: a later second is
+	// another firing, not a retried Submit of the same one (and the
+	// job's 09:00 is not due yet).
+	clock.Advance(10 * time.Second)
+
+	gate := newGateBackend("landlock")
+	second := openAt(t, cfg, stateDir, clock, gate, nil, with...)
+	t.Cleanup(func() { second.Close() })
+	out, err := second.TriggerSchedule("standup", schedules.Manual)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := second.ListRuns(RunFilter{Schedule: "standup"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out, runs, second, gate, runID
+}
+
+// Two firings of one job never overlap, across a restart too: the first
+// scheduler's firing left its run queued, so the second scheduler's firing
+// is skipped until that run has ended.
+func TestAFiringAfterARestartSkipsWhileThePreviousFiringsRunIsGoing(t *testing.T) {
+	t.Parallel()
+	out, runs, second, gate, runID := overlapAcrossARestart(t)
+	if out != schedules.Skipped || len(runs) != 1 {
+		t.Fatalf("the firing after the restart was %q with %d runs of the job, want skipped beside the one run", out, len(runs))
+	}
+	if sc := listed(t, second, "standup"); !strings.Contains(sc.LastDetail, "still running") {
+		t.Errorf("the skip is not explained: %+v", sc)
+	}
+	stop := start(t, second)
+	defer stop()
+	run := gate.next(t)
+	if run.spec.RunID != runID {
+		t.Fatalf("ran %s, want the first firing's %s", run.spec.RunID, runID)
+	}
+	run.finish <- outcome{res: isolation.Result{Response: agentproto.Response{Version: 1, RunID: runID, Reply: "done"}}}
+	waitListed(t, second, "standup", schedules.StateSucceeded)
+	if out, err := second.TriggerSchedule("standup", schedules.Manual); err != nil || out != schedules.Started {
+		t.Fatalf("once the run ended a firing was %q (%v), want started", out, err)
+	}
+}
+
+// The control: a restarted scheduler that does not follow the run starts a
+// second one beside it.
+func TestWithoutFollowingTheRunAFiringAfterARestartOverlaps(t *testing.T) {
+	t.Parallel()
+	out, _, second, _, _ := overlapAcrossARestart(t, func(o *Options) { o.noScheduleFollow = true })
+	if out != schedules.Started {
+		t.Fatalf("the firing was %q, want started: this control shows the test above can fail", out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		runs, err := second.ListRuns(RunFilter{Schedule: "standup"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(runs) == 2 {
+			return // a second run beside the first
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d runs of the job, want 2 without the follow", len(runs))
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

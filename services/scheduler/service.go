@@ -98,6 +98,10 @@ type Options struct {
 	// noScheduleCatchUp turns the catch-up of missed jobs off: the tests'
 	// control.
 	noScheduleCatchUp bool
+	// noScheduleFollow makes a restarted scheduler not wait for the run a
+	// job's firing left going: the tests' control that overlap holds
+	// across a restart only because it does.
+	noScheduleFollow bool
 }
 
 // Service is berth-scheduler: the store, the dispatcher, the deliveries and
