@@ -51,7 +51,7 @@ func contents() []entry {
 	for _, b := range binaries {
 		es = append(es, entry{src: b.name, dst: path.Join(b.dst, b.name), kind: binary})
 	}
-	for _, u := range []string{"berth-intake.socket", "berth-intake.service", "berth-scheduler.service", "berth-imaged.service", "berth-metrics.socket", "berth-metrics.service"} {
+	for _, u := range []string{"berth-intake.socket", "berth-intake.service", "berth-scheduler.service", "berth-imaged.service", "berth-metrics.socket", "berth-metrics.service", "berth-runs.slice"} {
 		es = append(es, entry{src: "units/systemd/" + u, dst: path.Join(systemdUnits, u), kind: data})
 	}
 	for _, name := range []string{"dev.berth.Intake1", "dev.berth.Scheduler1", "dev.berth.Images1"} {

@@ -17,6 +17,15 @@
 #              agent's, runs/s of one agent and of 8 agents; and
 #              (BenchmarkWarmContainer) POST → reply through a warm container
 #              pool beside a Landlock agent of the same stack
+#   beside     go test -bench AcceptBesideRuns in services/intake: durable
+#              accepts at 50 senders beside the naive server while the real
+#              suite runs 8 Landlock agents without end, the runs' group at
+#              runs_cpu_weight 20 (ADR 30) and at full weight, and idle,
+#              interleaved; the load average of the run
+#   ownimage   go test -bench WarmContainerOwnImage in e2e: POST → reply
+#              through a warm pool for an agent with an image of its own
+#              (container_mode.image) beside berth's default image and a
+#              Landlock agent, interleaved message by message
 #   egress     scripts/bench-egress.sh, when it exists: the egress proxy
 #              beside direct requests
 #   sandboxes  go test -bench ConversationSandbox in e2e: a conversation's
@@ -24,10 +33,12 @@
 #              Landlock and container (POST → reply, the run), idle memory,
 #              per-message runs beside 50 idle sandboxes
 #
-#   scripts/bench.sh [container] [scheduler] [intake] [e2e] [egress] [sandboxes]
-#                                             (as root; default: all)
+#   scripts/bench.sh [container] [scheduler] [intake] [beside] [e2e] [ownimage]
+#                    [egress] [sandboxes]     (as root; default: all)
 #
-# Finishes within 10 minutes on a 2-core machine: each part has a time box
+# Finishes within 10 minutes on a 2-core machine without beside and ownimage
+# (each of those two builds a suite and has a box of 10 minutes of its own,
+# 3–5 minutes when the build cache is warm): each part has a time box
 # (BENCH_CONTAINER_RUNS, default 20 runs per variant; BENCH_REPS, default 3
 # repetitions of each intake figure, medians reported; BENCH_E2E_RUNS,
 # default 60 messages per figure of the whole path).
@@ -35,7 +46,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(container scheduler intake e2e egress sandboxes)
+[ ${#parts[@]} -gt 0 ] || parts=(container scheduler intake beside e2e ownimage egress sandboxes)
 has() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 
 out=$(mktemp -d)
@@ -121,6 +132,28 @@ if has intake; then
 	fi
 fi
 
+# value UNIT of the first line of benchmark NAME in FILE.
+bench_metric() {
+	awk -v name="$2" -v unit="$3" '$1 ~ "^"name"(-[0-9]+)?$" { for (i = 3; i < NF; i++) if ($(i+1) == unit) { v = $i; printf (v >= 100 ? "%.0f" : "%.3g"), v; exit } }' "$1"
+}
+
+if has beside; then
+	echo "== beside (go test ./services/intake -bench AcceptBesideRuns)" >&2
+	if timeout 600 go test ./services/intake -run '^$' -bench '^BenchmarkAcceptBesideRuns$' -benchtime 1x -count 1 -timeout 10m >"$out/beside" 2>&1; then
+		m() { bench_metric "$out/beside" BenchmarkAcceptBesideRuns "$1"; }
+		row "intake beside 8 running agents, runs at runs_cpu_weight 20 (50 senders)" \
+			"$(m intake_low_msg/s) msg/s ($(m of_idle_low) of idle), $(m runs/s_low) runs/s" \
+			"naive beside the same runs: $(m naive_low_msg/s) msg/s; idle: intake $(m intake_idle_msg/s), naive $(m naive_idle_msg/s)" \
+			"$(m x_naive_low)× (target ≥ 3×)"
+		row "intake beside 8 running agents, runs at full weight (100, cpu.shares 1024)" \
+			"$(m intake_full_msg/s) msg/s ($(m of_idle_full) of idle), $(m runs/s_full) runs/s" \
+			"naive beside the same runs: $(m naive_full_msg/s) msg/s" \
+			"$(m x_naive_full)×; load average $(m load1_min)–$(m load1_max)"
+	else
+		row "beside" "did not run: $(grep -m1 -E 'FAIL|panic|cannot' "$out/beside" || tail -n1 "$out/beside")" "" ""
+	fi
+fi
+
 if has e2e; then
 	echo "== e2e (go test ./e2e -bench WholePath)" >&2
 	if timeout 400 go test ./e2e -run '^$' -bench '^(BenchmarkWholePath|BenchmarkWarmContainer)$' -benchtime 1x -count 1 -timeout 6m >"$out/e2e" 2>&1; then
@@ -139,6 +172,19 @@ if has e2e; then
 			"Landlock agent, same stack: $(e2e $b landlock_p50_ms) ms" "target p50 ≤ 25 ms"
 	else
 		row "e2e" "did not run: $(grep -m1 -E 'FAIL|panic|cannot|did not' "$out/e2e" || tail -n1 "$out/e2e")" "" ""
+	fi
+fi
+
+if has ownimage; then
+	echo "== ownimage (go test ./e2e -bench WarmContainerOwnImage)" >&2
+	if timeout 600 go test ./e2e -run '^$' -bench '^BenchmarkWarmContainerOwnImage$' -benchtime 1x -count 1 -timeout 10m >"$out/ownimage" 2>&1; then
+		m() { bench_metric "$out/ownimage" BenchmarkWarmContainerOwnImage "$1"; }
+		row "container, warm pool, the agent's own image (container_mode.image): POST → reply (p50)" \
+			"$(m own_image_p50_ms) ms (p95 $(m own_image_p95_ms) ms); started → confined $(m own_image_start_to_confined_p50_ms) ms, confined → ended $(m own_image_confined_to_end_p50_ms) ms" \
+			"berth's default image, same stack: $(m default_image_p50_ms) ms (p95 $(m default_image_p95_ms) ms; $(m default_image_start_to_confined_p50_ms) / $(m default_image_confined_to_end_p50_ms) ms); Landlock $(m landlock_p50_ms) ms" \
+			"target p50 ≤ 25 ms both"
+	else
+		row "ownimage" "did not run: $(grep -m1 -E 'FAIL|panic|cannot|did not' "$out/ownimage" || tail -n1 "$out/ownimage")" "" ""
 	fi
 fi
 

@@ -92,6 +92,7 @@ type schedulerSettings struct {
 	EgressUser            string    `toml:"egress_user" berth:"check=egressUser"`
 	AgentUIDs             *UIDRange `toml:"agent_uids"`
 	AllowRlimitFallback   bool      `toml:"allow_rlimit_fallback"`
+	RunsCPUWeight         *int      `toml:"runs_cpu_weight" berth:"check=cpuWeight"`
 }
 
 // retentionSettings is [retention] as written; Retention is its resolution.

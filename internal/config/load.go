@@ -181,6 +181,7 @@ func (t *tree) config() *Config {
 			EgressUser:          first(sched.EgressUser, defaultEgressUser),
 			AgentUIDs:           firstSet(DefaultAgentUIDs, sched.AgentUIDs),
 			AllowRlimitFallback: sched.AllowRlimitFallback,
+			RunsCPUWeight:       firstSet(DefaultRunsCPUWeight, sched.RunsCPUWeight),
 		},
 		Retention: doc.Retention.resolve(),
 		Tracing:   doc.Tracing,

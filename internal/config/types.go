@@ -382,7 +382,21 @@ type Scheduler struct {
 	// a whole, run it with per-process rlimits instead of failing it.
 	// Default false (fail closed).
 	AllowRlimitFallback bool
+	// RunsCPUWeight is runs_cpu_weight: the CPU weight (1–10000, systemd's
+	// CPUWeight scale, 100 = one ordinary service) of all host runs
+	// together — berth-runs.slice under systemd, else the berth-runs
+	// cgroup — so that intake and the daemons get the CPU first when runs
+	// want more than is free (ADR 30). Default DefaultRunsCPUWeight.
+	RunsCPUWeight int
 }
+
+// DefaultRunsCPUWeight is the built-in runs_cpu_weight: a fifth of an
+// ordinary service's weight (CPUWeight=100), as units/systemd/berth-runs.slice
+// ships it.
+const DefaultRunsCPUWeight = 20
+
+// MaxRunsCPUWeight is the largest CPU weight, cgroup v2's and systemd's.
+const MaxRunsCPUWeight = 10000
 
 // UIDRange is an inclusive range of uids, written "FIRST-LAST".
 type UIDRange struct {

@@ -248,6 +248,12 @@ var valueChecks = map[string]any{
 		}
 		return ""
 	},
+	"cpuWeight": func(n int) string {
+		if n < 1 || n > MaxRunsCPUWeight {
+			return fmt.Sprintf("must be a CPU weight from 1 to %d (100 is an ordinary service's), not %d", MaxRunsCPUWeight, n)
+		}
+		return ""
+	},
 	"egressUser": func(v string) string {
 		if v == "root" || v == "0" {
 			return "must not be root: the egress proxy parses what sandboxes send"

@@ -66,6 +66,7 @@ func (c *cgroupLimits) prepare() error {
 		if _, done := cleaned.LoadOrStore(p.dir(), true); !done {
 			removeLeftovers(c.host.version, p.dir())
 		}
+		weighRuns(c.host, p)
 	}
 	for i, p := range c.host.parents {
 		dir := filepath.Join(p.dir(), c.name)

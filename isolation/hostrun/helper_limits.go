@@ -66,6 +66,7 @@ func helperScope(ctx context.Context, role, runID string, pid int, lim Limits) (
 	if err != nil {
 		return nil, fmt.Errorf("cannot connect to systemd: %w", err)
 	}
+	weighSlice(ctx, conn)
 	// A scope left by an earlier attempt of this run must not block the name.
 	stopUnit(ctx, conn, name)
 	props := []sdbus.Property{

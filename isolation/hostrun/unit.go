@@ -482,6 +482,7 @@ func unitCommand(u unitRun) []string {
 // ends berth keeps. systemd holds its own copies once it has the unit, so
 // the unit's ends are closed here; on an error everything is, conn too.
 func startUnitOnPipes(ctx context.Context, conn *sdbus.Conn, name string, job chan<- string, props func(stdin, stdout, stderr int) []sdbus.Property) (stdinW, stdoutR, stderrR *os.File, err error) {
+	weighSlice(ctx, conn)
 	var pipes [6]*os.File // stdin r/w, stdout r/w, stderr r/w
 	closeAll := func() {
 		for _, f := range pipes {

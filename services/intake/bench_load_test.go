@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +20,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/testkit/devstack"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
@@ -170,15 +173,80 @@ func (l *runLoad) run(b *testing.B) func() (int64, time.Duration) {
 	}
 }
 
+// runsCPUFile is the berth-runs cgroup file that holds the CPU weight of
+// the suite's runs (ADR 30): the suite's scheduler is in this process's
+// cgroup, and its runs in berth-runs below it (cgroup v1 cpu.shares, v2
+// cpu.weight). "" when there is none yet.
+func runsCPUFile() string {
+	data, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		var dirs []string
+		switch {
+		case parts[1] == "" && parts[0] == "0":
+			dirs = []string{filepath.Join("/sys/fs/cgroup", parts[2], "berth-runs", "cpu.weight")}
+		case slices.Contains(strings.Split(parts[1], ","), "cpu"):
+			for _, m := range []string{"cpu", "cpu,cpuacct", "cpuacct,cpu"} {
+				dirs = append(dirs, filepath.Join("/sys/fs/cgroup", m, parts[2], "berth-runs", "cpu.shares"))
+			}
+		}
+		for _, d := range dirs {
+			if _, err := os.Stat(d); err == nil {
+				return d
+			}
+		}
+	}
+	return ""
+}
+
+// setRunsWeight writes weight w (systemd's scale: 100 is a service) to
+// file as the scheduler does, and returns what the file then says.
+func setRunsWeight(b *testing.B, file string, w int) string {
+	b.Helper()
+	value := strconv.Itoa(w)
+	if filepath.Base(file) == "cpu.shares" {
+		value = strconv.Itoa(max(2, w*1024/100))
+	}
+	if err := os.WriteFile(file, []byte(value), 0); err != nil {
+		b.Fatalf("cannot set the runs' CPU weight: %v", err)
+	}
+	data, _ := os.ReadFile(file)
+	return strings.TrimSpace(string(data))
+}
+
+// load1 is the one-minute load average.
+func load1() float64 {
+	data, _ := os.ReadFile("/proc/loadavg")
+	var v float64
+	_, _ = fmt.Sscan(string(data), &v)
+	return v
+}
+
 // BenchmarkAcceptBesideRuns: durable accepts per second at 50 concurrent
 // senders, intake (group commit) beside the naive one-commit-per-message
 // server (BenchmarkAccept's), while the real scheduler runs agents beside
-// them (runLoad: 8 Landlock runs at a time, without end) and, interleaved,
-// while it is idle. The accepts are measured in this process, as in
-// BenchmarkAccept; the runs are the suite's. BENCH_REPS repetitions of each
-// (default 3), medians.
+// them (runLoad: 8 Landlock runs at a time, without end) and while it is
+// idle. Beside runs it is measured twice: with the runs' group at the
+// default runs_cpu_weight (20, ADR 30: "low") and at full weight (100,
+// v1 cpu.shares 1024, as before: "full"), written to berth-runs between
+// the windows. Every repetition goes through idle, low and full in a
+// turned order, and intake and naive alternate inside each, so the noise
+// of a shared machine falls on all alike. The accepts are measured in this
+// process, as in BenchmarkAccept; the runs are the suite's. BENCH_REPS
+// repetitions (default 3), medians; the load average is reported too.
 func BenchmarkAcceptBesideRuns(b *testing.B) {
 	l := startRunStack(b)
+	weightFile := runsCPUFile()
+	if weightFile == "" {
+		b.Fatal("the suite's runs have no berth-runs cgroup with a CPU weight")
+	}
+	b.Cleanup(func() { setRunsWeight(b, weightFile, config.DefaultRunsCPUWeight) })
 	const senders = 50
 	measure := func(naive bool) float64 {
 		if naive {
@@ -202,35 +270,63 @@ func BenchmarkAcceptBesideRuns(b *testing.B) {
 		n, took := sendFor(b, srv.URL+"/hooks/hooks", senders, acceptWindow)
 		return float64(n) / took.Seconds()
 	}
+	type phase struct {
+		name   string
+		weight int // 0: no runs
+	}
+	phases := []phase{{"idle", 0}, {"low", config.DefaultRunsCPUWeight}, {"full", 100}}
 	fig := map[string][]float64{}
-	var runs int64
-	var runTime time.Duration
+	runs := map[string]int64{}
+	runTime := map[string]time.Duration{}
+	var loads []float64
 	b.ResetTimer()
 	for rep := range benchReps() {
-		for _, loaded := range []bool{rep%2 == 0, rep%2 != 0} {
+		loads = append(loads, load1())
+		for j := range phases {
+			ph := phases[(rep+j)%len(phases)]
 			var stop func() (int64, time.Duration)
-			if loaded {
+			if ph.weight > 0 {
 				stop = l.run(b)
+				want := setRunsWeight(b, weightFile, ph.weight)
+				for _, naive := range []bool{rep%2 == 0, rep%2 != 0} {
+					fig[figName(naive, ph.name)] = append(fig[figName(naive, ph.name)], measure(naive))
+				}
+				if data, _ := os.ReadFile(weightFile); strings.TrimSpace(string(data)) != want {
+					b.Fatalf("%s changed from %s to %s while measured", weightFile, want, strings.TrimSpace(string(data)))
+				}
+				n, took := stop()
+				runs[ph.name] += n
+				runTime[ph.name] += took
+				continue
 			}
 			for _, naive := range []bool{rep%2 == 0, rep%2 != 0} {
-				name := map[bool]string{true: "naive", false: "intake"}[naive] + map[bool]string{true: "_loaded", false: "_idle"}[loaded]
-				fig[name] = append(fig[name], measure(naive))
-			}
-			if loaded {
-				n, took := stop()
-				runs += n
-				runTime += took
+				fig[figName(naive, ph.name)] = append(fig[figName(naive, ph.name)], measure(naive))
 			}
 		}
 	}
 	b.StopTimer()
+	loads = append(loads, load1())
 	if n := l.failed.Load(); n > 0 {
 		b.Fatalf("%d runs of the load did not succeed", n)
 	}
-	for _, k := range []string{"intake_idle", "naive_idle", "intake_loaded", "naive_loaded"} {
-		b.ReportMetric(median(fig[k]), k+"_msg/s")
+	for _, ph := range phases {
+		for _, naive := range []bool{false, true} {
+			b.ReportMetric(median(fig[figName(naive, ph.name)]), figName(naive, ph.name)+"_msg/s")
+		}
+		b.ReportMetric(median(fig[figName(false, ph.name)])/median(fig[figName(true, ph.name)]), "x_naive_"+ph.name)
+		if ph.weight > 0 {
+			b.ReportMetric(median(fig[figName(false, ph.name)])/median(fig[figName(false, "idle")]), "of_idle_"+ph.name)
+			b.ReportMetric(float64(runs[ph.name])/runTime[ph.name].Seconds(), "runs/s_"+ph.name)
+		}
 	}
-	b.ReportMetric(median(fig["intake_idle"])/median(fig["naive_idle"]), "x_naive_idle")
-	b.ReportMetric(median(fig["intake_loaded"])/median(fig["naive_loaded"]), "x_naive_loaded")
-	b.ReportMetric(float64(runs)/runTime.Seconds(), "runs/s_beside")
+	b.ReportMetric(slices.Min(loads), "load1_min")
+	b.ReportMetric(slices.Max(loads), "load1_max")
+}
+
+// figName is a figure's name: intake_low, naive_idle, …
+func figName(naive bool, phase string) string {
+	if naive {
+		return "naive_" + phase
+	}
+	return "intake_" + phase
 }

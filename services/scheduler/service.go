@@ -27,6 +27,7 @@ import (
 	"github.com/berth-dev/berth/internal/runprep"
 	"github.com/berth-dev/berth/internal/schedules"
 	"github.com/berth-dev/berth/isolation"
+	"github.com/berth-dev/berth/isolation/hostrun"
 )
 
 // Errors callers can tell apart (errors.Is); the D-Bus object maps them to
@@ -216,6 +217,7 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 		wakeDeliver:  make(chan struct{}, 1),
 	}
 	s.cfg.Store(cfg)
+	s.setRunsCPUWeight(cfg)
 	s.metrics = newSchedulerMetrics(s)
 	s.markProgress()
 	if err := s.startSchedules(cfg); err != nil {
@@ -232,11 +234,25 @@ func (s *Service) Reload(cfg *config.Config) {
 		return
 	}
 	s.cfg.Store(cfg)
+	s.setRunsCPUWeight(cfg)
 	s.setSchedules(cfg)
 	if s.warming.Load() {
 		wake(s.wakeWarm)
 	}
 	wake(s.wakeDispatch)
+}
+
+// setRunsCPUWeight gives all host runs together [scheduler]
+// runs_cpu_weight (ADR 30); the next run writes it to their group.
+// A Config not made by config.Load (0) has the default.
+func (s *Service) setRunsCPUWeight(cfg *config.Config) {
+	w := cfg.Scheduler.RunsCPUWeight
+	if w == 0 {
+		w = config.DefaultRunsCPUWeight
+	}
+	if err := hostrun.SetRunsCPUWeight(w); err != nil {
+		s.log.Warn("runs keep their CPU weight", "err", err)
+	}
 }
 
 // Close closes scheduler.db. Call it after Run has returned.
