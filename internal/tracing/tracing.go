@@ -159,6 +159,16 @@ func TraceID(traceparent string) string {
 	return sc.TraceID().String()
 }
 
+// SampledTraceID is TraceID of traceparent when it is sampled (its spans
+// are exported), "" otherwise: what a run record names.
+func SampledTraceID(traceparent string) string {
+	sc := trace.SpanContextFromContext(Remote(context.Background(), traceparent))
+	if !sc.IsValid() || !sc.IsSampled() {
+		return ""
+	}
+	return sc.TraceID().String()
+}
+
 // Fail marks span failed with err (nil: nothing).
 func Fail(span trace.Span, err error) {
 	if err == nil {

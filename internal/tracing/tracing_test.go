@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,6 +38,12 @@ func TestTraceparentCrossesAsTextAndKeepsTheTraceID(t *testing.T) {
 	}
 	if got := tracing.Traceparent(tracing.Remote(context.Background(), tp)); got != tp {
 		t.Errorf("Remote then Traceparent = %q, want %q", got, tp)
+	}
+	if got := tracing.SampledTraceID(tp); got != "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Errorf("SampledTraceID = %q", got)
+	}
+	if got := tracing.SampledTraceID(strings.TrimSuffix(tp, "01") + "00"); got != "" {
+		t.Errorf("SampledTraceID of an unsampled traceparent = %q, want none", got)
 	}
 	for _, bad := range []string{"", "garbage", "00-00000000000000000000000000000000-00f067aa0ba902b7-01"} {
 		if got := tracing.TraceID(bad); got != "" {
