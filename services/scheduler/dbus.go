@@ -353,6 +353,7 @@ func (r Run) BusRun() busapi.Run {
 		Schedule:          r.Schedule,
 		Model:             r.Model,
 		MaxRuntimeSeconds: r.MaxRuntimeSeconds,
+		TraceID:           r.TraceID,
 	}
 }
 
