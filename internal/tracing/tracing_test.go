@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/berth-dev/berth/internal/config"
@@ -24,6 +25,9 @@ func TestOffMakesNoTraceparent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer shutdown()
+	if tracing.On() {
+		t.Error("tracing off, but On says it is on")
+	}
 	ctx, span := tracing.Tracer().Start(context.Background(), "x")
 	defer span.End()
 	if tp := tracing.Traceparent(ctx); tp != "" {
@@ -65,6 +69,11 @@ func TestSpansReachARealOTLPReceiverOverHTTPAndGRPC(t *testing.T) {
 			shutdown, err := tracing.Setup(config.Tracing{Endpoint: tc.endpoint, Protocol: tc.proto}, "berth-test-"+tc.proto, quiet)
 			if err != nil {
 				t.Fatal(err)
+			}
+			// Only berth's spans: a library tracing through the global
+			// provider (the Docker client) exports nothing.
+			if _, lib := otel.Tracer("a-library").Start(context.Background(), "lib"); lib.IsRecording() || !tracing.On() {
+				t.Errorf("the global provider records (%v), or tracing is not on (%v)", lib.IsRecording(), tracing.On())
 			}
 			ctx, root := tracing.Tracer().Start(context.Background(), "root")
 			tp := tracing.Traceparent(ctx)

@@ -110,7 +110,11 @@ func validTraceparent(tp string) string {
 // traceparent header; the span ends with done, failed when the answer is
 // an error (4xx, 5xx).
 func traceReceive(w http.ResponseWriter, r *http.Request, connectorID string) (http.ResponseWriter, context.Context, func()) {
-	ctx, span := startReceive(r.Context(), connectorID, r.Header.Get("Traceparent"))
+	inbound := ""
+	if tracing.On() {
+		inbound = r.Header.Get("Traceparent")
+	}
+	ctx, span := startReceive(r.Context(), connectorID, inbound)
 	sw := &statusWriter{ResponseWriter: w}
 	return sw, ctx, func() {
 		if sw.code != 0 {
