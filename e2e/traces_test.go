@@ -81,6 +81,11 @@ func TestOneMessageMakesOneTraceFromReceiveToDelivery(t *testing.T) {
 		t.Errorf("berthctl runs show prints no trace line with %s:\n%s", inboundTraceID, out)
 	}
 
+	// The run's log lines name its trace (TRACE_ID in the journal).
+	if b, err := os.ReadFile(s.Bus.LogPath); err != nil || !strings.Contains(string(b), "trace_id="+inboundTraceID) {
+		t.Errorf("the scheduler's log names no trace_id=%s (%v)", inboundTraceID, err)
+	}
+
 	// Every span the tree needs, the reply's send that succeeded included
 	// (the reply sink refuses each reply's first POST).
 	want := []string{"intake.receive", "intake.store", "intake.handoff", "scheduler.queue", "scheduler.run",
