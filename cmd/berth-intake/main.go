@@ -5,11 +5,13 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"net/http"
 	"os"
 
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/tracing"
 	"github.com/berth-dev/berth/services/intake"
 )
 
@@ -19,10 +21,17 @@ func main() {
 	listenFlag := flag.String("listen", "", "HTTP address when not socket-activated (default [intake] listen)")
 	idleFlag := flag.Duration("idle-exit", 0, "exit with status 75 after this long with nothing to do, unless a long-lived connector is configured (0: never)")
 	flag.Parse()
-	os.Exit(daemon.Main(daemon.Spec[*intake.Service]{
+	// Traces are flushed once the daemon has stopped and closed its
+	// service ([tracing]; off: nothing to flush).
+	flush := func() {}
+	code := daemon.Main(daemon.Spec[*intake.Service]{
 		Name: "berth-intake", StateName: "intake", Status: "accepting messages",
 		ConfigFlag: *configFlag, StateFlag: *stateFlag,
 		New: func(env daemon.Env) (*intake.Service, error) {
+			var err error
+			if flush, err = tracing.Setup(env.Config.Tracing, "berth-intake", env.Log); err != nil {
+				return nil, fmt.Errorf("cannot set up tracing: %w", err)
+			}
 			return intake.New(env.Config, env.StateDir, intake.WithLogger(env.Log))
 		},
 		Progress: (*intake.Service).LastProgress,
@@ -35,7 +44,9 @@ func main() {
 		},
 		IdleAfter: *idleFlag,
 		Busy:      hasWork,
-	}))
+	})
+	flush()
+	os.Exit(code)
 }
 
 // hasWork reports whether intake must keep running: messages or replies are

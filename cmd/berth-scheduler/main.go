@@ -5,6 +5,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"net"
 	"os"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/daemon"
 	"github.com/berth-dev/berth/internal/schedules"
+	"github.com/berth-dev/berth/internal/tracing"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/container"
 	"github.com/berth-dev/berth/isolation/hostrun"
@@ -26,10 +28,17 @@ func main() {
 	stateFlag := flag.String("state-dir", "", "state directory (default $STATE_DIRECTORY, $BERTH_STATE_DIR/scheduler or /var/lib/berth/scheduler)")
 	unrestrictedFlag := flag.Bool("unrestricted", false, "run landlock agents UNRESTRICTED on the host (no sandbox at all)")
 	flag.Parse()
-	os.Exit(daemon.Main(daemon.Spec[*scheduler.Service]{
+	// Traces are flushed once the daemon has stopped and closed its
+	// service ([tracing]; off: nothing to flush).
+	flush := func() {}
+	code := daemon.Main(daemon.Spec[*scheduler.Service]{
 		Name: "berth-scheduler", StateName: "scheduler", Status: "scheduling runs",
 		ConfigFlag: *configFlag, StateFlag: *stateFlag,
 		New: func(env daemon.Env) (*scheduler.Service, error) {
+			var err error
+			if flush, err = tracing.Setup(env.Config.Tracing, "berth-scheduler", env.Log); err != nil {
+				return nil, fmt.Errorf("cannot set up tracing: %w", err)
+			}
 			return scheduler.New(env.Config, env.StateDir, scheduler.Options{
 				Backends:          backends(env, *unrestrictedFlag),
 				ForceUnrestricted: *unrestrictedFlag,
@@ -42,7 +51,9 @@ func main() {
 			})
 		},
 		Progress: (*scheduler.Service).LastProgress,
-	}))
+	})
+	flush()
+	os.Exit(code)
 }
 
 // scheduleTimers keeps the schedules' time in systemd timers where systemd

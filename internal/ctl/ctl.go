@@ -471,6 +471,7 @@ func printRun(w io.Writer, run busapi.Run) {
 		{"created", localTime(run.CreatedAt)}, {"started", localTime(run.StartedAt)}, {"finished", localTime(run.FinishedAt)},
 		{"delivered", fmt.Sprint(run.Delivered)}, {"sandbox", run.Sandbox}, {"sandbox_note", run.SandboxNote},
 		{"schedule", run.Schedule}, {"model", run.Model}, {"max_runtime", maxRuntime(run.MaxRuntimeSeconds)},
+		{"trace", run.TraceID},
 	} {
 		if f.val != "" {
 			fmt.Fprintf(tw, "%s:\t%s\n", f.key, f.val)

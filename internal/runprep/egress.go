@@ -13,7 +13,7 @@ import (
 
 // startEgress starts the run's egress proxy as [scheduler] egress_user on
 // the run's socket, holding the provider keys the request no longer carries.
-func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host runplan.HostFacts, keep *keepOptions, spend Spending) (*egress.Proxy, string, error) {
+func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host runplan.HostFacts, keep *keepOptions, spend Spending, traceparent string) (*egress.Proxy, string, error) {
 	token, err := egress.NewToken()
 	if err != nil {
 		return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
@@ -33,6 +33,7 @@ func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host ru
 	}
 	withGit(&pol, plan.Egress)
 	pol.ReadOnly, pol.Allowance = plan.Egress.ReadOnly, spend.Allowance
+	pol.Traceparent = traceparent
 	var bundle []byte
 	if hosts := caHosts(plan.Egress); len(hosts) > 0 {
 		// A CA for this run only, for the hosts it intercepts only, for as

@@ -94,6 +94,10 @@ type Input struct {
 	Overrides runplan.Overrides
 	// Spending is what the run's egress proxy may spend and whom it tells.
 	Spending Spending
+	// Traceparent is the W3C trace context of the run's span, which the
+	// egress proxy sends on provider calls when [tracing]
+	// provider_traceparent is on ("": none).
+	Traceparent string
 }
 
 // Spending is the budget side of a run's egress proxy
@@ -207,7 +211,14 @@ func (p *Preparer) prepare(ctx context.Context, in Input, keep *keepOptions) (*P
 			"run_id", in.RunID, "agent", a.ID, "backend", b.Name(), "network", out.Plan.Network.Mode)
 	}
 	if out.Plan.Egress != nil {
-		out.proxy, out.egressToken, err = p.startEgress(ctx, out.Plan, host, keep, in.Spending)
+		// The run's trace context goes to its provider calls only where the
+		// admin asked: it is no secret, but it tells the provider berth's
+		// trace ids.
+		traceparent := ""
+		if in.Config.Tracing.ProviderTraceparent {
+			traceparent = in.Traceparent
+		}
+		out.proxy, out.egressToken, err = p.startEgress(ctx, out.Plan, host, keep, in.Spending, traceparent)
 		if err != nil {
 			return out, err
 		}

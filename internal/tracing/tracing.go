@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -29,6 +30,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/version"
@@ -64,7 +66,11 @@ func Setup(cfg config.Tracing, service string, log *slog.Logger) (shutdown func(
 		sdktrace.WithResource(res),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(cfg.Ratio()))),
 	)
-	otel.SetTracerProvider(tp)
+	// berth's own provider, not the global one: libraries that trace
+	// through the global provider (the Docker client's otelhttp) stay
+	// no-ops, so a message's trace holds berth's spans only and no
+	// traceparent is sent to the engine.
+	provider.Store(tp)
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
 		log.Warn("cannot export traces", "err", err)
 	}))
@@ -75,6 +81,7 @@ func Setup(cfg config.Tracing, service string, log *slog.Logger) (shutdown func(
 		if err := tp.Shutdown(ctx); err != nil {
 			log.Warn("cannot flush traces", "err", err)
 		}
+		provider.CompareAndSwap(tp, nil)
 	}, nil
 }
 
@@ -124,8 +131,22 @@ func endpoint(s string) (host, path string, insecure bool, err error) {
 	return "", "", false, fmt.Errorf("tracing endpoint %q: scheme %q is neither http nor https", s, u.Scheme)
 }
 
-// Tracer is berth's tracer from the installed provider.
-func Tracer() trace.Tracer { return otel.Tracer(Name) }
+// provider is the one Setup installed, nil while tracing is off.
+var provider atomic.Pointer[sdktrace.TracerProvider]
+
+// Tracer is berth's tracer from the provider Setup installed, a no-op one
+// while tracing is off.
+func Tracer() trace.Tracer {
+	if tp := provider.Load(); tp != nil {
+		return tp.Tracer(Name)
+	}
+	return noop.NewTracerProvider().Tracer(Name)
+}
+
+// On reports whether Setup installed an exporting provider. Off, a
+// traceparent that came from outside (a webhook's header) must not be
+// adopted: no-op spans carry their parent's context along.
+func On() bool { return provider.Load() != nil }
 
 var propagator = propagation.TraceContext{}
 
@@ -154,6 +175,16 @@ func Remote(ctx context.Context, traceparent string) context.Context {
 func TraceID(traceparent string) string {
 	sc := trace.SpanContextFromContext(Remote(context.Background(), traceparent))
 	if !sc.IsValid() {
+		return ""
+	}
+	return sc.TraceID().String()
+}
+
+// SampledTraceID is TraceID of traceparent when it is sampled (its spans
+// are exported), "" otherwise: what a run record names.
+func SampledTraceID(traceparent string) string {
+	sc := trace.SpanContextFromContext(Remote(context.Background(), traceparent))
+	if !sc.IsValid() || !sc.IsSampled() {
 		return ""
 	}
 	return sc.TraceID().String()

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/berth-dev/berth/internal/config"
@@ -23,6 +25,9 @@ func TestOffMakesNoTraceparent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer shutdown()
+	if tracing.On() {
+		t.Error("tracing off, but On says it is on")
+	}
 	ctx, span := tracing.Tracer().Start(context.Background(), "x")
 	defer span.End()
 	if tp := tracing.Traceparent(ctx); tp != "" {
@@ -37,6 +42,12 @@ func TestTraceparentCrossesAsTextAndKeepsTheTraceID(t *testing.T) {
 	}
 	if got := tracing.Traceparent(tracing.Remote(context.Background(), tp)); got != tp {
 		t.Errorf("Remote then Traceparent = %q, want %q", got, tp)
+	}
+	if got := tracing.SampledTraceID(tp); got != "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Errorf("SampledTraceID = %q", got)
+	}
+	if got := tracing.SampledTraceID(strings.TrimSuffix(tp, "01") + "00"); got != "" {
+		t.Errorf("SampledTraceID of an unsampled traceparent = %q, want none", got)
 	}
 	for _, bad := range []string{"", "garbage", "00-00000000000000000000000000000000-00f067aa0ba902b7-01"} {
 		if got := tracing.TraceID(bad); got != "" {
@@ -58,6 +69,11 @@ func TestSpansReachARealOTLPReceiverOverHTTPAndGRPC(t *testing.T) {
 			shutdown, err := tracing.Setup(config.Tracing{Endpoint: tc.endpoint, Protocol: tc.proto}, "berth-test-"+tc.proto, quiet)
 			if err != nil {
 				t.Fatal(err)
+			}
+			// Only berth's spans: a library tracing through the global
+			// provider (the Docker client) exports nothing.
+			if _, lib := otel.Tracer("a-library").Start(context.Background(), "lib"); lib.IsRecording() || !tracing.On() {
+				t.Errorf("the global provider records (%v), or tracing is not on (%v)", lib.IsRecording(), tracing.On())
 			}
 			ctx, root := tracing.Tracer().Start(context.Background(), "root")
 			tp := tracing.Traceparent(ctx)

@@ -63,6 +63,11 @@ type Policy struct {
 	// (budget.go). ReadOnly is [agents.egress] mode = "read-only".
 	Allowance *egresspolicy.Allowance
 	ReadOnly  bool
+	// Traceparent is the run's W3C trace context, sent on every provider
+	// call when [tracing] provider_traceparent is on ("": never; a
+	// traceparent the sandbox sent is dropped as every header not on the
+	// allow-list is).
+	Traceparent string
 }
 
 type wireProvider struct {
@@ -93,11 +98,12 @@ type wirePolicy struct {
 	Apps      []wireGitHubApp         `json:"github_apps,omitempty"`
 	Allowance *egresspolicy.Allowance `json:"allowance,omitempty"`
 	ReadOnly  bool                    `json:"read_only,omitempty"`
+	TraceCtx  string                  `json:"traceparent,omitempty"`
 }
 
 // MarshalJSON writes the policy with its keys, for the proxy's stdin only.
 func (p Policy) MarshalJSON() ([]byte, error) {
-	w := wirePolicy{RunID: p.RunID, Agent: p.Agent, Token: p.Token, AgentTok: p.AgentToken, Allow: p.Allow, CA: p.CA, Git: p.Git, Allowance: p.Allowance, ReadOnly: p.ReadOnly}
+	w := wirePolicy{RunID: p.RunID, Agent: p.Agent, Token: p.Token, AgentTok: p.AgentToken, Allow: p.Allow, CA: p.CA, Git: p.Git, Allowance: p.Allowance, ReadOnly: p.ReadOnly, TraceCtx: p.Traceparent}
 	for _, a := range p.GitHubApps {
 		w.Apps = append(w.Apps, wireGitHubApp{GitHubApp: a, PrivateKey: a.PrivateKey})
 	}
@@ -116,7 +122,7 @@ func (p *Policy) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &w); err != nil {
 		return err
 	}
-	*p = Policy{RunID: w.RunID, Agent: w.Agent, Token: w.Token, AgentToken: w.AgentTok, Allow: w.Allow, CA: w.CA, Git: w.Git, Allowance: w.Allowance, ReadOnly: w.ReadOnly}
+	*p = Policy{RunID: w.RunID, Agent: w.Agent, Token: w.Token, AgentToken: w.AgentTok, Allow: w.Allow, CA: w.CA, Git: w.Git, Allowance: w.Allowance, ReadOnly: w.ReadOnly, Traceparent: w.TraceCtx}
 	for _, a := range w.Apps {
 		a.GitHubApp.PrivateKey = a.PrivateKey
 		p.GitHubApps = append(p.GitHubApps, a.GitHubApp)
@@ -735,6 +741,9 @@ func (s *Server) provider(w http.ResponseWriter, r *http.Request, d egresspolicy
 		return
 	}
 	out.Header = egresspolicy.ProviderHeaders(*p, r.Header)
+	if s.pol.Traceparent != "" {
+		out.Header.Set("Traceparent", s.pol.Traceparent)
+	}
 	out.ContentLength = int64(len(body))
 	if body == nil {
 		out.Body = http.NoBody

@@ -14,7 +14,10 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/codes"
+
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/tracing"
 	"github.com/berth-dev/berth/services/intake/connector"
 )
 
@@ -102,6 +105,8 @@ func (s *Service) replyFrom(in busapi.Reply) (outboxEntry, error) {
 		RunState:  in.State,
 		Text:      in.Text,
 		Error:     in.Error,
+
+		Traceparent: validTraceparent(in.Traceparent),
 	}
 	m, found, err := s.store.message(r.Connector, r.MessageID)
 	if err != nil {
@@ -170,11 +175,16 @@ func (s *Service) deliverConnector(ctx context.Context, connectorID string) (tim
 // any other error after a capped back-off. It reports when to retry.
 func (s *Service) deliver(ctx context.Context, r outboxEntry) (time.Time, bool) {
 	log := s.log.With("connector", r.Connector, "message_id", r.MessageID, "run_id", r.RunID, "agent", r.Agent)
+	ctx, span := startDeliver(ctx, r)
 	err := s.send(ctx, r)
 	if errors.Is(err, errNoReplyURL) {
 		log.Warn("connector has no reply_url; its replies are dropped")
 		err = nil
 	}
+	if err != nil {
+		span.SetStatus(codes.Error, "the reply was not sent")
+	}
+	span.End()
 	now := s.clock.Now()
 	if err != nil && connector.IsPermanent(err) {
 		if serr := s.store.markFailed(r.RunID, err.Error(), now); serr != nil {
@@ -297,6 +307,9 @@ func (s *Service) post(ctx context.Context, r outboxEntry) error {
 	// At-least-once: a retry after a lost answer or a crash posts the same
 	// reply again with the same key, and the receiver drops the repeat.
 	req.Header.Set("Idempotency-Key", r.RunID)
+	if tp := tracing.Traceparent(ctx); tp != "" {
+		req.Header.Set("Traceparent", tp) // the send's span, for the receiver's trace
+	}
 	SetSignature(req.Header, secret, s.clock.Now(), body)
 	resp, err := s.httpClient.Do(req)
 	if err != nil {

@@ -35,6 +35,10 @@ type BatchSubmitter interface {
 // it: the messages go one Submit at a time.
 var errBatchUnsupported = errors.New("the scheduler has no SubmitBatch")
 
+// errBatchShort marks the hand-off span of a message a SubmitBatch answer
+// had no result for.
+var errBatchShort = errors.New("the scheduler's answer has no result for the message")
+
 // BusSubmitter calls dev.berth.Scheduler1.Submit and SubmitBatch over D-Bus.
 // Auto-start is allowed: the call starts the scheduler when it is not
 // running.
@@ -401,14 +405,26 @@ func (s *Service) forwardBatch(ctx context.Context, sub Submitter, msgs []inboxE
 	bs, canBatch := sub.(BatchSubmitter)
 	if canBatch && len(msgs) > 1 && !lane.batchesOff(s.clock.Now()) {
 		subs := make([]busapi.Submission, len(msgs))
+		spans := make([]handoff, len(msgs))
 		for i, m := range msgs {
-			subs[i] = submission(m)
+			spans[i] = startHandoff(ctx, m, lane.attempts(m.Key())+1)
+			subs[i] = spans[i].sub
 		}
 		// Not cut short by shutdown: a finished call is recorded instead of
 		// repeated after the restart.
 		callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callTimeout)
 		runIDs, errs, err := bs.SubmitBatch(callCtx, subs)
 		cancel()
+		for i, h := range spans {
+			switch {
+			case err != nil:
+				h.end("", err)
+			case i < len(runIDs) && i < len(errs):
+				h.end(runIDs[i], errs[i])
+			default:
+				h.end("", errBatchShort)
+			}
+		}
 		switch {
 		case err == nil:
 			mustWait := false
@@ -496,7 +512,9 @@ func (s *Service) forward(ctx context.Context, sub Submitter, m inboxEntry, lane
 	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callTimeout)
 	defer cancel()
 	attempts := lane.attempts(m.Key()) + 1
-	runID, err := sub.Submit(callCtx, submission(m))
+	h := startHandoff(ctx, m, attempts)
+	runID, err := sub.Submit(callCtx, h.sub)
+	h.end(runID, err)
 	return s.record(m, lane, attempts, runID, err)
 }
 

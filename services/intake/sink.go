@@ -23,6 +23,8 @@ import (
 // server_id, then the connector's default agent, then [intake] default_agent.
 func (s *Service) Accept(ctx context.Context, m connector.Message) error {
 	log := s.log.With("connector", m.Connector, "message_id", m.ID)
+	ctx, span := startReceive(ctx, m.Connector, "")
+	defer span.End()
 	r, ok := s.connectorByID(m.Connector)
 	if !ok {
 		log.Warn("message from a connector that is not configured dropped")
@@ -69,7 +71,8 @@ func (s *Service) Accept(ctx context.Context, m connector.Message) error {
 		Agent:       agent,
 		ReceivedAt:  s.clock.Now().UTC(),
 	}
-	return s.keep(log.With("agent", agent), entry)
+	log = log.With("agent", agent)
+	return s.keepTraced(ctx, func(e inboxEntry) error { return s.keep(log, e) }, entry)
 }
 
 // keep stores an accepted message (fsynced) and wakes its connector's

@@ -59,6 +59,9 @@ type inboxEntry struct {
 	// ProgressMessage is the platform id of the run's progress message
 	// (progress.go), deleted once the reply is posted.
 	ProgressMessage string `json:"progress_message,omitempty"`
+	// Traceparent is the W3C trace context of the message's store span,
+	// the parent of its hand-offs (tracing.go); "" when not traced.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // Key is the message's inbox key and the scheduler's idempotency key.
@@ -88,6 +91,9 @@ type outboxEntry struct {
 	DeliveredAt time.Time `json:"delivered_at,omitzero"`
 	DoneAt      time.Time `json:"done_at,omitzero"`
 	Seq         uint64    `json:"seq"`
+	// Traceparent is the W3C trace context of the scheduler's delivery
+	// span, the parent of each send's span (tracing.go); "" when not traced.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // migrations are applied in order to databases older than their version.

@@ -92,6 +92,8 @@ func (s *Service) serveConnector(w http.ResponseWriter, r *http.Request) {
 func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 	connectorID := r.PathValue("connector")
 	log := s.log.With("connector", connectorID)
+	w, ctx, endSpan := traceReceive(w, r, connectorID)
+	defer endSpan()
 
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
@@ -182,7 +184,7 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 			wc.noteEvent(s.clock.Now())
 		}
 	}
-	if err := s.keep(log, m); err != nil {
+	if err := s.keepTraced(ctx, func(m inboxEntry) error { return s.keep(log, m) }, m); err != nil {
 		s.refuseUnstored(w, log, connectorID, err)
 		return
 	}

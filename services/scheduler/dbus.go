@@ -353,6 +353,7 @@ func (r Run) BusRun() busapi.Run {
 		SandboxNote:       r.SandboxNote,
 		Model:             r.Model,
 		MaxRuntimeSeconds: r.MaxRuntimeSeconds,
+		TraceID:           r.TraceID,
 	}
 }
 

@@ -8,11 +8,13 @@ import (
 
 	"github.com/godbus/dbus/v5"
 	bolt "go.etcd.io/bbolt"
+	"go.opentelemetry.io/otel/codes"
 
 	"github.com/berth-dev/berth/internal/boltstore"
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/schedules"
+	"github.com/berth-dev/berth/internal/tracing"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -189,7 +191,14 @@ func (s *Service) deliver(ctx context.Context, id string, rt *retry) (err, store
 	quiet := quietHeartbeat(r)
 	if r.Connector != "" && !quiet {
 		dctx, cancel := context.WithTimeout(ctx, deliverTimeout)
-		err = s.opts.Deliverer.Deliver(dctx, ReplyOf(r))
+		dctx, span := tracing.Tracer().Start(traced(dctx, r), spanDeliver, runAttrs(r))
+		reply := ReplyOf(r)
+		reply.Traceparent = tracing.Traceparent(dctx)
+		err = s.opts.Deliverer.Deliver(dctx, reply)
+		if err != nil {
+			span.SetStatus(codes.Error, "intake did not take the reply")
+		}
+		span.End()
 		cancel()
 		switch {
 		case err == nil:

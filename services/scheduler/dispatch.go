@@ -162,7 +162,9 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 	var backend string
 	var runErr error
 	claim := s.sandboxes.claimOf(r.ID)
-	runCtx, endProgress := s.relayRunProgress(ctx, r)
+	spanCtx, runSpan := startRunSpans(ctx, r)
+	started := time.Now()
+	runCtx, endProgress := s.relayRunProgress(spanCtx, r)
 	if claim != nil {
 		res, backend, runErr = s.runInSandbox(runCtx, r, cfg, claim)
 	} else {
@@ -240,6 +242,7 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 		final = cur
 		return putRun(tx, cur)
 	})
+	endRunSpan(spanCtx, runSpan, started, res, runErr, final.State)
 	s.mu.Lock()
 	delete(s.active, r.ID)
 	s.mu.Unlock()
@@ -251,13 +254,13 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 	case err != nil:
 		// The record still says running: the next start reconciles it. The
 		// store failing is the end of this process's work.
-		s.log.Error("cannot record run outcome", "run_id", r.ID, "agent", r.Agent, "err", err)
+		s.runLog(r).Error("cannot record run outcome", "err", err)
 		s.fail(fmt.Errorf("cannot record the outcome of run %s: %w", r.ID, err))
 	default:
 		if historyErr != nil {
-			s.log.Error("cannot record the run in its conversation history", "run_id", final.ID, "agent", final.Agent, "err", historyErr)
+			s.runLog(r).Error("cannot record the run in its conversation history", "err", historyErr)
 		}
-		s.log.Info("run ended", "run_id", r.ID, "agent", r.Agent, "backend", final.Backend, "state", final.State, "reason", final.Reason)
+		s.runLog(r).Info("run ended", "backend", final.Backend, "state", final.State, "reason", final.Reason)
 		s.countEnded(final, res)
 		if Finished(final.State) {
 			s.emitFinished(final)

@@ -5,11 +5,14 @@ import (
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/internal/runprep"
+	"github.com/berth-dev/berth/internal/tracing"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -19,10 +22,17 @@ import (
 func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res isolation.Result, backend string, err error) {
 	// What the run's proxy may spend, and who counts its calls (usage.go).
 	sp, spending := s.beginSpend(cfg, r.Agent)
-	prep, err := s.prep.Prepare(ctx, runprep.Input{Config: cfg, Agent: r.Agent, RunID: r.ID, Attempt: r.Attempt, Overrides: r.overrides(), Spending: spending})
+	planCtx, planSpan := tracing.Tracer().Start(ctx, spanPlan)
+	prep, err := s.prep.Prepare(planCtx, runprep.Input{Config: cfg, Agent: r.Agent, RunID: r.ID, Attempt: r.Attempt, Overrides: r.overrides(), Spending: spending,
+		Traceparent: tracing.Traceparent(ctx)})
 	if prep != nil {
 		backend = prep.Backend.Name()
+		planSpan.SetAttributes(attribute.String("berth.backend", backend))
 	}
+	if err != nil {
+		planSpan.SetStatus(codes.Error, failReason(err))
+	}
+	planSpan.End()
 	if err != nil {
 		s.endSpend(sp)
 		return res, backend, err
@@ -36,7 +46,9 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		res.Usage = rec.Usage
 	}()
 	req, refusedMCP := s.runRequest(r, prep.Agent, prep.Plan)
+	started := sandboxStart(ctx)
 	spec := prep.Spec(req, func(handle string) error {
+		started(nil)
 		s.hold(ctx, HoldBeforeHandle, r)
 		if err := s.saveHandle(r.ID, backend, handle); err != nil {
 			return err
@@ -45,6 +57,7 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		return nil
 	})
 	res, err = prep.Backend.Run(ctx, spec)
+	started(err)
 	res.Response.MCP = append(refusedMCP, res.Response.MCP...)
 	return res, backend, err
 }

@@ -337,7 +337,10 @@ func (s *Service) runInSandbox(ctx context.Context, r Run, cfg *config.Config, c
 	backend = sb.backend
 	s.sandboxes.mu.Unlock()
 	if kept == nil {
-		if backend, err = s.startSandbox(ctx, r, cfg, sb); err != nil {
+		started := sandboxStart(ctx)
+		backend, err = s.startSandbox(ctx, r, cfg, sb)
+		started(err)
+		if err != nil {
 			s.sandboxes.remove(sb)
 			s.sandboxes.mu.Lock()
 			sb.busy = false

@@ -410,7 +410,7 @@ func (s *Service) Submit(msg busapi.Submission) (string, error) {
 		return "", refused
 	}
 	if created {
-		s.log.Info("run queued", "run_id", r.ID, "agent", r.Agent, "message_id", r.MessageID, "connector", r.Connector)
+		s.runLog(r).Info("run queued", "message_id", r.MessageID, "connector", r.Connector)
 		s.emitStateChanged(r)
 		s.publishCounts()
 		wake(s.wakeDispatch)

@@ -115,6 +115,12 @@ type Run struct {
 	// Usage is what the run's provider calls spent, as its egress proxy
 	// read it (usage.go); nil without calls.
 	Usage *egresspolicy.Usage `json:"usage,omitempty"`
+
+	// Traceparent is the W3C trace context of the message's hand-off, the
+	// parent of the run's spans (tracing.go), empty for a message that was
+	// not traced; TraceID its trace when it is sampled (exported).
+	Traceparent string `json:"traceparent,omitempty"`
+	TraceID     string `json:"trace_id,omitempty"`
 }
 
 // Summary is what ListRuns returns of a run, stored in summaries/ so that a

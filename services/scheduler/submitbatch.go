@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/tracing"
 )
 
 // MaxBatch is the most messages one SubmitBatch takes (the interface XML
@@ -85,7 +86,7 @@ func (s *Service) SubmitBatch(msgs []busapi.Submission) ([]string, []error, erro
 			continue
 		}
 		queued = true
-		s.log.Info("run queued", "run_id", r.ID, "agent", r.Agent, "message_id", r.MessageID, "connector", r.Connector)
+		s.runLog(r).Info("run queued", "message_id", r.MessageID, "connector", r.Connector)
 		s.emitStateChanged(r)
 	}
 	if queued {
@@ -143,6 +144,8 @@ func (s *Service) queueMessage(tx *bolt.Tx, msg busapi.Submission, known []strin
 		Author:      cleanText(msg.Author),
 		Text:        cleanText(msg.Text),
 		State:       StateQueued,
+		Traceparent: traceparentOf(msg.Traceparent),
+		TraceID:     tracing.SampledTraceID(msg.Traceparent),
 		CreatedAt:   now,
 		Seq:         seq,
 	}
