@@ -129,7 +129,8 @@ func (b *Backend) acquire(ctx context.Context, l *lease) error {
 
 func (b *Backend) lock(l *lease) *resourcelock.LeaseLock {
 	return &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Namespace: l.ns, Name: l.name, Labels: map[string]string{LabelLease: labelValue(l.agent)}},
+		LeaseMeta:  metav1.ObjectMeta{Namespace: l.ns, Name: l.name},
+		Labels:     map[string]string{LabelLease: labelValue(l.agent)},
 		Client:     b.cs.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: b.Identity()},
 	}
