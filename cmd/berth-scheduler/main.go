@@ -93,7 +93,10 @@ func backends(env daemon.Env, allUnrestricted bool) map[string]isolation.Backend
 	if usesKubernetes(env.Config) {
 		k := env.Config.Kubernetes
 		host, _, _ := net.SplitHostPort(k.ProxyListen)
-		if kb, err := kube.New(kube.Options{Kubeconfig: k.Kubeconfig, Instance: env.StateDir, Namespace: k.Namespaced(), ProxyHost: host, Logger: log}); err != nil {
+		hostID, err := kube.HostID(k.HostID) // ADR 28: no identity, no backend
+		if err != nil {
+			log.Warn("kubernetes isolation is not available", "err", err)
+		} else if kb, err := kube.New(kube.Options{Kubeconfig: k.Kubeconfig, Instance: env.StateDir, HostID: hostID, Namespace: k.Namespaced(), ProxyHost: host, Logger: log}); err != nil {
 			log.Warn("kubernetes isolation is not available", "err", err)
 		} else {
 			bs[kube.Name] = kb

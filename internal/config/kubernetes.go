@@ -53,6 +53,11 @@ type Kubernetes struct {
 	// EgressVerifiedBy is EgressVerifiedByProbe (default) or
 	// EgressVerifiedByAdmin.
 	EgressVerifiedBy string `toml:"egress_verified_by" berth:"check=kubeEgressVerifiedBy"`
+	// HostID names this berth host among those sharing the cluster
+	// (ADR 28): its pods carry it as the berth.host label, its sweep and
+	// kills touch only pods with it, and it is the holder of the agents'
+	// leases. "" is /etc/machine-id.
+	HostID string `toml:"host_id" berth:"check=kubeHostID"`
 }
 
 // KubeToleration is one [[kubernetes.tolerations]].
@@ -84,6 +89,12 @@ var (
 		"kubeName": func(s string) string {
 			if !kubeNamePattern.MatchString(s) {
 				return fmt.Sprintf("%q is not a Kubernetes name: 1 to 63 lowercase letters, digits or '-', starting and ending with a letter or digit", s)
+			}
+			return ""
+		},
+		"kubeHostID": func(s string) string {
+			if s == "" || !kubeLabelValue.MatchString(s) {
+				return fmt.Sprintf("%q is not a Kubernetes label value: 1 to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit", s)
 			}
 			return ""
 		},

@@ -98,6 +98,12 @@ type Options struct {
 	// Instance names the scheduler that owns the pods (its state
 	// directory); Sweep only removes pods of the same instance.
 	Instance string
+	// HostID names this berth host among those sharing the cluster
+	// ([kubernetes] host_id, ADR 28; see HostID): its pods carry it as
+	// LabelHost, Sweep and Kill touch no pod without it, and runs start
+	// only while it holds the agent's Lease. "" is a backend alone on its
+	// cluster: no label, no lease.
+	HostID string
 	// Namespace is swept at start; runs use their plan's namespace (the
 	// same one unless the config changed since).
 	Namespace string
@@ -118,6 +124,7 @@ type Backend struct {
 	cs          kubernetes.Interface
 	rest        *rest.Config
 	instance    string
+	host        string // berth.host of its pods, "" for none (ADR 28)
 	namespace   string
 	proxyHost   string
 	apiTimeout  time.Duration
@@ -134,6 +141,7 @@ type Backend struct {
 	drained    bool
 
 	removals sync.WaitGroup
+	leases   leases // lease.go
 }
 
 var _ isolation.Backend = (*Backend)(nil)
@@ -167,8 +175,11 @@ func New(opts Options) (*Backend, error) {
 	if opts.Namespace == "" {
 		opts.Namespace = "default"
 	}
+	if opts.HostID != "" && labelValue(opts.HostID) != opts.HostID {
+		return nil, fmt.Errorf("host id %q is not a Kubernetes label value ([kubernetes] host_id)", opts.HostID)
+	}
 	b := &Backend{
-		cs: cs, rest: cfg, instance: InstanceLabel(opts.Instance), namespace: opts.Namespace, proxyHost: opts.ProxyHost,
+		cs: cs, rest: cfg, instance: instanceOf(opts.HostID, opts.Instance), host: opts.HostID, namespace: opts.Namespace, proxyHost: opts.ProxyHost,
 		apiTimeout: opts.APITimeout, start: opts.StartTimeout, unreachable: opts.Unreachable, log: opts.Logger,
 		namespaces: map[string]bool{opts.Namespace: true}, verified: map[string]bool{}, policies: map[string]string{},
 		owned: map[string]bool{}, pools: map[string]*pool{},
@@ -412,8 +423,11 @@ func podName(what string) string {
 // startRun is the StartFunc of kubernetes runs.
 func (b *Backend) startRun(ctx context.Context, spec isolation.Spec, input []byte, stdout, stderr io.Writer) (isolation.Sandbox, error) {
 	began := time.Now()
-	pod, hash, err := PodFor(spec.Plan, b.instance)
+	pod, hash, err := b.podFor(spec.Plan)
 	if err != nil {
+		return nil, err
+	}
+	if err := b.claim(ctx, spec.Plan); err != nil { // hosts.go, ADR 28
 		return nil, err
 	}
 	if err := b.ready(ctx, spec.Plan); err != nil {
@@ -829,7 +843,7 @@ func (b *Backend) Kill(ctx context.Context, handle string) error {
 	if !ok || !ok2 || ns == "" || name == "" {
 		return fmt.Errorf("cannot parse handle %q: want %s<namespace>/<pod>", handle, handlePrefix)
 	}
-	return b.deletePod(ns, name)
+	return b.killOwn(ctx, ns, name) // hosts.go: never another host's pod
 }
 
 // Sweep deletes this instance's pods whose run and attempt live does not
@@ -846,7 +860,7 @@ func (b *Backend) Sweep(ctx context.Context, live func(runID string, attempt int
 	var errs []error
 	for _, ns := range namespaces {
 		listCtx, cancel := b.call(ctx)
-		list, err := b.cs.CoreV1().Pods(ns).List(listCtx, metav1.ListOptions{LabelSelector: LabelInstance + "=" + b.instance})
+		list, err := b.cs.CoreV1().Pods(ns).List(listCtx, metav1.ListOptions{LabelSelector: b.ownSelector()})
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("cannot list the pods of namespace %s: %w", ns, err))
@@ -879,7 +893,11 @@ func (b *Backend) Sweep(ctx context.Context, live func(runID string, attempt int
 
 // Explain says how a plan's pod is confined, for `berthctl sandbox explain`.
 func (b *Backend) Explain(p isolation.Plan) isolation.Confinement {
-	return Explain(p, b.apiTimeout)
+	c := Explain(p, b.apiTimeout)
+	if l := b.explainLease(p); l != "" {
+		c.Holds = append(c.Holds, l)
+	}
+	return c
 }
 
 // Explain is Backend.Explain for an API deadline.

@@ -54,8 +54,8 @@ func (b *Backend) Warm(specs []isolation.Spec) {
 	}
 }
 
-// Drain stops every pool, deletes its waiting pods and waits for the
-// deletions of finished runs' pods.
+// Drain stops every pool, deletes its waiting pods, waits for the
+// deletions of finished runs' pods and releases the agents' leases.
 func (b *Backend) Drain(ctx context.Context) error {
 	b.mu.Lock()
 	pools := b.pools
@@ -72,7 +72,7 @@ func (b *Backend) Drain(ctx context.Context) error {
 	}()
 	select {
 	case <-done:
-		return nil
+		return b.ReleaseLeases(ctx) // lease.go: another host may serve the agents now
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
@@ -171,7 +171,7 @@ func (b *Backend) fillOnce(pl *pool) error {
 	b.mu.Lock()
 	spec := pl.spec
 	b.mu.Unlock()
-	pod, hash, err := PodFor(spec.Plan, b.instance)
+	pod, hash, err := b.podFor(spec.Plan)
 	if err != nil {
 		return err
 	}

@@ -45,7 +45,7 @@ func (s *Service) startSchedules(cfg *config.Config) error {
 		// missed while the scheduler was not running; under systemd the
 		// timer does (Persistent=true).
 		CatchUp: s.opts.ScheduleTimers == nil && !s.opts.noScheduleCatchUp,
-		Logger: s.log,
+		Logger:  s.log,
 	}
 	if !s.opts.noScheduleFollow {
 		opts.Follow = s.followScheduledRun
