@@ -41,12 +41,28 @@ func kubePlan(c *compiled, cfg *config.Config, a config.Agent) {
 		EgressVerifiedBy: k.VerifiedBy(),
 		Warm:             k.WarmPods(),
 	}
+	if k.WorkspaceMode() == config.KubeWorkspacePVC {
+		p.Kube.Workspace = isolation.KubeWorkspacePVC
+		p.Kube.StorageClass = k.StorageClass
+		p.Kube.WorkspaceSize = int64(k.ClaimSize(a.WorkspaceQuota))
+		p.Kube.AccessMode = k.AccessMode()
+	}
 	c.why["backend"] = "kubernetes — backend = \"kubernetes\": a fresh pod per message in the [kubernetes] cluster (" + k.String() + "), deleted afterwards; the request reaches berth-agent on its stdin over pods/attach"
 	c.why["limits"] = fmt.Sprintf("memory %s and 1 CPU as the pod's requests and limits (container_mode.memory_limit); /tmp a memory emptyDir of %s; no per-pod process limit exists in Kubernetes",
 		isolation.FormatBytes(p.Limits.MemoryBytes), isolation.FormatBytes(DefaultTmpfs))
 	c.why["network"] = "none but berth's egress router at " + k.ProxyListen + ": a NetworkPolicy per namespace allows only it, and " + verifiedWhy(k.VerifiedBy())
 	c.why["policy"] = "inside the pod berth-agent confines itself with Landlock: /workspace and /tmp read-write, the system set read-only"
-	c.why["mounts"] = "the workspace at /workspace is an emptyDir of the pod (it does not persist between messages); read-only root, no capabilities, no privilege escalation, seccomp RuntimeDefault, no service account token"
+	hardening := "read-only root, no capabilities, no privilege escalation, seccomp RuntimeDefault, no service account token"
+	if p.Kube.Workspace == isolation.KubeWorkspacePVC {
+		class := "the cluster's default storage class"
+		if k.StorageClass != "" {
+			class = "storage class " + k.StorageClass
+		}
+		c.why["mounts"] = fmt.Sprintf("the workspace at /workspace is the agent's own PersistentVolumeClaim ([kubernetes] workspace = \"pvc\": %s, %s, %s; created if missing, never deleted by berth), so it persists between messages; no other agent's pod mounts it; %s",
+			class, isolation.FormatBytes(p.Kube.WorkspaceSize), p.Kube.AccessMode, hardening)
+	} else {
+		c.why["mounts"] = "the workspace at /workspace is an emptyDir of the pod (it does not persist between messages; [kubernetes] workspace = \"pvc\" keeps it); " + hardening
+	}
 	if image != "" {
 		c.why["image"] = image + " (container_mode.image or [agents.image_config] image; the nodes must have it or pull it: imagePullPolicy " + k.PullPolicy() + ")"
 	} else {

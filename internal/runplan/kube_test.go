@@ -73,3 +73,42 @@ hosts = ["example.com"]
 		t.Fatalf("Compile = %v, want the secret refused on kubernetes", err)
 	}
 }
+
+// With [kubernetes] workspace = "pvc" the plan names the agent's claim's
+// class, size (the agent's workspace_quota unless workspace_size is set)
+// and access mode, and explain says the workspace persists; without it the
+// workspace is an emptyDir and explain says it does not.
+func TestKubernetesPlanCarriesTheWorkspaceClaim(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, extra string
+		want        isolation.KubePlan
+		why         string
+	}{
+		{"emptyDir by default", "", isolation.KubePlan{}, "does not persist"},
+		{"a claim of the agent's quota", "workspace = \"pvc\"\nstorage_class = \"fast.ssd\"\n",
+			isolation.KubePlan{Workspace: "pvc", StorageClass: "fast.ssd", WorkspaceSize: 1 << 30, AccessMode: "ReadWriteOnce"}, "persists between messages"},
+		{"a claim of workspace_size", "workspace = \"pvc\"\nworkspace_size = \"2g\"\nworkspace_access_mode = \"ReadWriteMany\"\n",
+			isolation.KubePlan{Workspace: "pvc", WorkspaceSize: 2 << 30, AccessMode: "ReadWriteMany"}, "the cluster's default storage class"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig(t, strings.Replace(kubeConfig, "warm = 1\n", "warm = 1\n"+tc.extra, 1))
+			p, err := runplan.Compile(cfg, "podded", "r1", facts(t, map[string]string{"CLOUD_KEY": secret}))
+			if err != nil {
+				t.Fatalf("Compile: %v", err)
+			}
+			k := p.Kube
+			if k.Workspace != tc.want.Workspace || k.StorageClass != tc.want.StorageClass || k.WorkspaceSize != tc.want.WorkspaceSize || k.AccessMode != tc.want.AccessMode {
+				t.Errorf("kube plan workspace %q class %q size %d mode %q, want %+v", k.Workspace, k.StorageClass, k.WorkspaceSize, k.AccessMode, tc.want)
+			}
+			ex, err := runplan.Explain(cfg, "podded", facts(t, map[string]string{"CLOUD_KEY": secret}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(ex.Why["mounts"], tc.why) {
+				t.Errorf("why[mounts] = %q, want it to say %q", ex.Why["mounts"], tc.why)
+			}
+		})
+	}
+}
