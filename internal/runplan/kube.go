@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"path"
 	"slices"
 	"strconv"
 
@@ -89,8 +90,8 @@ func verifiedWhy(by string) string {
 
 // kubeEgress points a kubernetes run's agent at berth's egress router
 // instead of a socket it cannot reach: the router hands each connection to
-// the run's own proxy by its token. What needs a file in the pod (the CA of
-// [[egress.secrets]] and git rules) is refused for now.
+// the run's own proxy by its token. The CA of [[egress.secrets]], git rules
+// and read-only egress reaches the pod as a ConfigMap.
 func kubeEgress(c *compiled, cfg *config.Config, e *isolation.EgressPlan) {
 	addr := cfg.Kubernetes.ProxyListen
 	_, portStr, err := net.SplitHostPort(addr)
@@ -101,9 +102,12 @@ func kubeEgress(c *compiled, cfg *config.Config, e *isolation.EgressPlan) {
 	}
 	e.SandboxSocket = isolation.KubeEgressSocketPrefix + addr
 	c.plan.Policy.ConnectPorts = append(slices.Clone(c.plan.Policy.ConnectPorts), uint16(port))
-	if len(e.Secrets) > 0 || len(e.Git) > 0 || e.CABundle != "" {
-		c.problems = append(c.problems, isolation.Errorf(isolation.ReasonStart,
-			"agent %q runs on kubernetes, whose pods cannot have the run's CA bundle yet: [[egress.secrets]] and git rules are not available there; use another backend for this agent", c.plan.AgentID))
+	if e.CABundle != "" {
+		// The backend puts the CA's certificate (never its key) in a
+		// ConfigMap of the pod, mounted read-only there (isolation/kube/ca.go).
+		e.SandboxCABundle = path.Join(isolation.SandboxEgressDir, isolation.EgressCABundleName)
+		c.plan.Policy.AllowRead = append(slices.Clone(c.plan.Policy.AllowRead), e.SandboxCABundle)
+		c.why["egress_ca"] = "the run's egress CA certificate (its key stays with berth-egress on this host) in a ConfigMap owned by the pod, mounted read-only at " + e.SandboxCABundle
 	}
 	c.why["egress_route"] = fmt.Sprintf("berth-agent in the pod relays to berth's egress router at %s (Proxy-Authorization with the run's token picks the run's own proxy; another pod's token is another run's, and no token is refused)", addr)
 }

@@ -1,6 +1,7 @@
 package runplan_test
 
 import (
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -59,8 +60,10 @@ func TestKubernetesPlanRoutesEgressThroughTheRouterAndPlacesThePod(t *testing.T)
 	}
 }
 
-// What needs the run's CA in the pod is refused before anything starts.
-func TestKubernetesPlanRefusesSecretsItCannotServe(t *testing.T) {
+// A kubernetes run with [[egress.secrets]] gets the run's CA where its pod
+// mounts it (isolation/kube's ConfigMap), readable under its Landlock; the
+// secret's value is nowhere in the plan the pod is made from.
+func TestKubernetesPlanGivesThePodTheRunsCA(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t, kubeConfig+`
 [[egress.secrets]]
@@ -68,9 +71,17 @@ name = "api"
 env = "API_TOKEN"
 hosts = ["example.com"]
 `)
-	_, err := runplan.Compile(cfg, "podded", "r1", facts(t, map[string]string{"CLOUD_KEY": secret, "API_TOKEN": "t0ken-value"}))
-	if err == nil || !strings.Contains(err.Error(), "[[egress.secrets]] and git rules are not available there") {
-		t.Fatalf("Compile = %v, want the secret refused on kubernetes", err)
+	p, err := runplan.Compile(cfg, "podded", "r1", facts(t, map[string]string{"CLOUD_KEY": secret, "API_TOKEN": "t0ken-value"}))
+	if err != nil {
+		t.Fatalf("Compile: %v", err)
+	}
+	e := p.Egress
+	if e == nil || e.CABundle == "" || e.SandboxCABundle != "/run/berth-egress/ca.pem" || !slices.Contains(p.Policy.AllowRead, e.SandboxCABundle) {
+		t.Fatalf("egress %+v, allow_read %v: want the CA at /run/berth-egress/ca.pem, readable", e, p.Policy.AllowRead)
+	}
+	data, _ := json.Marshal(p.Kube)
+	if strings.Contains(string(data), "t0ken-value") {
+		t.Errorf("the secret is in the pod's placement: %s", data)
 	}
 }
 

@@ -369,6 +369,7 @@ func PodFor(p isolation.Plan, instance string) (pod *corev1.Pod, hash string, er
 			},
 		},
 	}
+	caVolumeFor(pod, p)
 	if usesClaim(p) {
 		// A volume that supports it is made the group's: the run user
 		// writes a fresh claim the provisioner made root's.
@@ -449,13 +450,21 @@ func (b *Backend) createAndWait(ctx context.Context, pod *corev1.Pod, p isolatio
 	if err := b.ensureClaim(ctx, p); err != nil {
 		return nil, err
 	}
+	certs, err := readCA(p)
+	if err != nil {
+		return nil, err
+	}
 	// Not ctx: a create canceled halfway may still happen in the API
 	// server, and a pod whose name we never learnt... we know it: delete it.
 	createCtx, cancel := b.call(context.WithoutCancel(ctx))
-	_, err := b.cs.CoreV1().Pods(pod.Namespace).Create(createCtx, pod, metav1.CreateOptions{})
+	created, err := b.cs.CoreV1().Pods(pod.Namespace).Create(createCtx, pod, metav1.CreateOptions{})
 	cancel()
 	if err != nil {
 		return nil, b.apiError(fmt.Sprintf("create pod %s/%s", pod.Namespace, pod.Name), err)
+	}
+	if err := b.createCA(ctx, created, p, certs); err != nil {
+		b.deletePod(pod.Namespace, pod.Name)
+		return nil, err
 	}
 	s := newSession(b, pod.Namespace, pod.Name)
 	if err := b.waitRunning(ctx, s, p); err != nil {
@@ -926,6 +935,9 @@ func Explain(p isolation.Plan, apiTimeout time.Duration) isolation.Confinement {
 	}
 	if p.Egress != nil {
 		c.Holds = append(c.Holds, "the egress router on "+k.ProxyAddr+" hands each connection to the run's own egress proxy by its token (Proxy-Authorization); no provider key in the pod")
+	}
+	if usesCA(p) {
+		c.Holds = append(c.Holds, "the run's egress CA certificate (never its key, which stays with berth-egress on the berth host) in a ConfigMap owned by the pod, mounted read-only at "+p.Egress.SandboxCABundle)
 	}
 	if k.RuntimeClass == "" {
 		c.Missing = append(c.Missing, "a sandboxing runtime: the pod shares its node's kernel ([kubernetes] runtime_class unset)")
