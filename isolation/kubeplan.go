@@ -30,7 +30,21 @@ type KubePlan struct {
 	EgressVerifiedBy string `json:"egress_verified_by,omitempty"`
 	// Warm is how many started pods wait for this agent's requests.
 	Warm int `json:"warm,omitempty"`
+	// Workspace is where the pod's /workspace lives: "" an emptyDir that
+	// ends with the pod, KubeWorkspacePVC the agent's own
+	// PersistentVolumeClaim, created if missing and never deleted by berth
+	// (ADR 29).
+	Workspace string `json:"workspace,omitempty"`
+	// StorageClass is the claim's storageClassName ("" the cluster's
+	// default class); WorkspaceSize its request in bytes; AccessMode its
+	// access mode (ReadWriteOnce unless set).
+	StorageClass  string `json:"storage_class,omitempty"`
+	WorkspaceSize int64  `json:"workspace_size,omitempty"`
+	AccessMode    string `json:"access_mode,omitempty"`
 }
+
+// KubeWorkspacePVC is KubePlan.Workspace for a PersistentVolumeClaim per agent.
+const KubeWorkspacePVC = "pvc"
 
 // KubeToleration is one toleration of a run's pod.
 type KubeToleration struct {

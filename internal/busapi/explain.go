@@ -118,6 +118,11 @@ type KubePlan struct {
 	ProxyAddr        string            `json:"proxy_addr,omitempty"`
 	EgressVerifiedBy string            `json:"egress_verified_by,omitempty"`
 	Warm             int               `json:"warm,omitempty"`
+	// Workspace is "pvc" when /workspace is the agent's claim (ADR 29).
+	Workspace     string `json:"workspace,omitempty"`
+	StorageClass  string `json:"storage_class,omitempty"`
+	WorkspaceSize int64  `json:"workspace_size,omitempty"`
+	AccessMode    string `json:"access_mode,omitempty"`
 }
 
 // KubeToleration is one toleration of a run's pod.

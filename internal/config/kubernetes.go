@@ -58,6 +58,44 @@ type Kubernetes struct {
 	// kills touch only pods with it, and it is the holder of the agents'
 	// leases. "" is /etc/machine-id.
 	HostID string `toml:"host_id" berth:"check=kubeHostID"`
+	// Workspace is where a pod's /workspace lives: KubeWorkspaceEmptyDir
+	// (the default: it ends with the pod) or KubeWorkspacePVC (a
+	// PersistentVolumeClaim per agent, created if missing, never deleted
+	// by berth; ADR 29).
+	Workspace string `toml:"workspace" berth:"check=kubeWorkspace"`
+	// StorageClass is the claims' storageClassName ("" the cluster's
+	// default class).
+	StorageClass string `toml:"storage_class" berth:"check=kubeSubdomain"`
+	// WorkspaceSize is a new claim's request (default: the agent's
+	// workspace_quota, 1g if that is 0).
+	WorkspaceSize *Bytes `toml:"workspace_size" berth:"check=workspaceQuota"`
+	// WorkspaceAccessMode is a new claim's access mode (default
+	// ReadWriteOnce: the pods of one agent then share a node).
+	WorkspaceAccessMode string `toml:"workspace_access_mode" berth:"check=kubeAccessMode"`
+}
+
+// Where a kubernetes pod's /workspace lives ([kubernetes] workspace).
+const (
+	KubeWorkspaceEmptyDir = "emptydir"
+	KubeWorkspacePVC      = "pvc"
+)
+
+// WorkspaceMode is Workspace, defaulted.
+func (k Kubernetes) WorkspaceMode() string { return first(k.Workspace, KubeWorkspaceEmptyDir) }
+
+// AccessMode is WorkspaceAccessMode, defaulted.
+func (k Kubernetes) AccessMode() string { return first(k.WorkspaceAccessMode, "ReadWriteOnce") }
+
+// ClaimSize is WorkspaceSize, defaulted to quota (the agent's
+// workspace_quota), or 1g when that is 0.
+func (k Kubernetes) ClaimSize(quota Bytes) Bytes {
+	if k.WorkspaceSize != nil && *k.WorkspaceSize > 0 {
+		return *k.WorkspaceSize
+	}
+	if quota > 0 {
+		return quota
+	}
+	return 1 << 30
 }
 
 // KubeToleration is one [[kubernetes.tolerations]].
@@ -83,6 +121,7 @@ func (k Kubernetes) WarmPods() int { return firstSet(0, k.Warm) }
 var (
 	kubeNamePattern  = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 	kubeLabelKey     = regexp.MustCompile(`^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
+	kubeSubdomain    = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
 	kubeLabelValue   = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$`)
 	kubernetesChecks = map[string]any{
 		"backend": oneOf(BackendLocal, BackendKubernetes),
@@ -98,6 +137,14 @@ var (
 			}
 			return ""
 		},
+		"kubeSubdomain": func(s string) string {
+			if !kubeSubdomain.MatchString(s) {
+				return fmt.Sprintf("%q is not a Kubernetes object name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit", s)
+			}
+			return ""
+		},
+		"kubeWorkspace":          oneOf(KubeWorkspaceEmptyDir, KubeWorkspacePVC),
+		"kubeAccessMode":         oneOf("ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany"),
 		"kubePullPolicy":         oneOf("Never", "IfNotPresent", "Always"),
 		"kubeEgressVerifiedBy":   oneOf(EgressVerifiedByProbe, EgressVerifiedByAdmin),
 		"kubeTolerationOperator": oneOf("Equal", "Exists"),
@@ -132,9 +179,8 @@ func (t *tree) kubernetesAgents() []*entry[AgentSettings] {
 	return out
 }
 
-// kubernetesMerged checks what spans keys: node_selector's labels, the
-// router's address every kubernetes agent needs, and what the backend
-// does not do (conversation sandboxes).
+// kubernetesMerged checks what spans keys: node_selector's labels and the
+// router's address every kubernetes agent needs.
 func (t *tree) kubernetesMerged(c *checks) {
 	k := &t.v.Kubernetes
 	for _, key := range slices.Sorted(maps.Keys(k.NodeSelector)) {
@@ -157,18 +203,6 @@ func (t *tree) kubernetesMerged(c *checks) {
 		a := agents[0]
 		c.fail(where(a.at, a.self, "backend"), "agent %q runs on kubernetes, which needs [kubernetes] proxy_listen: the IP:port pods reach berth's egress router on", a.v.ID)
 	}
-	d := t.v.AgentDefaults
-	for _, a := range agents {
-		scope := first(a.v.Sandbox.Scope, d.v.Sandbox.Scope)
-		if scope != SandboxScopeConversation {
-			continue
-		}
-		at, self := a.at, a.self
-		if _, ok := a.at["sandbox.scope"]; !ok {
-			at, self = d.at, d.self
-		}
-		c.fail(where(at, self, "sandbox.scope"), "agent %q runs on kubernetes, which keeps no sandbox between messages yet: use scope \"message\" or another backend", a.v.ID)
-	}
 }
 
 // kubernetesWhy is the kubernetes settings of an agent for explanations.
@@ -186,6 +220,9 @@ func (k Kubernetes) String() string {
 	}
 	if k.ServiceAccount != "" {
 		fmt.Fprintf(&b, ", service account %s (token not mounted)", k.ServiceAccount)
+	}
+	if k.WorkspaceMode() == KubeWorkspacePVC {
+		fmt.Fprintf(&b, ", workspace a PersistentVolumeClaim per agent (%s, %s)", first(k.StorageClass, "the default storage class"), k.AccessMode())
 	}
 	return b.String()
 }

@@ -73,7 +73,10 @@ func TestKubernetesBadValuesNameFileLineAndKey(t *testing.T) {
 		{"A node selector value that is no label", "[kubernetes]\nnode_selector = { pool = \"a b\" }\n", `berth.toml:2: kubernetes.node_selector`},
 		{"Too many warm pods", "[kubernetes]\nwarm = 1000\n", "berth.toml:2: kubernetes.warm"},
 		{"A kubernetes agent without a router", agent, `berth.toml:3: agents[0].backend: agent "a" runs on kubernetes, which needs [kubernetes] proxy_listen`},
-		{"A conversation sandbox on kubernetes", "[kubernetes]\nproxy_listen = \"10.88.0.1:3129\"\n" + agent + "[agents.sandbox]\nscope = \"conversation\"\n", `berth.toml:7: agents[0].sandbox.scope: agent "a" runs on kubernetes, which keeps no sandbox between messages yet`},
+		{"An unknown workspace", "[kubernetes]\nworkspace = \"nfs\"\n", `berth.toml:2: kubernetes.workspace: "nfs" is not one of emptydir, pvc`},
+		{"An unknown access mode", "[kubernetes]\nworkspace_access_mode = \"ReadOnlyMany\"\n", `berth.toml:2: kubernetes.workspace_access_mode: "ReadOnlyMany" is not one of ReadWriteOnce, ReadWriteOncePod, ReadWriteMany`},
+		{"A storage class that is no name", "[kubernetes]\nstorage_class = \"Fast SSD\"\n", `berth.toml:2: kubernetes.storage_class: "Fast SSD" is not a Kubernetes object name`},
+		{"A workspace size that is no size", "[kubernetes]\nworkspace_size = \"lots\"\n", `berth.toml:2: kubernetes.workspace_size`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

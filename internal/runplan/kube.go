@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"path"
 	"slices"
 	"strconv"
 
@@ -41,12 +42,28 @@ func kubePlan(c *compiled, cfg *config.Config, a config.Agent) {
 		EgressVerifiedBy: k.VerifiedBy(),
 		Warm:             k.WarmPods(),
 	}
+	if k.WorkspaceMode() == config.KubeWorkspacePVC {
+		p.Kube.Workspace = isolation.KubeWorkspacePVC
+		p.Kube.StorageClass = k.StorageClass
+		p.Kube.WorkspaceSize = int64(k.ClaimSize(a.WorkspaceQuota))
+		p.Kube.AccessMode = k.AccessMode()
+	}
 	c.why["backend"] = "kubernetes — backend = \"kubernetes\": a fresh pod per message in the [kubernetes] cluster (" + k.String() + "), deleted afterwards; the request reaches berth-agent on its stdin over pods/attach"
 	c.why["limits"] = fmt.Sprintf("memory %s and 1 CPU as the pod's requests and limits (container_mode.memory_limit); /tmp a memory emptyDir of %s; no per-pod process limit exists in Kubernetes",
 		isolation.FormatBytes(p.Limits.MemoryBytes), isolation.FormatBytes(DefaultTmpfs))
 	c.why["network"] = "none but berth's egress router at " + k.ProxyListen + ": a NetworkPolicy per namespace allows only it, and " + verifiedWhy(k.VerifiedBy())
 	c.why["policy"] = "inside the pod berth-agent confines itself with Landlock: /workspace and /tmp read-write, the system set read-only"
-	c.why["mounts"] = "the workspace at /workspace is an emptyDir of the pod (it does not persist between messages); read-only root, no capabilities, no privilege escalation, seccomp RuntimeDefault, no service account token"
+	hardening := "read-only root, no capabilities, no privilege escalation, seccomp RuntimeDefault, no service account token"
+	if p.Kube.Workspace == isolation.KubeWorkspacePVC {
+		class := "the cluster's default storage class"
+		if k.StorageClass != "" {
+			class = "storage class " + k.StorageClass
+		}
+		c.why["mounts"] = fmt.Sprintf("the workspace at /workspace is the agent's own PersistentVolumeClaim ([kubernetes] workspace = \"pvc\": %s, %s, %s; created if missing, never deleted by berth), so it persists between messages; no other agent's pod mounts it; %s",
+			class, isolation.FormatBytes(p.Kube.WorkspaceSize), p.Kube.AccessMode, hardening)
+	} else {
+		c.why["mounts"] = "the workspace at /workspace is an emptyDir of the pod (it does not persist between messages; [kubernetes] workspace = \"pvc\" keeps it); " + hardening
+	}
 	if image != "" {
 		c.why["image"] = image + " (container_mode.image or [agents.image_config] image; the nodes must have it or pull it: imagePullPolicy " + k.PullPolicy() + ")"
 	} else {
@@ -73,8 +90,8 @@ func verifiedWhy(by string) string {
 
 // kubeEgress points a kubernetes run's agent at berth's egress router
 // instead of a socket it cannot reach: the router hands each connection to
-// the run's own proxy by its token. What needs a file in the pod (the CA of
-// [[egress.secrets]] and git rules) is refused for now.
+// the run's own proxy by its token. The CA of [[egress.secrets]], git rules
+// and read-only egress reaches the pod as a ConfigMap.
 func kubeEgress(c *compiled, cfg *config.Config, e *isolation.EgressPlan) {
 	addr := cfg.Kubernetes.ProxyListen
 	_, portStr, err := net.SplitHostPort(addr)
@@ -85,9 +102,12 @@ func kubeEgress(c *compiled, cfg *config.Config, e *isolation.EgressPlan) {
 	}
 	e.SandboxSocket = isolation.KubeEgressSocketPrefix + addr
 	c.plan.Policy.ConnectPorts = append(slices.Clone(c.plan.Policy.ConnectPorts), uint16(port))
-	if len(e.Secrets) > 0 || len(e.Git) > 0 || e.CABundle != "" {
-		c.problems = append(c.problems, isolation.Errorf(isolation.ReasonStart,
-			"agent %q runs on kubernetes, whose pods cannot have the run's CA bundle yet: [[egress.secrets]] and git rules are not available there; use another backend for this agent", c.plan.AgentID))
+	if e.CABundle != "" {
+		// The backend puts the CA's certificate (never its key) in a
+		// ConfigMap of the pod, mounted read-only there (isolation/kube/ca.go).
+		e.SandboxCABundle = path.Join(isolation.SandboxEgressDir, isolation.EgressCABundleName)
+		c.plan.Policy.AllowRead = append(slices.Clone(c.plan.Policy.AllowRead), e.SandboxCABundle)
+		c.why["egress_ca"] = "the run's egress CA certificate (its key stays with berth-egress on this host) in a ConfigMap owned by the pod, mounted read-only at " + e.SandboxCABundle
 	}
 	c.why["egress_route"] = fmt.Sprintf("berth-agent in the pod relays to berth's egress router at %s (Proxy-Authorization with the run's token picks the run's own proxy; another pod's token is another run's, and no token is refused)", addr)
 }

@@ -1,6 +1,7 @@
 package runplan_test
 
 import (
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -59,8 +60,10 @@ func TestKubernetesPlanRoutesEgressThroughTheRouterAndPlacesThePod(t *testing.T)
 	}
 }
 
-// What needs the run's CA in the pod is refused before anything starts.
-func TestKubernetesPlanRefusesSecretsItCannotServe(t *testing.T) {
+// A kubernetes run with [[egress.secrets]] gets the run's CA where its pod
+// mounts it (isolation/kube's ConfigMap), readable under its Landlock; the
+// secret's value is nowhere in the plan the pod is made from.
+func TestKubernetesPlanGivesThePodTheRunsCA(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t, kubeConfig+`
 [[egress.secrets]]
@@ -68,8 +71,55 @@ name = "api"
 env = "API_TOKEN"
 hosts = ["example.com"]
 `)
-	_, err := runplan.Compile(cfg, "podded", "r1", facts(t, map[string]string{"CLOUD_KEY": secret, "API_TOKEN": "t0ken-value"}))
-	if err == nil || !strings.Contains(err.Error(), "[[egress.secrets]] and git rules are not available there") {
-		t.Fatalf("Compile = %v, want the secret refused on kubernetes", err)
+	p, err := runplan.Compile(cfg, "podded", "r1", facts(t, map[string]string{"CLOUD_KEY": secret, "API_TOKEN": "t0ken-value"}))
+	if err != nil {
+		t.Fatalf("Compile: %v", err)
+	}
+	e := p.Egress
+	if e == nil || e.CABundle == "" || e.SandboxCABundle != "/run/berth-egress/ca.pem" || !slices.Contains(p.Policy.AllowRead, e.SandboxCABundle) {
+		t.Fatalf("egress %+v, allow_read %v: want the CA at /run/berth-egress/ca.pem, readable", e, p.Policy.AllowRead)
+	}
+	data, _ := json.Marshal(p.Kube)
+	if strings.Contains(string(data), "t0ken-value") {
+		t.Errorf("the secret is in the pod's placement: %s", data)
+	}
+}
+
+// With [kubernetes] workspace = "pvc" the plan names the agent's claim's
+// class, size (the agent's workspace_quota unless workspace_size is set)
+// and access mode, and explain says the workspace persists; without it the
+// workspace is an emptyDir and explain says it does not.
+func TestKubernetesPlanCarriesTheWorkspaceClaim(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, extra string
+		want        isolation.KubePlan
+		why         string
+	}{
+		{"emptyDir by default", "", isolation.KubePlan{}, "does not persist"},
+		{"a claim of the agent's quota", "workspace = \"pvc\"\nstorage_class = \"fast.ssd\"\n",
+			isolation.KubePlan{Workspace: "pvc", StorageClass: "fast.ssd", WorkspaceSize: 1 << 30, AccessMode: "ReadWriteOnce"}, "persists between messages"},
+		{"a claim of workspace_size", "workspace = \"pvc\"\nworkspace_size = \"2g\"\nworkspace_access_mode = \"ReadWriteMany\"\n",
+			isolation.KubePlan{Workspace: "pvc", WorkspaceSize: 2 << 30, AccessMode: "ReadWriteMany"}, "the cluster's default storage class"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig(t, strings.Replace(kubeConfig, "warm = 1\n", "warm = 1\n"+tc.extra, 1))
+			p, err := runplan.Compile(cfg, "podded", "r1", facts(t, map[string]string{"CLOUD_KEY": secret}))
+			if err != nil {
+				t.Fatalf("Compile: %v", err)
+			}
+			k := p.Kube
+			if k.Workspace != tc.want.Workspace || k.StorageClass != tc.want.StorageClass || k.WorkspaceSize != tc.want.WorkspaceSize || k.AccessMode != tc.want.AccessMode {
+				t.Errorf("kube plan workspace %q class %q size %d mode %q, want %+v", k.Workspace, k.StorageClass, k.WorkspaceSize, k.AccessMode, tc.want)
+			}
+			ex, err := runplan.Explain(cfg, "podded", facts(t, map[string]string{"CLOUD_KEY": secret}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(ex.Why["mounts"], tc.why) {
+				t.Errorf("why[mounts] = %q, want it to say %q", ex.Why["mounts"], tc.why)
+			}
+		})
 	}
 }

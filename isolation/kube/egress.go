@@ -204,7 +204,10 @@ func (b *Backend) probe(ctx context.Context, p isolation.Plan) error {
 		// A request, so the router (which waits for one) answers and closes.
 		fmt.Fprintf(&script, "echo \"probe %s $(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 %s %s 2>&1 | tr '\\r\\n' '  ')\"\n", a, host, port)
 	}
-	pod, _, err := b.podFor(p)
+	// The probe needs no workspace: it never mounts the agent's claim.
+	noClaim := p
+	noClaim.Kube.Workspace = ""
+	pod, _, err := b.podFor(noClaim)
 	if err != nil {
 		return err
 	}

@@ -138,6 +138,7 @@ type Backend struct {
 	policies   map[string]string
 	owned      map[string]bool // pod names this process still ends
 	pools      map[string]*pool
+	claims     map[string]bool // namespace/name of workspace claims known to exist
 	drained    bool
 
 	removals sync.WaitGroup
@@ -182,7 +183,7 @@ func New(opts Options) (*Backend, error) {
 		cs: cs, rest: cfg, instance: instanceOf(opts.HostID, opts.Instance), host: opts.HostID, namespace: opts.Namespace, proxyHost: opts.ProxyHost,
 		apiTimeout: opts.APITimeout, start: opts.StartTimeout, unreachable: opts.Unreachable, log: opts.Logger,
 		namespaces: map[string]bool{opts.Namespace: true}, verified: map[string]bool{}, policies: map[string]string{},
-		owned: map[string]bool{}, pools: map[string]*pool{},
+		owned: map[string]bool{}, pools: map[string]*pool{}, claims: map[string]bool{},
 	}
 	if b.apiTimeout <= 0 {
 		b.apiTimeout = DefaultAPITimeout
@@ -317,10 +318,6 @@ func PodFor(p isolation.Plan, instance string) (pod *corev1.Pod, hash string, er
 		runtimeClass = ptr(k.RuntimeClass)
 	}
 	tmp := resource.NewQuantity(p.Limits.TmpfsBytes, resource.BinarySI)
-	ws := &corev1.EmptyDirVolumeSource{}
-	if p.Limits.WorkspaceBytes > 0 {
-		ws.SizeLimit = resource.NewQuantity(p.Limits.WorkspaceBytes, resource.BinarySI)
-	}
 	// A backstop for a scheduler that died: the kubelet ends the pod after
 	// the run's timeout and grace even when nobody deletes it.
 	deadline := int64((p.Timeout + p.KillGrace + time.Minute) / time.Second)
@@ -378,10 +375,17 @@ func PodFor(p isolation.Plan, instance string) (pod *corev1.Pod, hash string, er
 				TerminationMessagePolicy: corev1.TerminationMessageReadFile,
 			}},
 			Volumes: []corev1.Volume{
-				{Name: "workspace", VolumeSource: corev1.VolumeSource{EmptyDir: ws}},
+				{Name: "workspace", VolumeSource: workspaceVolume(p)},
 				{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: tmp}}},
 			},
 		},
+	}
+	caVolumeFor(pod, p)
+	if usesClaim(p) {
+		// A volume that supports it is made the group's: the run user
+		// writes a fresh claim the provisioner made root's.
+		pod.Spec.SecurityContext.FSGroup = ptr(gid)
+		pod.Spec.SecurityContext.FSGroupChangePolicy = ptr(corev1.FSGroupChangeOnRootMismatch)
 	}
 	data, _ := json.Marshal(pod.Spec)
 	sum := sha256.Sum256(data)
@@ -457,13 +461,24 @@ func (b *Backend) createAndWait(ctx context.Context, pod *corev1.Pod, p isolatio
 	b.mu.Lock()
 	b.namespaces[pod.Namespace] = true
 	b.mu.Unlock()
+	if err := b.ensureClaim(ctx, p); err != nil {
+		return nil, err
+	}
+	certs, err := readCA(p)
+	if err != nil {
+		return nil, err
+	}
 	// Not ctx: a create canceled halfway may still happen in the API
 	// server, and a pod whose name we never learnt... we know it: delete it.
 	createCtx, cancel := b.call(context.WithoutCancel(ctx))
-	_, err := b.cs.CoreV1().Pods(pod.Namespace).Create(createCtx, pod, metav1.CreateOptions{})
+	created, err := b.cs.CoreV1().Pods(pod.Namespace).Create(createCtx, pod, metav1.CreateOptions{})
 	cancel()
 	if err != nil {
 		return nil, b.apiError(fmt.Sprintf("create pod %s/%s", pod.Namespace, pod.Name), err)
+	}
+	if err := b.createCA(ctx, created, p, certs); err != nil {
+		b.deletePod(pod.Namespace, pod.Name)
+		return nil, err
 	}
 	s := newSession(b, pod.Namespace, pod.Name)
 	if err := b.waitRunning(ctx, s, p); err != nil {
@@ -491,7 +506,7 @@ func (b *Backend) waitRunning(ctx context.Context, s *session, p isolation.Plan)
 		return nil
 	}
 	if errors.Is(context.Cause(ctx), errStartTimeout) {
-		return isolation.Errorf(isolation.ReasonStart, "pod %s/%s did not run berth-agent within %s: %s", s.ns, s.name, limit, pendingWhy(last))
+		return isolation.Errorf(isolation.ReasonStart, "pod %s/%s did not run berth-agent within %s: %s%s", s.ns, s.name, limit, pendingWhy(last), b.claimWhy(ctx, p))
 	}
 	return err
 }
@@ -920,8 +935,16 @@ func Explain(p isolation.Plan, apiTimeout time.Duration) isolation.Confinement {
 		"the request (and any key) only on the agent's stdin over pods/attach: never in the pod's spec, env, args, labels or annotations",
 		fmt.Sprintf("every API call has a deadline of %s; the pod is deleted after the run, and activeDeadlineSeconds ends it if berth cannot", apiTimeout))
 	c.Missing = append(c.Missing,
-		fmt.Sprintf("a per-pod process limit: Kubernetes has none (the kubelet's podPidsLimit is per node); the plan's %d is not enforced", l.Pids),
-		fmt.Sprintf("a persistent workspace: %s is an emptyDir that ends with the pod", isolation.ContainerWorkspace))
+		fmt.Sprintf("a per-pod process limit: Kubernetes has none (the kubelet's podPidsLimit is per node); the plan's %d is not enforced", l.Pids))
+	if usesClaim(p) {
+		class := "the cluster's default storage class"
+		if k.StorageClass != "" {
+			class = "storage class " + k.StorageClass
+		}
+		c.Holds = append(c.Holds, fmt.Sprintf("%s is the agent's own PersistentVolumeClaim %s (%s, %s, %s; created if missing, never deleted by berth): it persists between runs, and no other agent's pod mounts it", isolation.ContainerWorkspace, ClaimName(p.AgentID), class, isolation.FormatBytes(workspaceSize(p)), accessMode(p)))
+	} else {
+		c.Missing = append(c.Missing, fmt.Sprintf("a persistent workspace: %s is an emptyDir that ends with the pod ([kubernetes] workspace = \"pvc\" keeps it)", isolation.ContainerWorkspace))
+	}
 	switch k.EgressVerifiedBy {
 	case "admin":
 		c.Holds = append(c.Holds, "no way out but berth's egress router: a NetworkPolicy per namespace allows only "+orNone(k.ProxyAddr)+", enforced by the cluster's CNI as the admin vouched ([kubernetes] egress_verified_by = \"admin\")")
@@ -930,6 +953,9 @@ func Explain(p isolation.Plan, apiTimeout time.Duration) isolation.Confinement {
 	}
 	if p.Egress != nil {
 		c.Holds = append(c.Holds, "the egress router on "+k.ProxyAddr+" hands each connection to the run's own egress proxy by its token (Proxy-Authorization); no provider key in the pod")
+	}
+	if usesCA(p) {
+		c.Holds = append(c.Holds, "the run's egress CA certificate (never its key, which stays with berth-egress on the berth host) in a ConfigMap owned by the pod, mounted read-only at "+p.Egress.SandboxCABundle)
 	}
 	if k.RuntimeClass == "" {
 		c.Missing = append(c.Missing, "a sandboxing runtime: the pod shares its node's kernel ([kubernetes] runtime_class unset)")

@@ -414,6 +414,12 @@ const helperEnv = "BERTH_KUBE_SWEEP_HELPER"
 
 // TestMain runs the sweep test's scheduler process when asked to.
 func TestMain(m *testing.M) {
+	if data := os.Getenv(keepHelperEnv); data != "" {
+		if err := runKeepHelper(data); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		os.Exit(1)
+	}
 	if data := os.Getenv(helperEnv); data != "" {
 		if err := runSweepHelper(data); err != nil {
 			fmt.Fprintln(os.Stderr, err)
