@@ -131,6 +131,7 @@ type Backend struct {
 	policies   map[string]string
 	owned      map[string]bool // pod names this process still ends
 	pools      map[string]*pool
+	takes      isolation.PoolTakes // agent id → its runs' hits and misses of the pool
 	drained    bool
 
 	removals sync.WaitGroup
