@@ -70,6 +70,9 @@
         sandboxesError: null,
         schedules: null, // ListSchedules as last read
         schedulesError: null,
+        usage: null, // Usage as last read: [{agent, day, usage}]
+        usageDays: [],
+        usageError: null,
         job: null, // {path, step, total, lines, tag, error, done}
     };
 
@@ -1238,10 +1241,157 @@
             .then(loadSchedules);
     }
 
+    // ---------- usage: tokens and cost per agent per day ----------
+
+    // Usage (root and berth-admin only) lists what each agent's provider
+    // calls spent per UTC day, as the runs' egress proxies counted them.
+    // A run's end may add to today: RunFinished reloads, coalesced.
+    const USAGE_DAY_MS = 24 * 3600 * 1000;
+    let usageTimer = null;
+    function usageChanged() {
+        if (usageTimer)
+            return;
+        usageTimer = window.setTimeout(() => {
+            usageTimer = null;
+            if (currentView === "usage")
+                loadUsage();
+        }, 500);
+    }
+
+    // usageDays is the period's days (UTC, 2006-01-02), oldest first.
+    function usageDays(n) {
+        const today = Date.UTC(new Date().getUTCFullYear(), new Date().getUTCMonth(), new Date().getUTCDate());
+        const days = [];
+        for (let i = n - 1; i >= 0; i--)
+            days.push(new Date(today - i * USAGE_DAY_MS).toISOString().slice(0, 10));
+        return days;
+    }
+
+    let usageToken = 0;
+    function loadUsage() {
+        const token = ++usageToken;
+        const days = usageDays(Number($("usage-period").value) || 30);
+        const sinceUsec = Date.parse(days[0] + "T00:00:00Z") * 1000;
+        return call(SCHED.name, SCHED.path, SCHED.iface, "Usage", ["", sinceUsec], "st")
+            .then(([list]) => {
+                if (token !== usageToken)
+                    return;
+                state.usage = plain(list).map(d => ({ agent: d.agent, day: d.day, usage: JSON.parse(d.usage || "{}") }));
+                state.usageDays = days;
+                state.usageError = null;
+                state.usage.forEach(d => noteAgent(d.agent));
+            })
+            .catch(err => {
+                if (token !== usageToken)
+                    return;
+                state.usage = null;
+                state.usageError = err;
+            })
+            .then(() => { if (token === usageToken) renderUsage() });
+    }
+
+    function fmtTokens(n) {
+        return Number(n || 0).toLocaleString();
+    }
+
+    function fmtCost(c) {
+        return Number(c || 0).toLocaleString(undefined, { minimumFractionDigits: 2, maximumFractionDigits: 6 });
+    }
+
+    function svg(tag, attrs, ...children) {
+        const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+        for (const [k, v] of Object.entries(attrs || {}))
+            el.setAttribute(k, v);
+        for (const c of children)
+            el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+        return el;
+    }
+
+    // usageChart draws one agent's days: per day a tokens bar (input and
+    // output) and a cost bar, each scaled to the agent's largest day.
+    function usageChart(agent, days, byDay) {
+        const barW = 8, gap = 6, height = 120, top = 6;
+        const slot = 2 * barW + gap;
+        const maxTokens = Math.max(1, ...days.map(d => byDay[d] ? byDay[d].input + byDay[d].output : 0));
+        const maxCost = Math.max(1e-12, ...days.map(d => byDay[d] ? byDay[d].cost || 0 : 0));
+        const chart = svg("svg", {
+            class: "berth-usage-chart", role: "img", width: days.length * slot, height: height + top,
+            viewBox: "0 0 " + days.length * slot + " " + (height + top),
+            "aria-label": "Tokens and cost of " + agent + " per day",
+        });
+        days.forEach((day, i) => {
+            const u = byDay[day];
+            const tokens = u ? u.input + u.output : 0;
+            const cost = u ? u.cost || 0 : 0;
+            const th = tokens ? Math.max(1, Math.round(height * tokens / maxTokens)) : 0;
+            const ch = cost ? Math.max(1, Math.round(height * cost / maxCost)) : 0;
+            const x = i * slot;
+            chart.append(svg("g", { "data-day": day, "data-tokens": tokens, "data-cost": cost },
+                svg("title", {}, day + ": " + fmtTokens(tokens) + " tokens, cost " + fmtCost(cost)),
+                svg("rect", { class: "berth-usage-tokens", x: x, y: top + height - th, width: barW, height: th }),
+                svg("rect", { class: "berth-usage-cost", x: x + barW, y: top + height - ch, width: barW, height: ch })));
+        });
+        return chart;
+    }
+
+    function usageAgent(agent, days, entries) {
+        const byDay = {};
+        const total = { calls: 0, input: 0, output: 0, cached: 0, cost: 0, refused: 0 };
+        for (const e of entries) {
+            const u = e.usage;
+            byDay[e.day] = { input: Number(u.input || 0), output: Number(u.output || 0), cost: Number(u.cost || 0) };
+            for (const k of Object.keys(total))
+                total[k] += Number(u[k] || 0);
+        }
+        const tokens = total.input + total.output;
+        const rows = entries.slice().reverse().map(e => h("tr", { "data-day": e.day },
+            h("th", { scope: "row", "data-label": "Day" }, e.day),
+            h("td", { "data-label": "Calls" }, String(e.usage.calls || 0)),
+            h("td", { "data-label": "Input" }, fmtTokens(e.usage.input)),
+            h("td", { "data-label": "Cached" }, fmtTokens(e.usage.cached)),
+            h("td", { "data-label": "Output" }, fmtTokens(e.usage.output)),
+            h("td", { "data-label": "Cost" }, fmtCost(e.usage.cost)),
+            h("td", { "data-label": "Refused" }, String(e.usage.refused || 0))));
+        return h("article", { class: "berth-card pf-c-card", "data-usage-agent": agent, "data-tokens": tokens, "data-cost": total.cost, "data-calls": total.calls },
+            h("div", { class: "pf-c-card__title" }, h("h3", { class: "pf-c-title pf-m-lg" }, agent)),
+            h("div", { class: "pf-c-card__body" },
+                h("dl", { class: "berth-counts berth-usage-totals" },
+                    h("div", {}, h("dt", {}, "Tokens"), h("dd", { "data-total": "tokens" }, fmtTokens(tokens))),
+                    h("div", {}, h("dt", {}, "Cost"), h("dd", { "data-total": "cost" }, fmtCost(total.cost))),
+                    h("div", {}, h("dt", {}, "Calls"), h("dd", { "data-total": "calls" }, String(total.calls))),
+                    total.refused ? h("div", {}, h("dt", {}, "Refused by a budget"), h("dd", { "data-total": "refused" }, String(total.refused))) : null),
+                h("div", { class: "berth-usage-chart-box" }, usageChart(agent, days, byDay)),
+                h("p", { class: "berth-muted berth-usage-legend" },
+                    h("span", { class: "berth-usage-key berth-usage-tokens" }), " tokens (input and output) ",
+                    h("span", { class: "berth-usage-key berth-usage-cost" }), " cost, per day (UTC), " + days[0] + " to " + days[days.length - 1]),
+                h("table", { class: "pf-c-table pf-m-compact pf-m-grid-md berth-usage-days" },
+                    h("caption", { class: "berth-visually-hidden" }, "Usage of " + agent + " per day, newest first"),
+                    h("thead", {}, h("tr", {}, ["Day", "Calls", "Input", "Cached", "Output", "Cost", "Refused"].map(c => h("th", { scope: "col" }, c)))),
+                    h("tbody", {}, rows))));
+    }
+
+    function renderUsage() {
+        const err = state.usageError;
+        if (err && isUnknownMethod(err))
+            showError("usage-error", { message: "This berth-scheduler counts no usage (no Usage method)." });
+        else
+            showError("usage-error", err, "Reading usage");
+        const byAgent = new Map();
+        for (const d of state.usage || []) {
+            if (!byAgent.has(d.agent))
+                byAgent.set(d.agent, []);
+            byAgent.get(d.agent).push(d);
+        }
+        const agents = [...byAgent.keys()].sort();
+        $("usage-agents").replaceChildren(...agents.map(a => usageAgent(a, state.usageDays, byAgent.get(a))));
+        $("usage-empty").hidden = !!err || state.usage === null || agents.length > 0;
+        document.getElementById("view-usage").dataset.loaded = state.usage === null && !err ? "false" : "true";
+    }
+
     // ---------- views ----------
 
     let currentView = null;
-    const VIEWS = ["overview", "runs", "run", "sandboxes", "schedules", "agents", "images"];
+    const VIEWS = ["overview", "runs", "run", "sandboxes", "schedules", "usage", "agents", "images"];
 
     function route() {
         const path = cockpit.location.path;
@@ -1270,6 +1420,7 @@
         case "run": $("run-body").hidden = true; showError("run-error", null); loadRun(shownRun); break;
         case "sandboxes": renderSandboxes(); loadSandboxes(); break;
         case "schedules": renderSchedules(); loadSchedules(); break;
+        case "usage": renderUsage(); loadUsage(); break;
         case "agents": renderAgents(); break;
         case "images": loadImages(); break;
         }
@@ -1358,6 +1509,8 @@
         });
         $("build-form").addEventListener("submit", startBuild);
         $("dockerfile-button").addEventListener("click", previewDockerfile);
+        $("usage-period").addEventListener("change", loadUsage);
+        client(SCHED.name).subscribe({ interface: SCHED.iface, member: "RunFinished", path: SCHED.path }, usageChanged);
         cockpit.addEventListener("locationchanged", route);
 
         subscribe();

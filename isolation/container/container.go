@@ -141,9 +141,10 @@ type Backend struct {
 	removals           sync.WaitGroup // background removals under way
 
 	poolMu  sync.Mutex
-	pools   map[string]*pool // agent id → its warm pool
-	owned   map[string]bool  // ids of containers this process still ends: warm ones it made, those ended after their run
-	drained bool             // Drain ran and Warm did not since: no pool starts by itself
+	pools   map[string]*pool    // agent id → its warm pool
+	takes   isolation.PoolTakes // agent id → its runs' hits and misses of the pool
+	owned   map[string]bool     // ids of containers this process still ends: warm ones it made, those ended after their run
+	drained bool                // Drain ran and Warm did not since: no pool starts by itself
 }
 
 // imageBuild is one build of the berth-agent image that runs may wait for.

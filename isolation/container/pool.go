@@ -118,6 +118,18 @@ func (b *Backend) PoolSize(agent string) int {
 	return 0
 }
 
+// PoolStats implements isolation.PoolReporter: every agent that has a
+// pool or whose runs asked one, by agent id.
+func (b *Backend) PoolStats() []isolation.PoolStat {
+	b.poolMu.Lock()
+	defer b.poolMu.Unlock()
+	sizes := map[string][2]int{}
+	for agent, pl := range b.pools {
+		sizes[agent] = [2]int{len(pl.members), pl.size}
+	}
+	return b.takes.Stats(sizes)
+}
+
 // templateOf strips what belongs to one run from a spec.
 func templateOf(s isolation.Spec) isolation.Spec {
 	s.RunID, s.Attempt = "", 0
@@ -161,9 +173,10 @@ func (b *Backend) stopPool(pl *pool) {
 // takeWarm hands a run a waiting container made with the run's config hash,
 // or returns nil. Either way the pool is refilled in the background, and
 // told about a changed config so stale members are replaced.
-func (b *Backend) takeWarm(spec isolation.Spec, hash string) *session {
+func (b *Backend) takeWarm(spec isolation.Spec, hash string) (taken *session) {
 	b.poolMu.Lock()
 	defer b.poolMu.Unlock()
+	defer func() { b.takes.Count(spec.AgentID, taken != nil) }()
 	pl := b.pools[spec.AgentID]
 	if pl == nil {
 		if b.drained {

@@ -139,6 +139,7 @@ type Backend struct {
 	owned      map[string]bool // pod names this process still ends
 	pools      map[string]*pool
 	claims     map[string]bool // namespace/name of workspace claims known to exist
+	takes      isolation.PoolTakes // agent id → its runs' hits and misses of the pool
 	drained    bool
 
 	removals sync.WaitGroup

@@ -88,6 +88,18 @@ func (b *Backend) PoolSize(agent string) int {
 	return 0
 }
 
+// PoolStats implements isolation.PoolReporter: every agent that has a
+// pool or whose runs asked one, by agent id.
+func (b *Backend) PoolStats() []isolation.PoolStat {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	sizes := map[string][2]int{}
+	for agent, pl := range b.pools {
+		sizes[agent] = [2]int{len(pl.members), pl.size}
+	}
+	return b.takes.Stats(sizes)
+}
+
 func templateOf(s isolation.Spec) isolation.Spec {
 	s.RunID, s.Attempt = "", 0
 	s.Request = agentproto.Request{}
@@ -119,9 +131,10 @@ func (b *Backend) stopPool(pl *pool) {
 
 // takeWarm hands a run a waiting pod made with its config hash, or nil;
 // either way the pool is refilled in the background.
-func (b *Backend) takeWarm(spec isolation.Spec, hash string) *session {
+func (b *Backend) takeWarm(spec isolation.Spec, hash string) (taken *session) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	defer func() { b.takes.Count(spec.AgentID, taken != nil) }()
 	pl := b.pools[spec.AgentID]
 	if pl == nil {
 		if b.drained {

@@ -121,6 +121,7 @@ func (u uidStore) Update(fn func(*bolt.Tx) error) error { return u.st.update(fn)
 func (s *Service) saveHandle(runID, backend, handle string) error {
 	// Through the committer: it reads the run and writes it back, so it may
 	// be applied again with its group.
+	ready := s.clock.Now()
 	err := s.store.write(func(tx *bolt.Tx) error {
 		r, ok, err := getRun(tx, runID)
 		if err != nil {
@@ -129,7 +130,7 @@ func (s *Service) saveHandle(runID, backend, handle string) error {
 		if !ok {
 			return fmt.Errorf("run %s is not in %s", runID, DBName)
 		}
-		r.Backend, r.Handle = backend, handle
+		r.Backend, r.Handle, r.ReadyAt = backend, handle, ready
 		return putRun(tx, r)
 	})
 	if err != nil {

@@ -92,6 +92,11 @@ type Run struct {
 	Delivered     bool                       `json:"delivered"`
 	Seq           uint64                     `json:"seq"` // key in queue/
 
+	// ReadyAt is when the run's sandbox was started and its handle
+	// recorded, before its agent read the request (the start stage of
+	// berth_scheduler_run_stage_seconds); zero in a conversation sandbox.
+	ReadyAt time.Time `json:"ready_at,omitzero"`
+
 	// Schedule is the [[schedules]] job that fired the run; empty for a
 	// message's run.
 	Schedule string `json:"schedule,omitempty"`

@@ -144,6 +144,7 @@ func (s *Service) beginSpend(cfg *config.Config, agent string) (*spend, runprep.
 	s.spends.live[agent][sp] = struct{}{}
 	s.spends.mu.Unlock()
 	out := runprep.Spending{OnCall: func(c egresspolicy.Call) {
+		s.metrics.observeCall(agent, c)
 		// The proxy's reader must not wait for the store.
 		sp.pending.Add(1)
 		go func() {
