@@ -138,7 +138,7 @@ type Backend struct {
 	policies   map[string]string
 	owned      map[string]bool // pod names this process still ends
 	pools      map[string]*pool
-	claims     map[string]bool // namespace/name of workspace claims known to exist
+	claims     map[string]bool     // namespace/name of workspace claims known to exist
 	takes      isolation.PoolTakes // agent id → its runs' hits and misses of the pool
 	drained    bool
 
