@@ -205,8 +205,15 @@ func (b *Backend) probe(ctx context.Context, p isolation.Plan) error {
 		fmt.Fprintf(&script, "echo \"probe %s $(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 %s %s 2>&1 | tr '\\r\\n' '  ')\"\n", a, host, port)
 	}
 	// The probe needs no workspace: it never mounts the agent's claim.
+	// Nor the run's CA: its ConfigMap is made for a run's pod only, and a
+	// pod mounting one that does not exist never starts.
 	noClaim := p
 	noClaim.Kube.Workspace = ""
+	if noClaim.Egress != nil {
+		e := *noClaim.Egress
+		e.CABundle, e.SandboxCABundle = "", ""
+		noClaim.Egress = &e
+	}
 	pod, _, err := b.podFor(noClaim)
 	if err != nil {
 		return err
