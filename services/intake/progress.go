@@ -51,7 +51,25 @@ type progressBoard struct {
 	// reacting counts reactions under way (each bounded by
 	// progressCallTimeout), so a test can tell none is left to come.
 	reacting sync.WaitGroup
+	// early holds the latest RunProgress of a message whose hand-off is
+	// not recorded yet: a run can report its first tool call before
+	// Submit's answer is committed, and a run with one tool call has no
+	// second report. startProgress takes it.
+	early map[string]earlyProgress
 }
+
+type earlyProgress struct {
+	p  busapi.RunProgress
+	at time.Time
+}
+
+const (
+	// earlyMax bounds the reports kept for messages not yet started;
+	// earlyFor is how long one is kept (the hand-off's commit is far
+	// quicker).
+	earlyMax = 1024
+	earlyFor = time.Minute
+)
 
 type progressEntry struct {
 	key, connector, runID string
@@ -93,6 +111,10 @@ func (s *Service) startProgress(m inboxEntry, runID string) {
 	if reactions {
 		s.react(rc, connector.Reaction{MessageID: m.ID, Channel: m.Channel, Meta: replyMeta(m), Status: connector.ReactionAccepted})
 	}
+	s.progress.mu.Lock()
+	early, hadEarly := s.progress.early[m.Key()]
+	delete(s.progress.early, m.Key())
+	s.progress.mu.Unlock()
 	if _, ok := rc.conn.(connector.ProgressEditor); !ok || mode != config.ProgressEdit {
 		return
 	}
@@ -113,6 +135,33 @@ func (s *Service) startProgress(m inboxEntry, runID string) {
 		s.dropProgressLocked(e.key, old)
 	}
 	s.progress.entries[e.key] = e
+	if hadEarly && early.p.RunID == runID {
+		e.seq, e.want = early.p.Seq, early.p.Text
+		s.kickProgressLocked(e)
+	}
+}
+
+// keepEarlyLocked keeps p for its message's startProgress, the latest
+// report of each message, within earlyMax and earlyFor.
+func (s *Service) keepEarlyLocked(p busapi.RunProgress) {
+	now := s.clock.Now()
+	if s.progress.early == nil {
+		s.progress.early = map[string]earlyProgress{}
+	}
+	if old, ok := s.progress.early[p.MessageKey]; ok && old.p.RunID == p.RunID && old.p.Seq >= p.Seq {
+		return
+	}
+	if len(s.progress.early) >= earlyMax {
+		for k, old := range s.progress.early {
+			if now.Sub(old.at) > earlyFor {
+				delete(s.progress.early, k)
+			}
+		}
+		if _, ok := s.progress.early[p.MessageKey]; !ok && len(s.progress.early) >= earlyMax {
+			return // a run of another intake's hand-off, most likely: nobody shows it
+		}
+	}
+	s.progress.early[p.MessageKey] = earlyProgress{p: p, at: now}
 }
 
 func (s *Service) dropProgressLocked(key string, e *progressEntry) {
@@ -141,6 +190,10 @@ func (s *Service) onRunProgress(p busapi.RunProgress) {
 	s.progress.mu.Lock()
 	defer s.progress.mu.Unlock()
 	e, ok := s.progress.entries[p.MessageKey]
+	if !ok && p.Text != "" {
+		s.keepEarlyLocked(p)
+		return
+	}
 	if !ok || e.done || (e.runID != "" && e.runID != p.RunID) || p.Seq <= e.seq || p.Text == "" {
 		return
 	}

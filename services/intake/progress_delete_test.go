@@ -8,6 +8,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/services/intake/discord/discordtest"
 )
 
 // progressIndexed counts the progress messages intake.db still means to
@@ -80,5 +81,28 @@ func TestAProgressMessageLeftBehindIsDeletedAtTheNextStart(t *testing.T) {
 	eventually(t, "it is forgotten", func() bool { return progressIndexed(t, s) == 0 })
 	if posts := fake.Posts(); len(posts) != 2 {
 		t.Fatalf("posts = %+v, want the progress message and one answer: a restart posts nothing again", posts)
+	}
+}
+
+// A run may report its first tool call before intake has recorded its
+// hand-off (the report races Submit's answer and its commit); a run with
+// one tool call reports nothing later, so that report is kept for the
+// message and shown once the hand-off is recorded.
+func TestAProgressReportThatArrivesBeforeTheHandOffIsRecordedIsShown(t *testing.T) {
+	t.Parallel()
+	fake, _, s, _ := progressDiscord(t, config.ProgressEdit, false)
+	// Message 1001 will be run-2 (the counting submitter's second run).
+	s.onRunProgress(busapi.RunProgress{RunID: "run-2", MessageKey: "dc/1001", Seq: 1, Text: "running `make`"})
+	fake.MessageCreate(discordtest.MessageSpec{ID: "1001", Channel: progressChannel, Guild: progressGuild,
+		Author: discordtest.User{ID: "500000000000000001", Username: "alice"}, Content: "build it"})
+	posts := fake.WaitPosts(t, 1)
+	if posts[0].Content != "running `make`" {
+		t.Fatalf("posted %q, want the early report as the progress message", posts[0].Content)
+	}
+	s.progress.mu.Lock()
+	left := len(s.progress.early)
+	s.progress.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d early reports kept after their message started", left)
 	}
 }
