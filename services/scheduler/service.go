@@ -27,7 +27,6 @@ import (
 	"github.com/berth-dev/berth/internal/runprep"
 	"github.com/berth-dev/berth/internal/schedules"
 	"github.com/berth-dev/berth/isolation"
-	"github.com/berth-dev/berth/isolation/hostrun"
 )
 
 // Errors callers can tell apart (errors.Is); the D-Bus object maps them to
@@ -250,7 +249,7 @@ func (s *Service) setRunsCPUWeight(cfg *config.Config) {
 	if w == 0 {
 		w = config.DefaultRunsCPUWeight
 	}
-	if err := hostrun.SetRunsCPUWeight(w); err != nil {
+	if err := runprep.SetRunsCPUWeight(w); err != nil {
 		s.log.Warn("runs keep their CPU weight", "err", err)
 	}
 }
