@@ -2,6 +2,7 @@ package hostrun_test
 
 import (
 	"context"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,9 +21,7 @@ func TestARunGivesTheRunsCgroupTheConfiguredCPUWeight(t *testing.T) {
 	needCgroups(t)
 	const weight = 7 // no one else's value: not systemd's 100, nor v1's 1024
 	file, want := hostrun.RunsCPUFile(weight)
-	if file == "" {
-		t.Skip("runs' cgroups have no cpu controller here")
-	}
+	testenv.Need(t, file != "", "runs' cgroups have no cpu controller here")
 	tests := []struct {
 		name  string
 		write bool
