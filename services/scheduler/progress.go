@@ -32,7 +32,11 @@ func (s *Service) relayRunProgress(ctx context.Context, r Run) (context.Context,
 	}
 	rp := &runProgressRelay{
 		s:    s,
-		base: busapi.RunProgress{RunID: r.ID, MessageKey: busapi.MessageKey(r.Connector, r.MessageID)},
+		// r.MessageID is the message's key as intake sent it (Submission.Key):
+		// intake finds the message's progress by that key. Prefixing the
+		// connector again made a key no message has, so no progress was
+		// ever shown through the daemons.
+		base: busapi.RunProgress{RunID: r.ID, MessageKey: r.MessageID},
 		wake: make(chan struct{}, 1),
 		stop: make(chan struct{}),
 		done: make(chan struct{}),

@@ -103,7 +103,9 @@ func TestRunProgress_reaches_intake_alone_coalesced_and_at_most_once_a_second(t 
 	bystander := b.Conn(t)
 	overheard := signals(t, bystander)
 
-	id := submit(t, s, "m1", "alpha", "connector", "slack", "text", "/sh pytest")
+	// The id as intake sends it: the message's key, its connector's prefix
+	// included (busapi.Submission.Key). The signal names the same key.
+	id := submit(t, s, busapi.MessageKey("slack", "m1"), "alpha", "connector", "slack", "text", "/sh pytest")
 	start(t, s)
 
 	backend.logs <- toolLine(1, "running `pytest`")
