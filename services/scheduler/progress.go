@@ -31,7 +31,7 @@ func (s *Service) relayRunProgress(ctx context.Context, r Run) (context.Context,
 		return ctx, func() {}
 	}
 	rp := &runProgressRelay{
-		s:    s,
+		s: s,
 		// r.MessageID is the message's key as intake sent it (Submission.Key):
 		// intake finds the message's progress by that key. Prefixing the
 		// connector again made a key no message has, so no progress was
