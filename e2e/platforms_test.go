@@ -449,16 +449,26 @@ func TestPlatformDiscordWholePath(t *testing.T) {
 	})
 }
 
-func TestPlatformSlackSocketModeWholePath(t *testing.T) {
-	t.Parallel()
-	fake := slacktest.New(t, slacktest.Options{AppToken: "xapp-1-e2e-app-secret", BotToken: "xoxb-e2e-bot-secret"})
+// startSlackPlatform is the suite with one Socket Mode connector "sl" on a
+// fake Slack holding these tokens, connected; extra is more of the
+// connector's TOML keys.
+func startSlackPlatform(t *testing.T, appToken, botToken, extra string) (*slacktest.Server, *suite, context.Context) {
+	t.Helper()
+	fake := slacktest.New(t, slacktest.Options{AppToken: appToken, BotToken: botToken})
 	o := fake.Options()
-	s := startPlatform(t, fmt.Sprintf("[[connectors]]\nid = \"sl\"\ntype = \"slack\"\nbase_url = %q\napp_token = \"$SLACK_APP\"\nbot_token = \"$SLACK_BOT\"\ntrigger = \"all\"\n", fake.APIURL()),
+	s := startPlatform(t, fmt.Sprintf("[[connectors]]\nid = \"sl\"\ntype = \"slack\"\nbase_url = %q\napp_token = \"$SLACK_APP\"\nbot_token = \"$SLACK_BOT\"\ntrigger = \"all\"\n%s", fake.APIURL(), extra),
 		[]string{"SLACK_APP=" + o.AppToken, "SLACK_BOT=" + o.BotToken}, o.AppToken, o.BotToken)
 	ctx := platformCtx(t)
 	if err := fake.WaitConnections(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
+	return fake, s, ctx
+}
+
+func TestPlatformSlackSocketModeWholePath(t *testing.T) {
+	t.Parallel()
+	fake, s, ctx := startSlackPlatform(t, "xapp-1-e2e-app-secret", "xoxb-e2e-bot-secret", "")
+	o := fake.Options()
 	const channel = "C0CHAN"
 	seq := 0
 	event := func(text, threadTS string) slacktest.Event {

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -16,14 +15,8 @@ import (
 // message. The command's assignment (a secret, say) is never shown.
 func TestPlatformSlackLiveProgressAndReactionsThroughTheDaemons(t *testing.T) {
 	t.Parallel()
-	fake := slacktest.New(t, slacktest.Options{AppToken: "xapp-1-e2e-progress-app", BotToken: "xoxb-e2e-progress-bot"})
+	fake, s, ctx := startSlackPlatform(t, "xapp-1-e2e-progress-app", "xoxb-e2e-progress-bot", "progress = \"edit\"\nreactions = true\n")
 	o := fake.Options()
-	s := startPlatform(t, fmt.Sprintf("[[connectors]]\nid = \"sl\"\ntype = \"slack\"\nbase_url = %q\napp_token = \"$SLACK_APP\"\nbot_token = \"$SLACK_BOT\"\ntrigger = \"all\"\nprogress = \"edit\"\nreactions = true\n", fake.APIURL()),
-		[]string{"SLACK_APP=" + o.AppToken, "SLACK_BOT=" + o.BotToken}, o.AppToken, o.BotToken)
-	ctx := platformCtx(t)
-	if err := fake.WaitConnections(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
 	const ts = "1700000001.000001"
 	const secretish = "progress-hunter2"
 	// The sleep keeps the run going until intake has shown the progress.
