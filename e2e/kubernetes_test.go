@@ -253,11 +253,9 @@ agent = "kegress"
 	if reply["state"] != "succeeded" {
 		t.Fatalf("state %v error %v reply %q", reply["state"], reply["error"], got)
 	}
-	// The refused host's 403 through the router is proven against the real
-	// cluster by internal/runprep's TestKubernetesToolsGoOutOnlyThroughTheRunsProxy;
-	// here a tool's nc through HTTP_PROXY gets 502 "operation was canceled"
-	// from berth-agent's listener (open, see the issue's note).
-	for _, want := range []string{"files=0 ctl=1", "env=0 proxy=1", "procs=0"} {
+	// The tool's request to a host no rule allows gets berth-egress's 403
+	// with its reason, through berth-agent's listener and the router.
+	for _, want := range []string{"files=0 ctl=1", "env=0 proxy=1", "procs=0", " 403 Forbidden", "X-Berth-Egress: refused", "no [agents.egress] allow rule matches GET files.example:80"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("reply lacks %q:\n%s", want, got)
 		}
@@ -275,6 +273,10 @@ agent = "kegress"
 	data, _ := json.Marshal(pod)
 	if strings.Contains(string(data), fakeKey) || strings.Contains(string(data), anthropicKey) {
 		t.Fatalf("a provider key is in the pod as the API server had it:\n%s", data)
+	}
+	// The run record keeps the refusal, with its reason.
+	if rec := s.getRun(t, runID).Egress.Text; !strings.Contains(rec, `"files.example"`) || !strings.Contains(rec, `"allowed":false`) {
+		t.Errorf("the run record has no refused decision for files.example: %s", rec)
 	}
 	out, err := s.berthctl(t, "runs", "show", runID)
 	if err != nil {

@@ -28,6 +28,7 @@ LOG_DIR=$DATA_DIR/log
 CONTAINERD_SOCK=$RUN_DIR/containerd/containerd.sock
 KUBECONFIG_FILE=$DATA_DIR/admin.kubeconfig
 KUBE_BRIDGE=berthkube0
+KUBE_BRIDGE_MAC=02:be:27:4b:00:01 # locally administered
 KUBE_POD_CIDR=10.231.0.0/24
 KUBE_BRIDGE_IP=10.231.0.1
 KUBE_SERVICE_CIDR=10.232.0.0/24
@@ -280,7 +281,11 @@ cmd_up() {
 
   # The pod bridge exists before any pod, so a host listener (berth's egress
   # proxy) can bind KUBE_BRIDGE_IP at once; the CNI bridge plugin adopts it.
-  ip link add "$KUBE_BRIDGE" type bridge
+  # Its MAC is fixed: a bridge left to itself takes the lowest MAC of its
+  # ports, so it changes as pods come and go, and a pod that cached the old
+  # one sends to nobody until its neighbour entry expires (15-45 s of
+  # unanswered SYNs: the flake of runs that outlived the probe pod).
+  ip link add "$KUBE_BRIDGE" address "$KUBE_BRIDGE_MAC" type bridge
   ip addr add "$KUBE_BRIDGE_IP/${KUBE_POD_CIDR#*/}" dev "$KUBE_BRIDGE"
   ip link set "$KUBE_BRIDGE" up
   render scripts/kube/cni.conflist "$DATA_DIR/cni/net.d/10-berth-kube.conflist"
