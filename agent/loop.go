@@ -81,7 +81,7 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 	for _, t := range req.History {
 		conv.Messages = append(conv.Messages, provider.Message{Role: provider.Role(t.Role), Text: t.Text})
 	}
-	conv.Messages = append(conv.Messages, provider.Message{Role: provider.RoleUser, Text: req.Message.Text})
+	conv.Messages = append(conv.Messages, provider.Message{Role: provider.RoleUser, Text: req.Message.Text + filesNote(req.Message.Files)})
 
 	maxIter := req.Agent.MaxIterations
 	if maxIter == 0 {
@@ -248,4 +248,23 @@ func toolsTmpDir(req agentproto.Request) string {
 		return "/tmp"
 	}
 	return filepath.Join(req.Workspace, ".tmp")
+}
+
+// filesNote lists a message's attachments for the model: where each is in
+// the workspace (read-only), its type and size.
+func filesNote(files []agentproto.MessageFile) string {
+	if len(files) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("\n\n[Attached files, read-only in the workspace:")
+	for _, f := range files {
+		typ := f.Type
+		if typ == "" {
+			typ = "unknown type"
+		}
+		fmt.Fprintf(&b, "\n- %s (%s, %d bytes)", f.Path, typ, f.Size)
+	}
+	b.WriteString("]")
+	return b.String()
 }

@@ -162,6 +162,18 @@ type Message struct {
 	Author      string    `json:"author"`
 	Text        string    `json:"text"`
 	ReceivedAt  time.Time `json:"received_at"`
+	// Files are the message's attachments, placed read-only in the
+	// workspace before the run; the agent's prompt lists them.
+	Files []MessageFile `json:"files,omitempty"`
+}
+
+// MessageFile is one attachment of a message.
+type MessageFile struct {
+	// Path is where the agent finds it (absolute, inside the workspace).
+	Path string `json:"path"`
+	Name string `json:"name"`
+	Type string `json:"type,omitempty"`
+	Size int64  `json:"size"`
 }
 
 // Provider says which model to call and how. Kind is "local", "openai" or "anthropic".

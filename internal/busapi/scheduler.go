@@ -27,8 +27,25 @@ func (s Scheduler) call(ctx context.Context, method string, args []any, results 
 // Submit queues one message and returns its run id; the same message
 // (Submission.Key) returns the same run.
 func (s Scheduler) Submit(ctx context.Context, msg Submission) (string, error) {
+	if len(msg.Files) > 0 {
+		return s.SubmitFiles(ctx, msg)
+	}
 	var runID string
 	if err := s.call(ctx, "Submit", []any{msg.Wire()}, &runID); err != nil {
+		return "", err
+	}
+	if runID == "" {
+		return "", fmt.Errorf("the scheduler answered an empty run id")
+	}
+	return runID, nil
+}
+
+// SubmitFiles is Submit for a message with files (msg.Files): the
+// scheduler has its own copy of every file once it returns, and the caller
+// still closes them.
+func (s Scheduler) SubmitFiles(ctx context.Context, msg Submission) (string, error) {
+	var runID string
+	if err := s.call(ctx, "SubmitFiles", []any{msg.Wire(), FilesWire(msg.Files)}, &runID); err != nil {
 		return "", err
 	}
 	if runID == "" {

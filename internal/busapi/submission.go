@@ -22,6 +22,9 @@ type Submission struct {
 	// Traceparent is the W3C trace context of the message's hand-off
 	// (internal/tracing), "" when tracing is off.
 	Traceparent string
+	// Files are the message's attachments (SubmitFiles); they are not in
+	// Wire.
+	Files []File
 
 	// sentKey is the key a submission read from the wire was sent with:
 	// older clients chose their own (an id without the connector's prefix),

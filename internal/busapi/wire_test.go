@@ -21,7 +21,7 @@ func TestSubmissionCrossesTheWireWithItsConnectorPrefixedKey(t *testing.T) {
 	if got.Key() != s.Key() {
 		t.Fatalf("key after the round trip = %q, want %q", got.Key(), s.Key())
 	}
-	if got.sentKey = ""; got != s {
+	if got.sentKey = ""; !reflect.DeepEqual(got, s) {
 		t.Fatalf("round trip = %+v, want %+v", got, s)
 	}
 	tests := []struct {

@@ -67,6 +67,8 @@ var (
 	memoryLimitRule = sizeRule{what: "memory limit", min: minMemoryLimit, minMsg: "6m"}
 	// An ext4 filesystem smaller than 16m holds little but its own metadata.
 	workspaceQuotaRule = sizeRule{what: "workspace quota", min: minWorkspaceQuota, minMsg: "16m (or 0 for no quota)", zeroOK: true}
+	// An inbound attachment cap of 0 takes no files at all.
+	attachmentSizeRule = sizeRule{what: "attachment size", zeroOK: true}
 )
 
 // check reads s under rule; the message is "" when s is a size the key takes.

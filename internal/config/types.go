@@ -279,6 +279,42 @@ type Intake struct {
 	Listen string `toml:"listen" berth:"check=hostPort"`
 	// DefaultAgent receives messages no binding and no connector default routes.
 	DefaultAgent string `toml:"default_agent"`
+	// MaxAttachmentBytes caps one file on an inbound message
+	// (AttachmentLimit: default DefaultMaxAttachmentBytes);
+	// MaxMessageAttachmentBytes caps a message's files together
+	// (MessageAttachmentLimit: default DefaultMaxMessageAttachmentBytes). A
+	// message over either gets a reply saying so and runs nothing.
+	MaxAttachmentBytes        *Bytes `toml:"max_attachment_bytes" berth:"check=attachmentSize"`
+	MaxMessageAttachmentBytes *Bytes `toml:"max_message_attachment_bytes" berth:"check=attachmentSize"`
+	// RefusedAttachmentTypes are globs on a file's media type
+	// ("application/x-msdownload", "video/*") or name ("*.exe"); a message
+	// with a matching file gets a reply saying so and runs nothing.
+	RefusedAttachmentTypes []string `toml:"refused_attachment_types" berth:"check=glob"`
+}
+
+// Defaults of the inbound attachment limits.
+const (
+	DefaultMaxAttachmentBytes        Bytes = 25 << 20
+	DefaultMaxMessageAttachmentBytes Bytes = 100 << 20
+)
+
+// IntakeSettings is [intake].
+func (c *Config) IntakeSettings() Intake { return c.Intake }
+
+// AttachmentLimit is max_attachment_bytes or its default.
+func (i Intake) AttachmentLimit() int64 {
+	if i.MaxAttachmentBytes != nil {
+		return int64(*i.MaxAttachmentBytes)
+	}
+	return int64(DefaultMaxAttachmentBytes)
+}
+
+// MessageAttachmentLimit is max_message_attachment_bytes or its default.
+func (i Intake) MessageAttachmentLimit() int64 {
+	if i.MaxMessageAttachmentBytes != nil {
+		return int64(*i.MaxMessageAttachmentBytes)
+	}
+	return int64(DefaultMaxMessageAttachmentBytes)
 }
 
 // Connector types.

@@ -403,6 +403,11 @@ func agentBatches(due []inboxEntry, blocked map[string]bool) [][]inboxEntry {
 // the keys of those that wait for a retry.
 func (s *Service) forwardBatch(ctx context.Context, sub Submitter, msgs []inboxEntry, lane *forwardLane, handedOn func(failed bool)) (taken int, retry []string) {
 	bs, canBatch := sub.(BatchSubmitter)
+	for _, m := range msgs {
+		// Files travel with SubmitFiles, a refusal is answered here: one
+		// message at a time.
+		canBatch = canBatch && len(m.Files) == 0 && m.Refusal == ""
+	}
 	if canBatch && len(msgs) > 1 && !lane.batchesOff(s.clock.Now()) {
 		subs := make([]busapi.Submission, len(msgs))
 		spans := make([]handoff, len(msgs))
@@ -512,11 +517,32 @@ func (s *Service) forward(ctx context.Context, sub Submitter, m inboxEntry, lane
 	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callTimeout)
 	defer cancel()
 	attempts := lane.attempts(m.Key()) + 1
+	if m.Refusal != "" {
+		return s.refuse(m, lane, attempts, errFilesRefused, "Sorry, berth could not take this message's files. "+m.Refusal)
+	}
 	h := startHandoff(ctx, m, attempts)
-	runID, err := sub.Submit(callCtx, h.sub)
+	var runID string
+	var err error
+	if len(m.Files) > 0 {
+		var files []busapi.File
+		if files, err = s.openFiles(m); err != nil {
+			// The files are gone (removed by hand, a disk error): the
+			// message can never be handed on as it was accepted.
+			return s.refuse(m, lane, attempts, err, "Sorry, berth lost this message's files before its run: "+err.Error())
+		}
+		h.sub.Files = files
+		runID, err = sub.Submit(callCtx, h.sub)
+		busapi.CloseFiles(files)
+	} else {
+		runID, err = sub.Submit(callCtx, h.sub)
+	}
 	h.end(runID, err)
 	return s.record(m, lane, attempts, runID, err)
 }
+
+// errFilesRefused is the cause recorded for a message whose files were
+// refused when it arrived.
+var errFilesRefused = errors.New("its files were refused")
 
 // record stores what the scheduler answered for m: submitted with its run
 // id, refused for good (with an error reply), or a retry in memory. It
@@ -529,28 +555,7 @@ func (s *Service) record(m inboxEntry, lane *forwardLane, attempts int, runID st
 		// Retrying cannot help (its agent was removed from the config, a
 		// field the bus cannot carry): tell the sender instead.
 		log.Error("scheduler cannot take this message, ever; sending an error reply", "err", err)
-		reply := outboxEntry{
-			RunID:     "refused-" + key,
-			MessageID: m.ID,
-			Connector: m.Connector,
-			Agent:     m.Agent,
-			Channel:   m.Channel,
-			Thread:    m.Thread,
-			Meta:      replyMeta(m),
-			RunState:  "failed",
-			Text:      "Sorry, berth could not run this message.",
-			Error:     bus.Text(dbusErrorText(err)),
-		}
-		if serr := s.store.refuseMessage(key, err, reply, attempts, now); serr != nil {
-			log.Error("cannot record refused message", "err", serr)
-			lane.retry(key, m.Agent, attempts, now.Add(s.retryDelay.Delay(attempts)), serr)
-			return false
-		}
-		lane.forget(key)
-		s.countHandoff(m, "refused", now)
-		s.refreshCounters()
-		s.pokeDeliver(m.Connector)
-		return true
+		return s.refuse(m, lane, attempts, err, "Sorry, berth could not run this message.")
 	}
 	if err != nil {
 		delay := s.retryDelay.Delay(attempts)
@@ -565,6 +570,7 @@ func (s *Service) record(m inboxEntry, lane *forwardLane, attempts int, runID st
 		lane.retry(key, m.Agent, attempts, now.Add(s.retryDelay.Delay(1)), err)
 		return false
 	}
+	s.dropFiles(m)
 	lane.forget(key)
 	s.countHandoff(m, "submitted", now)
 	log.Info("message submitted", "run_id", runID)
@@ -590,4 +596,34 @@ func dbusErrorText(err error) string {
 		}
 	}
 	return err.Error()
+}
+
+// refuse records that m is never handed on and queues its sender's error
+// reply (text, and the cause as the reply's error), in one commit. It
+// reports whether that was recorded.
+func (s *Service) refuse(m inboxEntry, lane *forwardLane, attempts int, cause error, text string) bool {
+	key, now := m.Key(), s.clock.Now()
+	reply := outboxEntry{
+		RunID:     "refused-" + key,
+		MessageID: m.ID,
+		Connector: m.Connector,
+		Agent:     m.Agent,
+		Channel:   m.Channel,
+		Thread:    m.Thread,
+		Meta:      replyMeta(m),
+		RunState:  "failed",
+		Text:      bus.Text(text),
+		Error:     bus.Text(dbusErrorText(cause)),
+	}
+	if serr := s.store.refuseMessage(key, cause, reply, attempts, now); serr != nil {
+		s.log.Error("cannot record refused message", "connector", m.Connector, "message_id", m.ID, "err", serr)
+		lane.retry(key, m.Agent, attempts, now.Add(s.retryDelay.Delay(attempts)), serr)
+		return false
+	}
+	s.dropFiles(m)
+	lane.forget(key)
+	s.countHandoff(m, "refused", now)
+	s.refreshCounters()
+	s.pokeDeliver(m.Connector)
+	return true
 }

@@ -28,12 +28,14 @@ type settings interface {
 	RouteMessage(connector, channelID, channelName, serverID string) (string, error)
 	Connector(id string) (config.Connector, bool)
 	ConnectorSecret(id string) ([]byte, error)
+	IntakeSettings() config.Intake
 }
 
 // Service accepts messages from its connectors (and webhooks over HTTP),
 // forwards them to the scheduler, and delivers replies handed to it over
 // D-Bus through the connector each message came from.
 type Service struct {
+	stateDir    string
 	cfg         atomic.Pointer[settingsBox]
 	retention   atomic.Int64 // time.Duration of [retention] delivered
 	store       *store
@@ -108,6 +110,7 @@ func New(cfg *config.Config, stateDir string, opts ...Option) (*Service, error) 
 		return nil, errors.New("cannot create intake service: no configuration")
 	}
 	s := &Service{
+		stateDir:     stateDir,
 		log:          slog.Default(),
 		httpClient:   &http.Client{Timeout: 30 * time.Second},
 		retryDelay:   defaultRetryDelay,
@@ -137,6 +140,9 @@ func New(cfg *config.Config, stateDir string, opts ...Option) (*Service, error) 
 	s.store = st
 	st.w.SetLogger(s.log.With("db", DBName))
 	s.metrics = newIntakeMetrics(s)
+	if err := s.sweepFiles(); err != nil {
+		s.log.Warn("cannot sweep attachments left by an earlier process", "err", err)
+	}
 	s.syncConnectors(cfg)
 	return s, nil
 }

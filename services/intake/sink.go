@@ -72,6 +72,13 @@ func (s *Service) Accept(ctx context.Context, m connector.Message) error {
 		ReceivedAt:  s.clock.Now().UTC(),
 	}
 	log = log.With("agent", agent)
+	if entry.Files, entry.Refusal, err = s.takeAttachments(ctx, r.conn, entry.Key(), m.Files); err != nil {
+		log.Warn("message's files could not be downloaded; nothing stored, the platform delivers it again", "files", len(m.Files), "err", err)
+		return fmt.Errorf("cannot take the message's files: %w", err)
+	}
+	if entry.Refusal != "" {
+		log.Info("message's files refused; it runs nothing and gets a reply", "reason", entry.Refusal)
+	}
 	return s.keepTraced(ctx, func(e inboxEntry) error { return s.keep(log, e) }, entry)
 }
 

@@ -62,6 +62,12 @@ type inboxEntry struct {
 	// Traceparent is the W3C trace context of the message's store span,
 	// the parent of its hand-offs (tracing.go); "" when not traced.
 	Traceparent string `json:"traceparent,omitempty"`
+	// Files are the message's attachments, kept under fileDir(Key()) while
+	// the message is pending (attachments.go).
+	Files []storedFile `json:"files,omitempty"`
+	// Refusal is the reply to a message whose files could not be taken: it
+	// runs nothing, its sender is told why.
+	Refusal string `json:"refusal,omitempty"`
 }
 
 // Key is the message's inbox key and the scheduler's idempotency key.

@@ -189,6 +189,27 @@ func (o *schedulerObject) Submit(sender dbus.Sender, msg map[string]string) (str
 	return id, nil
 }
 
+// SubmitFiles is Submit for a message with files (a(sssxh): name, type,
+// caption, size, descriptor): the scheduler has its own copy of every file
+// once it returns. The descriptors are closed here, taken or not.
+func (o *schedulerObject) SubmitFiles(sender dbus.Sender, msg map[string]string, wire []busapi.FileWire) (string, *dbus.Error) {
+	files, err := busapi.FilesFromWire(wire)
+	if err != nil {
+		return "", bus.NewError(bus.ErrInvalidArgument, "%v", err)
+	}
+	defer busapi.CloseFiles(files)
+	if derr := o.submitters.check(o.conn, sender, o.s.clock.Now()); derr != nil {
+		return "", derr
+	}
+	sub := busapi.SubmissionFromWire(msg)
+	sub.Files = files
+	id, err := o.s.SubmitFiles(sub)
+	if err != nil {
+		return "", dbusError(err)
+	}
+	return id, nil
+}
+
 func (o *schedulerObject) GetRun(sender dbus.Sender, id string) (map[string]dbus.Variant, *dbus.Error) {
 	if derr := readAuthorizer.Check(o.conn, sender); derr != nil {
 		return nil, derr

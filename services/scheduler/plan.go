@@ -46,6 +46,9 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		res.Usage = rec.Usage
 	}()
 	req, refusedMCP := s.runRequest(r, prep.Agent, prep.Plan)
+	if req.Message.Files, err = s.placeFiles(r, prep.Plan); err != nil {
+		return res, backend, err
+	}
 	started := sandboxStart(ctx)
 	spec := prep.Spec(req, func(handle string) error {
 		started(nil)

@@ -154,8 +154,9 @@ func (s *Service) deleteRuns(ctx context.Context, ids []string) (int, error) {
 		batch := ids[:min(len(ids), retentionBatch)]
 		ids = ids[len(batch):]
 		n := 0
+		var messages []string
 		err := s.store.update(func(tx *bolt.Tx) error {
-			n = 0
+			n, messages = 0, messages[:0]
 			for _, id := range batch {
 				sum, ok, err := getSummary(tx, []byte(id))
 				if err != nil || !ok || !Finished(sum.State) || !sum.Delivered {
@@ -164,6 +165,7 @@ func (s *Service) deleteRuns(ctx context.Context, ids []string) (int, error) {
 				if err := deleteRun(tx, sum); err != nil {
 					return err
 				}
+				messages = append(messages, sum.MessageID)
 				n++
 			}
 			return nil
@@ -171,6 +173,7 @@ func (s *Service) deleteRuns(ctx context.Context, ids []string) (int, error) {
 		if err != nil {
 			return deleted, err
 		}
+		s.dropStaged(messages)
 		deleted += n
 	}
 	return deleted, nil

@@ -363,7 +363,9 @@ func (s *Service) runInSandbox(ctx context.Context, r Run, cfg *config.Config, c
 	s.sandboxes.touch(sb, s.clock.Now())
 	req, refusedMCP := s.runRequest(r, prep.Agent, prep.Plan)
 	s.newSpendRun(sb.spend) // cost_per_run starts again for this run
-	res, err = kept.Run(ctx, req)
+	if req.Message.Files, err = s.placeFiles(r, prep.Plan); err == nil {
+		res, err = kept.Run(ctx, req)
+	}
 	res.Response.MCP = append(refusedMCP, res.Response.MCP...)
 	rec := prep.CutEgress()
 	res.Egress, res.EgressDropped, res.EgressCounts = rec.Decisions, rec.Dropped, rec.Counts

@@ -59,20 +59,22 @@ func Finished(state string) bool {
 
 // Run is one message's way through the scheduler, as stored in runs/.
 type Run struct {
-	ID          string          `json:"id"`
-	MessageID   string          `json:"message_id"`
-	Agent       string          `json:"agent"`
-	Connector   string          `json:"connector,omitempty"`
-	Channel     string          `json:"channel,omitempty"`
-	ChannelName string          `json:"channel_name,omitempty"`
-	Thread      string          `json:"thread,omitempty"`
-	Author      string          `json:"author,omitempty"`
-	Text        string          `json:"text,omitempty"`
-	State       string          `json:"state"`
-	Reason      string          `json:"reason,omitempty"` // short, user-facing: "timeout", "agent crashed", ...
-	Reply       string          `json:"reply,omitempty"`
-	Error       string          `json:"error,omitempty"` // the whole story, for admins
-	ToolCalls   json.RawMessage `json:"tool_calls,omitempty"`
+	ID          string `json:"id"`
+	MessageID   string `json:"message_id"`
+	Agent       string `json:"agent"`
+	Connector   string `json:"connector,omitempty"`
+	Channel     string `json:"channel,omitempty"`
+	ChannelName string `json:"channel_name,omitempty"`
+	Thread      string `json:"thread,omitempty"`
+	Author      string `json:"author,omitempty"`
+	Text        string `json:"text,omitempty"`
+	// Files are the message's attachments (files.go).
+	Files     []RunFile       `json:"files,omitempty"`
+	State     string          `json:"state"`
+	Reason    string          `json:"reason,omitempty"` // short, user-facing: "timeout", "agent crashed", ...
+	Reply     string          `json:"reply,omitempty"`
+	Error     string          `json:"error,omitempty"` // the whole story, for admins
+	ToolCalls json.RawMessage `json:"tool_calls,omitempty"`
 	// MCP is how each of the agent's MCP servers fared in the run: its
 	// tools, or why it gave none.
 	MCP        []agentproto.MCPStatus `json:"mcp,omitempty"`

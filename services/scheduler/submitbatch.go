@@ -143,6 +143,7 @@ func (s *Service) queueMessage(tx *bolt.Tx, msg busapi.Submission, known []strin
 		Thread:      cleanText(msg.Thread),
 		Author:      cleanText(msg.Author),
 		Text:        cleanText(msg.Text),
+		Files:       runFiles(msg.Files),
 		State:       StateQueued,
 		Traceparent: traceparentOf(msg.Traceparent),
 		TraceID:     tracing.SampledTraceID(msg.Traceparent),
@@ -156,4 +157,15 @@ func (s *Service) queueMessage(tx *bolt.Tx, msg busapi.Submission, known []strin
 		return Run{}, false, nil, fmt.Errorf("cannot index message id: %w", err)
 	}
 	return r, true, nil, nil
+}
+
+func runFiles(files []busapi.File) []RunFile {
+	if len(files) == 0 {
+		return nil
+	}
+	out := make([]RunFile, len(files))
+	for i, f := range files {
+		out[i] = RunFile{Name: f.Name, Type: cleanText(f.Type), Size: f.Size}
+	}
+	return out
 }

@@ -36,6 +36,34 @@ type Message struct {
 	// interaction token, ...). It is stored with the message and returned in
 	// Reply.Meta. It never holds connector credentials.
 	Meta map[string]string
+	// Files are the message's attachments as the platform announced them.
+	// Intake downloads them (never the sandbox), caps them and stores them
+	// with the message before Accept returns.
+	Files []Attachment
+}
+
+// Attachment is one file on an inbound message.
+type Attachment struct {
+	// Name is the file's name as the platform gave it; Type its media type
+	// ("" when the platform says none).
+	Name string
+	Type string
+	// Size is the size the platform announced (0 when it did not): a file
+	// announced over the cap is refused without a download.
+	Size int64
+	// URL is where intake downloads it (an AttachmentFetcher adds the
+	// connector's credentials); Data holds the bytes instead when the
+	// message carried them itself (a webhook's base64).
+	URL  string
+	Data []byte
+}
+
+// AttachmentFetcher is implemented by connectors whose attachment URLs need
+// the connector's credentials (Slack's url_private). The request it returns
+// is sent by intake with its own deadline and size cap; it must refuse a URL
+// outside the platform's own hosts rather than send credentials there.
+type AttachmentFetcher interface {
+	AttachmentRequest(ctx context.Context, a Attachment) (*http.Request, error)
 }
 
 // Sink accepts inbound messages for intake.
