@@ -67,6 +67,8 @@ var (
 	memoryLimitRule = sizeRule{what: "memory limit", min: minMemoryLimit, minMsg: "6m"}
 	// An ext4 filesystem smaller than 16m holds little but its own metadata.
 	workspaceQuotaRule = sizeRule{what: "workspace quota", min: minWorkspaceQuota, minMsg: "16m (or 0 for no quota)", zeroOK: true}
+	// [scheduler] max_reply_file_bytes and max_reply_files_bytes.
+	replyFileSizeRule = sizeRule{what: "reply file size", min: 1 << 10, minMsg: "1k"}
 )
 
 // check reads s under rule; the message is "" when s is a size the key takes.

@@ -179,6 +179,7 @@ var valueChecks = map[string]any{
 	"maxIterations":  between(1, 1000),
 	"memoryLimit":    memoryLimitRule,
 	"workspaceQuota": workspaceQuotaRule,
+	"replyFileSize":  replyFileSizeRule,
 	"runtime":        CheckRuntime,
 	"warm":           between(0, MaxWarm),
 	"bind":           checkBind,
