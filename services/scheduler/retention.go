@@ -171,6 +171,11 @@ func (s *Service) deleteRuns(ctx context.Context, ids []string) (int, error) {
 		if err != nil {
 			return deleted, err
 		}
+		for _, id := range batch {
+			// Delivered runs' files went at delivery; this catches a
+			// removal that failed or a crash right after the mark.
+			s.removeReplyFiles(id)
+		}
 		deleted += n
 	}
 	return deleted, nil
