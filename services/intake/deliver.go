@@ -285,7 +285,12 @@ func (s *Service) send(ctx context.Context, r outboxEntry) error {
 		}
 	}
 	// Like Submit, a send in flight finishes even when the service stops.
-	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callTimeout)
+	// Uploads get a second more per MiB.
+	timeout := s.callTimeout
+	for _, f := range reply.Files {
+		timeout += time.Duration(f.Size>>20) * time.Second
+	}
+	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	return rc.conn.Send(callCtx, reply)
 }

@@ -31,6 +31,8 @@ type FileLimits struct {
 	Platform string // "Slack", for the notes
 	// MaxFileBytes is the largest file the platform takes.
 	MaxFileBytes int64
+	// RefuseEmpty says the platform takes no empty file.
+	RefuseEmpty bool
 }
 
 // FitFiles keeps the files within limits, in order, and returns a note for
@@ -38,6 +40,10 @@ type FileLimits struct {
 // never refused for a file the platform would not take.
 func FitFiles(files []File, l FileLimits) (fit []File, notes []string) {
 	for _, f := range files {
+		if l.RefuseEmpty && f.Size == 0 {
+			notes = append(notes, fmt.Sprintf("%s was not sent: it is empty, and %s takes no empty file", f.Name, l.Platform))
+			continue
+		}
 		if l.MaxFileBytes > 0 && f.Size > l.MaxFileBytes {
 			notes = append(notes, fmt.Sprintf("%s was not sent: it is %s, more than the %s %s takes", f.Name, HumanBytes(f.Size), HumanBytes(l.MaxFileBytes), l.Platform))
 			continue
