@@ -54,6 +54,7 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 	}
 	ensureSoul(req, log)
 	env := toolEnv(req, tmp, launcher)
+	env.Outbox = tools.NewOutbox()
 	// MCP servers start (stdio ones in the tools' domain) before the first
 	// model call, which needs their tools; they end with the run.
 	mcpServers := tools.ConnectMCP(ctx, env, req.MCP, log)
@@ -105,6 +106,7 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 		conv.Messages = append(conv.Messages, provider.Message{Role: provider.RoleAssistant, Text: turn.Text, ToolCalls: turn.ToolCalls})
 		if len(turn.ToolCalls) == 0 {
 			resp.Reply = turn.Text
+			resp.Files = env.Outbox.Files(req.Workspace)
 			return resp, agentproto.ExitOK
 		}
 		for _, call := range turn.ToolCalls {

@@ -403,3 +403,8 @@ func FormatBytes(n int64) string {
 	}
 	return fmt.Sprintf("%db", n)
 }
+
+// KnownSecrets are the secrets of spec that Supervise redacts from what a
+// run returns; the scheduler redacts them from the text files a reply
+// carries too.
+func KnownSecrets(spec Spec) []string { return knownSecrets(spec) }

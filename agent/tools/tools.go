@@ -1,6 +1,6 @@
 // Package tools holds the tools a berth agent can call — shell, read_file,
 // write_file, list_dir, web_fetch, memory_store, memory_search,
-// memory_delete, memory_note, memory_read, soul_read, soul_edit, and
+// memory_delete, memory_note, memory_read, soul_read, soul_edit, send_file, and
 // web_search and the MCP servers' mcp__<server>__<tool> when the request
 // has them — and the allow/deny filter over them. A tool never
 // crashes the run: bad arguments and failures come back as errors for the
@@ -55,6 +55,9 @@ type Env struct {
 	// berth.toml's MCP servers) on its own channel at the egress proxy
 	// (agent/egress.OwnChannel), which no tool can use.
 	Own func(base *http.Transport) http.RoundTripper
+	// Outbox, when set, gathers the files send_file attaches to the reply;
+	// without it send_file refuses.
+	Outbox *Outbox
 	// Processes, when set, starts and signals every process a tool runs:
 	// berth-agent's confine.Launcher puts them in the tools' stricter
 	// Landlock domain. Unset, they start as they are.
@@ -84,7 +87,7 @@ func Builtin(env Env) []Tool {
 	return []Tool{
 		shell{env}, readFile{env}, writeFile{env}, listDir{env}, webFetch{env},
 		memoryStore{env}, memorySearch{env}, memoryDelete{env}, memoryNote{env}, memoryRead{env},
-		soulRead{env}, soulEdit{env},
+		soulRead{env}, soulEdit{env}, sendFile{env},
 	}
 }
 

@@ -35,7 +35,7 @@ func names(s *Set) []string {
 
 // allTools are MeepaGateway's tool names, in Builtin's order.
 var allTools = []string{"shell", "read_file", "write_file", "list_dir", "web_fetch",
-	"memory_store", "memory_search", "memory_delete", "memory_note", "memory_read", "soul_read", "soul_edit"}
+	"memory_store", "memory_search", "memory_delete", "memory_note", "memory_read", "soul_read", "soul_edit", "send_file"}
 
 func TestFilter(t *testing.T) {
 	t.Parallel()

@@ -236,7 +236,30 @@ type Response struct {
 	// more there were than MaxSpans.
 	Spans        []SpanRecord `json:"spans,omitempty"`
 	SpansDropped int          `json:"spans_dropped,omitempty"`
+	// Files are what the reply carries as uploads: the files the agent
+	// sent with send_file and those it left in OutboxDir, at most
+	// MaxOutFiles. The scheduler reads them from the workspace on the
+	// host and trusts nothing here but the paths, which it opens beneath
+	// the workspace without following a symlink.
+	Files []OutFile `json:"files,omitempty"`
 }
+
+// OutFile is one file a reply carries.
+type OutFile struct {
+	// Path is the file's path relative to the workspace, slash-separated,
+	// with no ".." element.
+	Path string `json:"path"`
+	// Caption is what the agent said with it ("" for a file in OutboxDir).
+	Caption string `json:"caption,omitempty"`
+}
+
+// OutboxDir is the workspace directory whose files go out with the reply
+// of the run that leaves them there; the scheduler removes them once it
+// has them.
+const OutboxDir = "outbox"
+
+// MaxOutFiles is the most files one reply carries (busapi.MaxFiles).
+const MaxOutFiles = 32
 
 // MCPStatus is one MCP server in a run's record.
 type MCPStatus struct {

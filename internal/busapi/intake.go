@@ -19,9 +19,22 @@ type Intake struct {
 func NewIntake(conn *dbus.Conn) Intake { return Intake{conn: conn} }
 
 // Deliver hands a finished run's reply to intake; it returns once intake
-// has stored it.
+// has stored it. A reply with Files goes through DeliverFiles.
 func (i Intake) Deliver(ctx context.Context, r Reply) error {
+	if len(r.Files) > 0 {
+		return i.DeliverFiles(ctx, r)
+	}
 	return call(ctx, i.conn.Object(bus.IntakeName, bus.IntakePath), 0, bus.IntakeInterface, "Deliver", []any{r.Wire()})
+}
+
+// DeliverFiles hands a finished run's reply with its files to intake; it
+// returns once intake has stored the reply and a copy of every file. The
+// files stay the caller's to close.
+func (i Intake) DeliverFiles(ctx context.Context, r Reply) error {
+	if len(r.Files) > MaxFiles {
+		return fmt.Errorf("%w: %d files, at most %d", ErrInvalid, len(r.Files), MaxFiles)
+	}
+	return call(ctx, i.conn.Object(bus.IntakeName, bus.IntakePath), 0, bus.IntakeInterface, "DeliverFiles", []any{r.Wire(), FilesWire(r.Files)})
 }
 
 // ConnectorStatus is one entry of intake's Connectors property.

@@ -16,6 +16,9 @@ type Reply struct {
 	// Traceparent is the W3C trace context of the scheduler's delivery
 	// (internal/tracing), "" when tracing is off.
 	Traceparent string
+	// Files are the uploads the reply carries (at most MaxFiles). They are
+	// no part of Wire: they travel as descriptors, in DeliverFiles.
+	Files []File
 }
 
 // Wire is the Deliver argument (a{ss}) for r. The message id travels as the

@@ -49,7 +49,7 @@ func TestReplyCarriesThePlatformsMessageIDAndTheKeyOnTheWire(t *testing.T) {
 	if r.Wire()["message_id"] != "hooks/m-1" {
 		t.Fatalf("wire message_id = %q, want hooks/m-1", r.Wire()["message_id"])
 	}
-	if got := ReplyFromWire(r.Wire()); got != r {
+	if got := ReplyFromWire(r.Wire()); !reflect.DeepEqual(got, r) {
 		t.Fatalf("round trip = %+v, want %+v", got, r)
 	}
 }

@@ -69,6 +69,8 @@ var (
 	workspaceQuotaRule = sizeRule{what: "workspace quota", min: minWorkspaceQuota, minMsg: "16m (or 0 for no quota)", zeroOK: true}
 	// An inbound attachment cap of 0 takes no files at all.
 	attachmentSizeRule = sizeRule{what: "attachment size", zeroOK: true}
+	// [scheduler] max_reply_file_bytes and max_reply_files_bytes.
+	replyFileSizeRule = sizeRule{what: "reply file size", min: 1 << 10, minMsg: "1k"}
 )
 
 // check reads s under rule; the message is "" when s is a size the key takes.

@@ -93,6 +93,8 @@ type schedulerSettings struct {
 	AgentUIDs             *UIDRange `toml:"agent_uids"`
 	AllowRlimitFallback   bool      `toml:"allow_rlimit_fallback"`
 	RunsCPUWeight         *int      `toml:"runs_cpu_weight" berth:"check=cpuWeight"`
+	MaxReplyFileBytes     *Bytes    `toml:"max_reply_file_bytes" berth:"check=replyFileSize"`
+	MaxReplyFilesBytes    *Bytes    `toml:"max_reply_files_bytes" berth:"check=replyFileSize"`
 }
 
 // retentionSettings is [retention] as written; Retention is its resolution.

@@ -182,6 +182,8 @@ func (t *tree) config() *Config {
 			AgentUIDs:           firstSet(DefaultAgentUIDs, sched.AgentUIDs),
 			AllowRlimitFallback: sched.AllowRlimitFallback,
 			RunsCPUWeight:       firstSet(DefaultRunsCPUWeight, sched.RunsCPUWeight),
+			MaxReplyFileBytes:   int64(firstSet(Bytes(DefaultMaxReplyFileBytes), sched.MaxReplyFileBytes)),
+			MaxReplyFilesBytes:  int64(firstSet(Bytes(DefaultMaxReplyFilesBytes), sched.MaxReplyFilesBytes)),
 		},
 		Retention: doc.Retention.resolve(),
 		Tracing:   doc.Tracing,

@@ -160,9 +160,10 @@ func TestLoadReadsEveryKeyOfAValidConfig(t *testing.T) {
 		Intake:     config.Intake{Listen: "127.0.0.1:8080", DefaultAgent: "ops"},
 		Connectors: []config.Connector{{ID: "hook", Type: "webhook", Secret: "hook-secret", ReplyURL: "https://chat.example/reply", DefaultAgent: "coder"}},
 		Bindings:   []config.Binding{{Connector: "hook", ChannelID: "C1", Agent: "ops"}},
-		Scheduler:  config.Scheduler{MaxConcurrentRuns: 8, DefaultTimeout: 120 * time.Second, RunAs: "berth-runner", AgentBinary: "/opt/berth/berth-agent", EgressBinary: "/opt/berth/berth-egress", EgressUser: "berth-egress", AgentUIDs: config.DefaultAgentUIDs, RunsCPUWeight: config.DefaultRunsCPUWeight},
-		Retention:  config.Retention{FinishedRuns: 7 * 24 * time.Hour, RunsPerAgent: 500, Delivered: 48 * time.Hour, IdleConversation: 14 * 24 * time.Hour},
-		Sources:    []string{path},
+		Scheduler: config.Scheduler{MaxConcurrentRuns: 8, DefaultTimeout: 120 * time.Second, RunAs: "berth-runner", AgentBinary: "/opt/berth/berth-agent", EgressBinary: "/opt/berth/berth-egress", EgressUser: "berth-egress", AgentUIDs: config.DefaultAgentUIDs, RunsCPUWeight: config.DefaultRunsCPUWeight,
+			MaxReplyFileBytes: config.DefaultMaxReplyFileBytes, MaxReplyFilesBytes: config.DefaultMaxReplyFilesBytes},
+		Retention: config.Retention{FinishedRuns: 7 * 24 * time.Hour, RunsPerAgent: 500, Delivered: 48 * time.Hour, IdleConversation: 14 * 24 * time.Hour},
+		Sources:   []string{path},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Load returned\n%+v\nwant\n%+v", got, want)
@@ -177,7 +178,8 @@ func TestLoadFillsSchedulerDefaultsAndTheLocalProvider(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
-	want := config.Scheduler{MaxConcurrentRuns: 4, DefaultTimeout: 300 * time.Second, RunAs: "berth-agent", AgentBinary: "/usr/libexec/berth/berth-agent", EgressBinary: "/usr/libexec/berth/berth-egress", EgressUser: "berth-egress", AgentUIDs: config.DefaultAgentUIDs, RunsCPUWeight: config.DefaultRunsCPUWeight}
+	want := config.Scheduler{MaxConcurrentRuns: 4, DefaultTimeout: 300 * time.Second, RunAs: "berth-agent", AgentBinary: "/usr/libexec/berth/berth-agent", EgressBinary: "/usr/libexec/berth/berth-egress", EgressUser: "berth-egress", AgentUIDs: config.DefaultAgentUIDs, RunsCPUWeight: config.DefaultRunsCPUWeight,
+		MaxReplyFileBytes: config.DefaultMaxReplyFileBytes, MaxReplyFilesBytes: config.DefaultMaxReplyFilesBytes}
 	if c.Scheduler != want {
 		t.Errorf("Scheduler = %+v, want %+v", c.Scheduler, want)
 	}

@@ -424,7 +424,22 @@ type Scheduler struct {
 	// cgroup — so that intake and the daemons get the CPU first when runs
 	// want more than is free (ADR 30). Default DefaultRunsCPUWeight.
 	RunsCPUWeight int
+	// MaxReplyFileBytes is max_reply_file_bytes: the largest file a reply
+	// carries (send_file, outbox/); a larger one is left out with a note in
+	// the reply. Default DefaultMaxReplyFileBytes.
+	MaxReplyFileBytes int64
+	// MaxReplyFilesBytes is max_reply_files_bytes: all of one reply's files
+	// together; the files past it are left out with a note. Default
+	// DefaultMaxReplyFilesBytes.
+	MaxReplyFilesBytes int64
 }
+
+// Defaults of the reply file caps: a file as large as Slack and MeepaChat
+// take by default, and four of them.
+const (
+	DefaultMaxReplyFileBytes  = 25 << 20
+	DefaultMaxReplyFilesBytes = 100 << 20
+)
 
 // DefaultRunsCPUWeight is the built-in runs_cpu_weight: a fifth of an
 // ordinary service's weight (CPUWeight=100), as units/systemd/berth-runs.slice

@@ -180,6 +180,7 @@ var valueChecks = map[string]any{
 	"memoryLimit":    memoryLimitRule,
 	"workspaceQuota": workspaceQuotaRule,
 	"attachmentSize": attachmentSizeRule,
+	"replyFileSize":  replyFileSizeRule,
 	"runtime":        CheckRuntime,
 	"warm":           between(0, MaxWarm),
 	"bind":           checkBind,

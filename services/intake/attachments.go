@@ -29,13 +29,6 @@ import (
 // place before the message is stored, so nothing half-written is ever
 // handed on; a directory left by a crash before the store is swept.
 
-// storedFile is one attachment kept with its message.
-type storedFile struct {
-	Name string `json:"name"`
-	Type string `json:"type,omitempty"`
-	Size int64  `json:"size"`
-}
-
 // attachmentsDir is where pending messages' files are kept.
 const attachmentsDir = "attachments"
 
@@ -361,16 +354,4 @@ func (s *sniffer) Write(p []byte) (int, error) {
 		s.b = append(s.b, p[:min(room, len(p))]...)
 	}
 	return len(p), nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("cannot sync %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("cannot sync %s: %w", dir, err)
-	}
-	return nil
 }

@@ -46,6 +46,35 @@ func (o *intakeObject) Deliver(sender dbus.Sender, reply map[string]string) *dbu
 	}
 }
 
+// DeliverFiles implements dev.berth.Intake1.DeliverFiles: Deliver for a
+// reply with files, each copied into intake's state before it returns.
+func (o *intakeObject) DeliverFiles(sender dbus.Sender, reply map[string]string, wire []busapi.FileWire) *dbus.Error {
+	files, err := busapi.FilesFromWire(wire)
+	if err != nil {
+		return bus.NewError(bus.ErrInvalidArgument, "%v", err)
+	}
+	defer busapi.CloseFiles(files)
+	if derr := o.auth.Check(o.conn, sender); derr != nil {
+		o.service.log.Warn("DeliverFiles refused", "sender", string(sender), "err", derr)
+		return derr
+	}
+	r := busapi.ReplyFromWire(reply)
+	r.Files = files
+	return o.deliverError(o.service.Deliver(r))
+}
+
+func (o *intakeObject) deliverError(err error) *dbus.Error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrInvalidReply):
+		return bus.NewError(bus.ErrInvalidArgument, "%v", err)
+	default:
+		o.service.log.Error("cannot store reply", "err", err)
+		return bus.NewError(bus.ErrInternal, "%v", err)
+	}
+}
+
 // propertySetter publishes the properties of dev.berth.Intake1.
 type propertySetter interface {
 	setCounts(inbox, outbox uint32)

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -226,7 +227,7 @@ func TestDeliverOverDBusPostsTheReplyUntilThePlatformTakesIt(t *testing.T) {
 				t.Fatalf("reply server found problems: %v", rs.problems)
 			}
 			want := replyPost{ID: "m-1", RunID: "run-42", Channel: "ops", Thread: "t-7", Agent: "ops-agent", State: "succeeded", Text: "all green"}
-			if rs.accepted[0] != want {
+			if !reflect.DeepEqual(rs.accepted[0], want) {
 				t.Fatalf("posted reply = %+v, want %+v", rs.accepted[0], want)
 			}
 			replies := outboxEntries(t, s)

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net/http"
 	"net/url"
@@ -34,26 +36,56 @@ type replyPost struct {
 	State   string `json:"state"`
 	Text    string `json:"text"`
 	Error   string `json:"error"`
+	// Files are the reply's uploads, each with its bytes in base64; absent
+	// for a reply without files.
+	Files []replyPostFile `json:"files,omitempty"`
 }
 
-// Deliver stores a run's reply in the outbox and returns once it is on disk;
-// the deliverer then posts it to the connector. Delivering a run id again
-// stores nothing and returns nil. Refusals wrap ErrInvalidReply.
+// replyPostFile is one file of a reply post.
+type replyPostFile struct {
+	Name    string `json:"name"`
+	Type    string `json:"type"`
+	Size    int64  `json:"size"`
+	Caption string `json:"caption,omitempty"`
+	Base64  string `json:"base64"`
+}
+
+// Deliver stores a run's reply in the outbox and returns once it is on disk,
+// with a copy of each of its files (reply.Files, read from their start and
+// left open for the caller to close); the deliverer then posts it to the
+// connector. Delivering a run id again stores nothing and returns nil.
+// Refusals wrap ErrInvalidReply.
 func (s *Service) Deliver(reply busapi.Reply) error {
 	r, err := s.replyFrom(reply)
 	if err != nil {
 		return err
 	}
+	log := s.log.With("connector", r.Connector, "message_id", r.MessageID, "run_id", r.RunID, "agent", r.Agent)
+	if len(reply.Files) > 0 {
+		if _, found, err := s.store.reply(r.RunID); err != nil || found {
+			if found {
+				log.Info("duplicate reply ignored")
+			}
+			return err
+		}
+		if r.FilesDir, r.Files, err = s.replyFiles.save(r.RunID, reply.Files); err != nil {
+			return err
+		}
+	}
 	created, err := s.store.addReply(r)
+	if err != nil || !created {
+		if rerr := s.replyFiles.remove(r.FilesDir); rerr != nil {
+			log.Error("cannot remove the files of a reply not stored", "err", rerr)
+		}
+	}
 	if err != nil {
 		return err
 	}
-	log := s.log.With("connector", r.Connector, "message_id", r.MessageID, "run_id", r.RunID, "agent", r.Agent)
 	if !created {
 		log.Info("duplicate reply ignored")
 		return nil
 	}
-	log.Info("reply stored", "run_state", r.RunState)
+	log.Info("reply stored", "run_state", r.RunState, "files", len(r.Files))
 	s.refreshCounters()
 	s.stopTyping(busapi.MessageKey(r.Connector, r.MessageID))
 	s.pokeDeliver(r.Connector)
@@ -91,6 +123,14 @@ func (s *Service) replyFrom(in busapi.Reply) (outboxEntry, error) {
 	}
 	if err := validID(in.RunID); err != nil {
 		return outboxEntry{}, fmt.Errorf("%w: bad run_id: %v", ErrInvalidReply, err)
+	}
+	if len(in.Files) > busapi.MaxFiles {
+		return outboxEntry{}, fmt.Errorf("%w: %d files, at most %d", ErrInvalidReply, len(in.Files), busapi.MaxFiles)
+	}
+	for _, f := range in.Files {
+		if name, err := busapi.CleanFileName(f.Name); err != nil || name != f.Name || f.Size < 0 || f.Open == nil {
+			return outboxEntry{}, fmt.Errorf("%w: file %q is not a plain file name with its size and bytes", ErrInvalidReply, f.Name)
+		}
 	}
 	if _, ok := s.config().Connector(in.Connector); !ok {
 		return outboxEntry{}, fmt.Errorf("%w: unknown connector %q", ErrInvalidReply, in.Connector)
@@ -192,6 +232,7 @@ func (s *Service) deliver(ctx context.Context, r outboxEntry) (time.Time, bool) 
 			return now.Add(s.retryDelay.Max), true
 		}
 		log.Error("platform refused the reply for good; it is marked failed", "attempts", r.Attempts+1, "err", err)
+		s.removeReplyFiles(r, log)
 		s.refreshCounters()
 		return time.Time{}, false
 	}
@@ -213,7 +254,8 @@ func (s *Service) deliver(ctx context.Context, r outboxEntry) (time.Time, bool) 
 		log.Error("cannot record delivered reply", "err", err)
 		return now.Add(s.retryDelay.Max), true
 	}
-	log.Info("reply delivered", "attempts", r.Attempts+1)
+	log.Info("reply delivered", "attempts", r.Attempts+1, "files", len(r.Files))
+	s.removeReplyFiles(r, log)
 	s.refreshCounters()
 	return time.Time{}, false
 }
@@ -234,6 +276,7 @@ func (s *Service) send(ctx context.Context, r outboxEntry) error {
 		return err
 	}
 	reply := connectorReply(r)
+	reply.Files = s.replyFiles.files(r.FilesDir, r.Files)
 	if rp, ok := rc.conn.(connector.RepostChecker); ok && rp.ChecksReposts() && !reply.Retry {
 		// Durably before the post: a crash after it makes the next attempt
 		// a Retry, which looks for the post instead of making it twice.
@@ -242,7 +285,12 @@ func (s *Service) send(ctx context.Context, r outboxEntry) error {
 		}
 	}
 	// Like Submit, a send in flight finishes even when the service stops.
-	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callTimeout)
+	// Uploads get a second more per MiB.
+	timeout := s.callTimeout
+	for _, f := range reply.Files {
+		timeout += time.Duration(f.Size>>20) * time.Second
+	}
+	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	return rc.conn.Send(callCtx, reply)
 }
@@ -288,9 +336,13 @@ func (s *Service) post(ctx context.Context, r outboxEntry) error {
 	if err != nil {
 		return fmt.Errorf("cannot read connector secret: %w", err)
 	}
+	files, err := postFiles(s.replyFiles.files(r.FilesDir, r.Files))
+	if err != nil {
+		return err
+	}
 	body, err := json.Marshal(replyPost{
 		ID: r.MessageID, RunID: r.RunID, Channel: r.Channel, Thread: r.Thread,
-		Agent: r.Agent, State: r.RunState, Text: r.Text, Error: r.Error,
+		Agent: r.Agent, State: r.RunState, Text: r.Text, Error: r.Error, Files: files,
 	})
 	if err != nil {
 		return fmt.Errorf("cannot encode reply: %w", err)
@@ -325,4 +377,43 @@ func (s *Service) post(ctx context.Context, r outboxEntry) error {
 		return fmt.Errorf("reply_url answered %s", resp.Status)
 	}
 	return nil
+}
+
+// removeReplyFiles deletes a done reply's files; what a failure leaves, the
+// retention pass sweeps.
+func (s *Service) removeReplyFiles(r outboxEntry, log *slog.Logger) {
+	if err := s.replyFiles.remove(r.FilesDir); err != nil {
+		log.Warn("cannot remove the files of a finished reply; the retention pass will", "err", err)
+	}
+}
+
+// postFiles are a reply post's files, their bytes in base64. A webhook has
+// no upload limit of its own: the scheduler's max_reply_file_bytes and
+// max_reply_files_bytes bound what is posted.
+func postFiles(files []connector.File) ([]replyPostFile, error) {
+	out := make([]replyPostFile, 0, len(files))
+	for _, f := range files {
+		data, err := readFileBytes(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, replyPostFile{Name: f.Name, Type: f.Type, Size: f.Size, Caption: f.Caption, Base64: base64.StdEncoding.EncodeToString(data)})
+	}
+	return out, nil
+}
+
+func readFileBytes(f connector.File) ([]byte, error) {
+	r, err := f.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	data, err := io.ReadAll(io.LimitReader(r, f.Size+1))
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the reply's file %s: %w", f.Name, err)
+	}
+	if int64(len(data)) != f.Size {
+		return nil, fmt.Errorf("the reply's file %s has %d bytes, not %d", f.Name, len(data), f.Size)
+	}
+	return data, nil
 }

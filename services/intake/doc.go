@@ -85,7 +85,9 @@
 //	│   ╰── <run id> : JSON outboxEntry
 //	│         run_id, message_id, connector, agent, channel, thread, meta,
 //	│         run_state, text, error, state (pending|delivered|failed),
-//	│         attempts, last_error, next_attempt, delivered_at, done_at, seq
+//	│         attempts, last_error, next_attempt, delivered_at, done_at, seq,
+//	│         files_dir, files (name, type, caption, size: the reply's
+//	│         uploads, kept under reply-files/files_dir; replyfiles.go)
 //	├── pending
 //	│   ╰── <connector> NUL <seq: uint64, big-endian> : <run id>
 //	╰── done

@@ -23,7 +23,7 @@ func TestBusctlIntrospectShowsEveryInterfaceOfIntake(t *testing.T) {
 	}
 	text := string(out)
 	for _, want := range []string{
-		"dev.berth.Intake1", ".Deliver", ".InboxPending", ".OutboxPending", ".Connectors",
+		"dev.berth.Intake1", ".Deliver", ".DeliverFiles", ".InboxPending", ".OutboxPending", ".Connectors",
 		"org.freedesktop.DBus.Introspectable", "org.freedesktop.DBus.Peer", "org.freedesktop.DBus.Properties",
 	} {
 		if !strings.Contains(text, want) {

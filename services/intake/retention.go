@@ -2,6 +2,7 @@ package intake
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/berth-dev/berth/internal/config"
@@ -61,5 +62,25 @@ func (s *Service) prune(ctx context.Context) int {
 	if total > 0 {
 		s.log.Info("pruned finished messages and replies", "count", total, "older_than", cutoff.UTC().Format(time.RFC3339))
 	}
+	if n := s.sweepReplyFiles(); n > 0 {
+		s.log.Info("removed the files of finished replies", "count", n)
+	}
 	return total
+}
+
+// sweepReplyFiles removes the file directories that no pending reply names:
+// a reply's files go when it is done, and this catches those a crash or a
+// failed removal left behind.
+func (s *Service) sweepReplyFiles() int {
+	return s.replyFiles.sweep(func(dir string) bool {
+		_, runID, ok := strings.Cut(dir, ".")
+		if !ok {
+			return false
+		}
+		r, found, err := s.store.reply(runID)
+		if err != nil {
+			return true // not knowing, keep it
+		}
+		return found && r.State == statePending && r.FilesDir == dir
+	}, s.clock.Now(), s.log)
 }

@@ -39,6 +39,7 @@ type Service struct {
 	cfg         atomic.Pointer[settingsBox]
 	retention   atomic.Int64 // time.Duration of [retention] delivered
 	store       *store
+	replyFiles  replyFileStore // replyfiles.go
 	log         *slog.Logger
 	submitter   atomic.Pointer[submitterBox]
 	httpClient  *http.Client
@@ -138,6 +139,7 @@ func New(cfg *config.Config, stateDir string, opts ...Option) (*Service, error) 
 		return nil, fmt.Errorf("cannot create intake service: %w", err)
 	}
 	s.store = st
+	s.replyFiles = replyFileStore{dir: filepath.Join(stateDir, replyFilesDir)}
 	st.w.SetLogger(s.log.With("db", DBName))
 	s.metrics = newIntakeMetrics(s)
 	if err := s.sweepFiles(); err != nil {

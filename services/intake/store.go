@@ -100,6 +100,10 @@ type outboxEntry struct {
 	// Traceparent is the W3C trace context of the scheduler's delivery
 	// span, the parent of each send's span (tracing.go); "" when not traced.
 	Traceparent string `json:"traceparent,omitempty"`
+	// FilesDir is the reply's directory under reply-files/ (replyfiles.go)
+	// and Files its files, in order; both empty for a reply without files.
+	FilesDir string       `json:"files_dir,omitempty"`
+	Files    []storedFile `json:"files,omitempty"`
 }
 
 // migrations are applied in order to databases older than their version.
@@ -605,6 +609,25 @@ func (s *store) refuseMessage(key string, cause error, reply outboxEntry, attemp
 		return fmt.Errorf("cannot record refused message: %w", err)
 	}
 	return nil
+}
+
+// reply reads the outbox entry of runID.
+func (s *store) reply(runID string) (outboxEntry, bool, error) {
+	var r outboxEntry
+	var found bool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		replies, _, _ := outboxBuckets(tx)
+		v := replies.Get([]byte(runID))
+		if v == nil {
+			return nil
+		}
+		found = true
+		return json.Unmarshal(v, &r)
+	})
+	if err != nil {
+		return outboxEntry{}, false, fmt.Errorf("cannot read outbox: %w", err)
+	}
+	return r, found, nil
 }
 
 // addReply stores r as pending unless its run id is already in the outbox;

@@ -30,7 +30,8 @@ type BusDeliverer struct {
 	Conn *dbus.Conn
 }
 
-// Deliver calls dev.berth.Intake1.Deliver.
+// Deliver calls dev.berth.Intake1.Deliver, or DeliverFiles for a reply
+// with files.
 func (d BusDeliverer) Deliver(ctx context.Context, reply busapi.Reply) error {
 	if err := busapi.NewIntake(d.Conn).Deliver(ctx, reply); err != nil {
 		return fmt.Errorf("cannot deliver run %s to intake: %w", reply.RunID, err)
@@ -194,7 +195,16 @@ func (s *Service) deliver(ctx context.Context, id string, rt *retry) (err, store
 		dctx, span := tracing.Tracer().Start(traced(dctx, r), spanDeliver, runAttrs(r))
 		reply := ReplyOf(r)
 		reply.Traceparent = tracing.Traceparent(dctx)
+		if len(r.ReplyFiles) > 0 {
+			files, ferr := s.openReplyFiles(r)
+			if ferr != nil {
+				s.log.Error("cannot open the reply's files; it is delivered without them", "run_id", id, "err", ferr)
+				reply.Text = fileNotes(reply.Text, []string{"the files of this reply were not sent: the scheduler lost its copy"})
+			}
+			reply.Files = files
+		}
 		err = s.opts.Deliverer.Deliver(dctx, reply)
+		busapi.CloseFiles(reply.Files)
 		if err != nil {
 			span.SetStatus(codes.Error, "intake did not take the reply")
 		}
@@ -244,6 +254,9 @@ func (s *Service) deliver(ctx context.Context, id string, rt *retry) (err, store
 	}
 	if err != nil {
 		return nil, fmt.Errorf("cannot mark run %s delivered: %w", id, err)
+	}
+	if len(r.ReplyFiles) > 0 {
+		s.removeReplyFiles(id) // intake has its own copy, or never will
 	}
 	if undeliverable != "" {
 		s.log.Error("reply cannot be delivered; the run is failed and keeps its reply", "run_id", id, "agent", r.Agent, "connector", r.Connector, "message_id", r.MessageID, "err", undeliverable)

@@ -158,7 +158,7 @@ func (s *Service) claim() ([]Run, error) {
 // execute runs r to its end and records the outcome (outside s.mu).
 func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.Config) {
 	defer s.runs.Done()
-	var res isolation.Result
+	var res runOutcome
 	var backend string
 	var runErr error
 	claim := s.sandboxes.claimOf(r.ID)
@@ -223,7 +223,8 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 			cur.Reply = cleanText(res.Response.Reply)
 		default:
 			finish(&cur, StateSucceeded, "", "", now)
-			cur.Reply = cleanText(res.Response.Reply)
+			cur.Reply = cleanText(fileNotes(res.Response.Reply, res.files.notes))
+			cur.ReplyFiles = res.files.files
 			// History is a convenience; it must never keep the outcome from
 			// being recorded (the run would be started again).
 			historyErr = appendHistory(tx, cur, now)
@@ -242,7 +243,7 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 		final = cur
 		return putRun(tx, cur)
 	})
-	endRunSpan(spanCtx, runSpan, started, res, runErr, final.State)
+	endRunSpan(spanCtx, runSpan, started, res.Result, runErr, final.State)
 	s.mu.Lock()
 	delete(s.active, r.ID)
 	s.mu.Unlock()
@@ -261,7 +262,7 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 			s.runLog(r).Error("cannot record the run in its conversation history", "err", historyErr)
 		}
 		s.runLog(r).Info("run ended", "backend", final.Backend, "state", final.State, "reason", final.Reason)
-		s.countEnded(final, res)
+		s.countEnded(final, res.Result)
 		if Finished(final.State) {
 			s.emitFinished(final)
 		} else {

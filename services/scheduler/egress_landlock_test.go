@@ -130,11 +130,11 @@ func runEgress(t *testing.T, cfg *config.Config, stateDir string, backends map[s
 	if err != nil {
 		t.Fatalf("run failed: %v (stderr %q)", err, res.Stderr)
 	}
-	rep := decodeReport(t, res)
+	rep := decodeReport(t, res.Result)
 	if _, err := os.Stat(filepath.Join(s.stateDir, "egress", r.ID)); !os.IsNotExist(err) {
 		t.Errorf("the run's egress directory outlived the run: %v", err)
 	}
-	return res, rep
+	return res.Result, rep
 }
 
 // directTraffic asks the test agent to try every way out but its socket:

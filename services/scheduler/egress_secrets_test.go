@@ -65,7 +65,7 @@ func TestEgressASecretReachesItsHostFromARealSandboxWhichNeverHoldsIt(t *testing
 	if err != nil {
 		t.Fatalf("run failed: %v (stderr %q)", err, res.Stderr)
 	}
-	rep := decodeReport(t, res)
+	rep := decodeReport(t, res.Result)
 	if len(rep.Curl) != 1 || rep.Curl[0] != `{"login":"berth-bot"} [200]` {
 		t.Fatalf("curl from the sandbox: %q; want the API's answer, over TLS the sandbox verified", rep.Curl)
 	}

@@ -138,18 +138,6 @@ func copyExactly(dst string, src io.Reader, size int64, mode fs.FileMode) error 
 	return out.Close()
 }
 
-func syncPath(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("cannot sync %s: %w", dir, err)
-	}
-	return nil
-}
-
 // inboxName is the directory a message's files get in the workspace: the
 // platform's message id made one path element.
 func inboxName(r Run) string {

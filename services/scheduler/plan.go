@@ -19,7 +19,7 @@ import (
 // runOnce has the run prepared (internal/runprep: plan, backend, user,
 // workspace, image, egress proxy), hands it to its backend and finishes it.
 // backend is the name of the backend used, if any.
-func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res isolation.Result, backend string, err error) {
+func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res runOutcome, backend string, err error) {
 	// What the run's proxy may spend, and who counts its calls (usage.go).
 	sp, spending := s.beginSpend(cfg, r.Agent)
 	planCtx, planSpan := tracing.Tracer().Start(ctx, spanPlan)
@@ -59,9 +59,12 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res i
 		s.hold(ctx, HoldBeforeAnswer, r)
 		return nil
 	})
-	res, err = prep.Backend.Run(ctx, spec)
+	res.Result, err = prep.Backend.Run(ctx, spec)
 	started(err)
 	res.Response.MCP = append(refusedMCP, res.Response.MCP...)
+	if err == nil && res.Response.Error == "" {
+		res.files = s.takeReplyFiles(cfg, r, prep.Plan, isolation.KnownSecrets(spec), res.Response)
+	}
 	return res, backend, err
 }
 

@@ -61,7 +61,7 @@ func TestEgressReadOnlyRunsReadEveryTunnel(t *testing.T) {
 		if err != nil {
 			t.Fatalf("mode %q: run failed: %v (stderr %q)", mode, err, res.Stderr)
 		}
-		rep := decodeReport(t, res)
+		rep := decodeReport(t, res.Result)
 		if len(rep.Curl) != 1 || !strings.Contains(rep.Curl[0], "simple index [200]") {
 			t.Fatalf("mode %q: curl %q (proxy %q)", mode, rep.Curl, rep.ProxyErr)
 		}

@@ -174,6 +174,11 @@ func (s *Service) deleteRuns(ctx context.Context, ids []string) (int, error) {
 			return deleted, err
 		}
 		s.dropStaged(messages)
+		for _, id := range batch {
+			// Delivered runs' files went at delivery; this catches a
+			// removal that failed or a crash right after the mark.
+			s.removeReplyFiles(id)
+		}
 		deleted += n
 	}
 	return deleted, nil

@@ -327,7 +327,7 @@ func (s *Service) sandboxID() string { return "sbx_" + newRunID(s.clock.Now()) }
 // runInSandbox runs r in its conversation's sandbox (claim), starting it
 // first when it is new, and stops it after the run when the run failed or
 // it reached max_lifetime.
-func (s *Service) runInSandbox(ctx context.Context, r Run, cfg *config.Config, claim *sandboxClaim) (res isolation.Result, backend string, err error) {
+func (s *Service) runInSandbox(ctx context.Context, r Run, cfg *config.Config, claim *sandboxClaim) (res runOutcome, backend string, err error) {
 	if claim.evict != nil {
 		s.stopSandbox(claim.evict, "stopped to make room for another conversation (max_per_agent)")
 	}
@@ -364,9 +364,12 @@ func (s *Service) runInSandbox(ctx context.Context, r Run, cfg *config.Config, c
 	req, refusedMCP := s.runRequest(r, prep.Agent, prep.Plan)
 	s.newSpendRun(sb.spend) // cost_per_run starts again for this run
 	if req.Message.Files, err = s.placeFiles(r, prep.Plan); err == nil {
-		res, err = kept.Run(ctx, req)
+		res.Result, err = kept.Run(ctx, req)
 	}
 	res.Response.MCP = append(refusedMCP, res.Response.MCP...)
+	if err == nil && res.Response.Error == "" {
+		res.files = s.takeReplyFiles(cfg, r, prep.Plan, isolation.KnownSecrets(prep.OpeningSpec(req.Agent, nil)), res.Response)
+	}
 	rec := prep.CutEgress()
 	res.Egress, res.EgressDropped, res.EgressCounts = rec.Decisions, rec.Dropped, rec.Counts
 	res.Usage = rec.Usage

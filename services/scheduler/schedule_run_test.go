@@ -61,7 +61,7 @@ func TestAScheduledJobsModelIsTheOneItsRunCallsThroughTheProxy(t *testing.T) {
 	}
 	// The proxy lets a provider call through only with the plan's model: the
 	// call was made with the job's, and allowed.
-	rep := decodeReport(t, res)
+	rep := decodeReport(t, res.Result)
 	if rep.ProviderStatus != 200 || !strings.Contains(rep.ProviderBody, "answer for gpt-small") {
 		t.Fatalf("provider call: %d %q (proxy %q); want the answer for the job's model gpt-small", rep.ProviderStatus, rep.ProviderBody, rep.ProxyErr)
 	}

@@ -128,6 +128,10 @@ type Run struct {
 	// not traced; TraceID its trace when it is sampled (exported).
 	Traceparent string `json:"traceparent,omitempty"`
 	TraceID     string `json:"trace_id,omitempty"`
+
+	// ReplyFiles are the files the reply carries, stored under
+	// reply-files/<id>/ (replyfiles.go) until intake has them.
+	ReplyFiles []ReplyFile `json:"reply_files,omitempty"`
 }
 
 // Summary is what ListRuns returns of a run, stored in summaries/ so that a

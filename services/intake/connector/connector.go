@@ -90,6 +90,10 @@ type Reply struct {
 	// it before and never marked it delivered (it may have crashed between
 	// the post and the mark). A RepostChecker looks on the platform first.
 	Retry bool
+	// Files are the uploads the reply carries, in order, after its text.
+	// A connector sends those within its platform's limits (FitFiles) and
+	// says in the text which it left out (WithNotes).
+	Files []File
 }
 
 // RepostChecker is implemented by connectors that, for a Reply with Retry

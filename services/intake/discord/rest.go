@@ -118,6 +118,12 @@ func (c *Connector) call(ctx context.Context, method, route, path string, body a
 			return nil, fmt.Errorf("cannot encode the request: %w", err)
 		}
 	}
+	return c.callBody(ctx, method, route, path, payload, "application/json", auth, secrets...)
+}
+
+// callBody is call with a body already encoded as contentType (a
+// multipart form for uploads).
+func (c *Connector) callBody(ctx context.Context, method, route, path string, payload []byte, contentType string, auth bool, secrets ...string) ([]byte, error) {
 	for attempt := 0; ; attempt++ {
 		if w := c.limits.wait(route); w > 0 {
 			if w > c.o.MaxInlineWait {
@@ -129,7 +135,7 @@ func (c *Connector) call(ctx context.Context, method, route, path string, body a
 			case <-c.clock.After(w):
 			}
 		}
-		status, header, data, err := c.do(ctx, method, path, payload, auth, secrets)
+		status, header, data, err := c.do(ctx, method, path, payload, contentType, auth, secrets)
 		if err != nil {
 			return nil, err
 		}
@@ -153,7 +159,7 @@ func (c *Connector) call(ctx context.Context, method, route, path string, body a
 	}
 }
 
-func (c *Connector) do(ctx context.Context, method, path string, payload []byte, auth bool, secrets []string) (int, http.Header, []byte, error) {
+func (c *Connector) do(ctx context.Context, method, path string, payload []byte, contentType string, auth bool, secrets []string) (int, http.Header, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.o.RequestTimeout)
 	defer cancel()
 	var body io.Reader
@@ -165,7 +171,7 @@ func (c *Connector) do(ctx context.Context, method, path string, payload []byte,
 		return 0, nil, nil, &safeError{msg: "cannot build the request"}
 	}
 	if payload != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType)
 	}
 	req.Header.Set("User-Agent", "DiscordBot (https://github.com/berth-dev/berth, 1)")
 	if auth && c.o.BotToken != "" {
@@ -224,7 +230,9 @@ func (c *Connector) Send(ctx context.Context, r connector.Reply) error {
 	if text == "" {
 		text = "(no reply)"
 	}
-	chunks := connector.Split(text, MessageLimit)
+	files, notes := connector.FitFiles(r.Files, fileLimits)
+	chunks := connector.Split(connector.WithNotes(text, notes), MessageLimit)
+	batches := fileBatches(files)
 	key := r.RunID + "\x00" + r.MessageID
 	c.mu.Lock()
 	done := c.progress[key]
@@ -237,11 +245,15 @@ func (c *Connector) Send(ctx context.Context, r connector.Reply) error {
 	if token == "" && target == "" {
 		return &connector.PermanentError{Reason: "the reply names no Discord channel"}
 	}
-	for i := done; i < len(chunks); i++ {
+	// The chunks, then one message per batch of files; done counts both.
+	for i := done; i < len(chunks)+len(batches); i++ {
 		var err error
-		if token != "" {
+		switch {
+		case i >= len(chunks):
+			err = c.postFiles(ctx, target, r.Meta[MetaApplicationID], token, r.MessageID, batches[i-len(chunks)], replyNonce(r.RunID, i))
+		case token != "":
 			err = c.postFollowup(ctx, r.Meta[MetaApplicationID], token, r.MessageID, chunks[i])
-		} else {
+		default:
 			ref := ""
 			if i == 0 {
 				ref = r.MessageID
@@ -256,8 +268,8 @@ func (c *Connector) Send(ctx context.Context, r connector.Reply) error {
 		}
 		c.mu.Unlock()
 		if err != nil {
-			c.log.Warn("cannot post the discord reply", "run_id", r.RunID, "message_id", r.MessageID, "chunk", i+1, "chunks", len(chunks), "error", err)
-			err = fmt.Errorf("cannot post chunk %d of %d: %w", i+1, len(chunks), err)
+			c.log.Warn("cannot post the discord reply", "run_id", r.RunID, "message_id", r.MessageID, "part", i+1, "chunks", len(chunks), "file_messages", len(batches), "error", err)
+			err = fmt.Errorf("cannot post part %d of %d: %w", i+1, len(chunks)+len(batches), err)
 			c.status.Failed(err)
 			return err
 		}

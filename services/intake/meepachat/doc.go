@@ -38,6 +38,11 @@
 //     returned as a *connector.RetryAfterError; chunks already posted are
 //     not posted again when intake retries the same reply. 400, 403, 404,
 //     410, 413 and 422 are *connector.PermanentError.
+//   - Files: a reply's files go after its text, as MeepaChat's bot clients
+//     send them: POST {base}/api/attachments/presign {"filename",
+//     "mimeType"} → {uploadId}, PUT {base}/api/attachments/upload/{uploadId}
+//     with a multipart "file" part, then a message with "attachmentIds",
+//     at most 10 files a message, files over 25 MB left out with a note.
 //   - Typing: {"type": "typing", "data": {"channelId"}} over the gateway.
 //
 // The protocol has no resume and no acknowledgements: a reconnect gets a

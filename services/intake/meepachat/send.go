@@ -38,8 +38,10 @@ func (c *Connector) send(ctx context.Context, r connector.Reply) error {
 	if err != nil {
 		return err
 	}
-	chunks := connector.Split(r.Text, maxContent)
-	if len(chunks) == 0 {
+	files, notes := connector.FitFiles(r.Files, fileLimits)
+	chunks := connector.Split(connector.WithNotes(r.Text, notes), maxContent)
+	batches := fileBatches(files)
+	if len(chunks) == 0 && len(batches) == 0 {
 		c.log.Debug("empty meepachat reply; nothing to post", "run_id", r.RunID, "message_id", r.MessageID)
 		return nil
 	}
@@ -49,10 +51,17 @@ func (c *Connector) send(ctx context.Context, r connector.Reply) error {
 	c.mu.Unlock()
 	start := 0
 	if p.text == r.Text {
-		start = min(p.sent, len(chunks))
+		start = min(p.sent, len(chunks)+len(batches))
 	}
-	for i := start; i < len(chunks); i++ {
-		if err := c.postChunk(ctx, path, chunks[i], r.Thread); err != nil {
+	// The chunks, then one message per batch of files; sent counts both.
+	for i := start; i < len(chunks)+len(batches); i++ {
+		var err error
+		if i < len(chunks) {
+			err = c.postChunk(ctx, path, chunks[i], r.Thread, nil)
+		} else {
+			err = c.postFiles(ctx, path, r.Thread, batches[i-len(chunks)])
+		}
+		if err != nil {
 			c.mu.Lock()
 			if connector.IsPermanent(err) {
 				delete(c.progress, key)
@@ -60,7 +69,7 @@ func (c *Connector) send(ctx context.Context, r connector.Reply) error {
 				c.progress[key] = sendProgress{text: r.Text, sent: i}
 			}
 			c.mu.Unlock()
-			return fmt.Errorf("cannot post chunk %d of %d: %w", i+1, len(chunks), err)
+			return fmt.Errorf("cannot post part %d of %d: %w", i+1, len(chunks)+len(batches), err)
 		}
 	}
 	c.mu.Lock()
@@ -100,11 +109,12 @@ func (c *Connector) replyPath(r connector.Reply) (string, error) {
 }
 
 // postChunk posts one chunk, waiting out short rate limits.
-func (c *Connector) postChunk(ctx context.Context, path, content, thread string) error {
+func (c *Connector) postChunk(ctx context.Context, path, content, thread string, attachments []string) error {
 	body, err := json.Marshal(struct {
-		Content  string `json:"content"`
-		ThreadID string `json:"threadId,omitempty"`
-	}{content, thread})
+		Content       string   `json:"content"`
+		ThreadID      string   `json:"threadId,omitempty"`
+		AttachmentIDs []string `json:"attachmentIds,omitempty"`
+	}{content, thread, attachments})
 	if err != nil {
 		return fmt.Errorf("cannot encode the reply: %w", err)
 	}
@@ -146,21 +156,29 @@ func (c *Connector) postChunk(ctx context.Context, path, content, thread string)
 // post sends one request and returns the status, headers and the error
 // field of the {data, error} answer.
 func (c *Connector) post(ctx context.Context, path string, body []byte) (int, http.Header, string, error) {
+	status, header, apiErr, _, err := c.request(ctx, http.MethodPost, path, body, "application/json")
+	return status, header, apiErr, err
+}
+
+// request sends one request and returns the status, headers, the error
+// field and the data field of the {data, error} answer.
+func (c *Connector) request(ctx context.Context, method, path string, body []byte, contentType string) (int, http.Header, string, json.RawMessage, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.o.RequestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
 	if err != nil {
-		return 0, nil, "", fmt.Errorf("cannot build the request: %w", err)
+		return 0, nil, "", nil, fmt.Errorf("cannot build the request: %w", err)
 	}
 	req.Header.Set("Authorization", "Bot "+c.o.Token)
-	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Type", contentType)
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return 0, nil, "", fmt.Errorf("cannot post to meepachat: %w", err)
+		return 0, nil, "", nil, fmt.Errorf("cannot post to meepachat: %w", err)
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	var env struct {
+		Data  json.RawMessage `json:"data"`
 		Error json.RawMessage `json:"error"`
 	}
 	apiErr := ""
@@ -172,7 +190,7 @@ func (c *Connector) post(ctx context.Context, path string, body []byte) (int, ht
 			apiErr = string(env.Error)
 		}
 	}
-	return resp.StatusCode, resp.Header, truncate(strings.TrimSpace(apiErr), 200), nil
+	return resp.StatusCode, resp.Header, truncate(strings.TrimSpace(apiErr), 200), env.Data, nil
 }
 
 // retryAfter reads Retry-After as seconds or an HTTP date; missing or bad

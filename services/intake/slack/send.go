@@ -60,6 +60,7 @@ var permanentRefusals = map[string]bool{
 type sendProgress struct {
 	digest [32]byte
 	sent   int
+	files  int // files shared, once every chunk is posted
 }
 
 // Send posts r in its thread, in chunks of at most MessageLimit characters.
@@ -77,16 +78,17 @@ func (c *Connector) send(ctx context.Context, r connector.Reply) error {
 	if r.Channel == "" {
 		return &connector.PermanentError{Reason: "the reply has no Slack channel"}
 	}
-	chunks := connector.Split(r.Text, MessageLimit)
+	files, notes := connector.FitFiles(r.Files, fileLimits)
+	chunks := connector.Split(connector.WithNotes(r.Text, notes), MessageLimit)
 	if len(chunks) == 0 {
 		chunks = []string{"(empty reply)"}
 	}
 	key := r.RunID + "\x00" + r.MessageID
 	digest := sha256.Sum256([]byte(r.Channel + "\x00" + r.Thread + "\x00" + r.Text))
 	c.mu.Lock()
-	start := 0
+	start, startFiles := 0, 0
 	if p, ok := c.progress[key]; ok && p.digest == digest {
-		start = p.sent
+		start, startFiles = p.sent, p.files
 	}
 	c.mu.Unlock()
 	var posted map[int]bool
@@ -120,10 +122,73 @@ func (c *Connector) send(ctx context.Context, r connector.Reply) error {
 			return err
 		}
 	}
+	for i := startFiles; i < len(files); i++ {
+		err := c.shareFile(ctx, r.Channel, r.Thread, files[i])
+		if pe, ok := errors.AsType[*connector.PermanentError](err); ok {
+			// The text is posted; the file alone is refused: say so there.
+			c.log.Warn("Slack refused a reply's file; the reply says so", "run_id", r.RunID, "file", files[i].Name, "error", err)
+			err = c.post(ctx, r.Channel, r.Thread, connector.WithNotes("", []string{files[i].Name + " was not sent: " + pe.Reason}), replyMetadata(r.RunID, len(chunks), len(chunks)))
+		}
+		if err != nil {
+			c.mu.Lock()
+			if connector.IsPermanent(err) {
+				delete(c.progress, key)
+			} else {
+				c.progress[key] = sendProgress{digest: digest, sent: len(chunks), files: i}
+			}
+			c.mu.Unlock()
+			c.log.Warn("cannot upload a reply's file to Slack", "run_id", r.RunID, "message_id", r.MessageID,
+				"file", i+1, "files", len(files), "error", err)
+			return err
+		}
+	}
 	c.mu.Lock()
 	delete(c.progress, key)
 	c.mu.Unlock()
 	return nil
+}
+
+// fileLimits are what Slack takes: files up to 1 GB
+// (methods/files.getUploadURLExternal: file_upload_size_restricted beyond
+// a workspace's own limit), never empty (length must be above 0).
+var fileLimits = connector.FileLimits{Platform: "Slack", MaxFileBytes: 1 << 30, RefuseEmpty: true}
+
+// shareFile uploads one file with the files upload v2 flow and shares it in
+// the reply's thread, its caption as the message that introduces it.
+func (c *Connector) shareFile(ctx context.Context, channel, thread string, f connector.File) error {
+	upload, err := c.api.GetUploadURLExternalContext(ctx, slackapi.GetUploadURLExternalParameters{FileName: f.Name, FileSize: int(f.Size)})
+	if err != nil {
+		return c.classifyFiles("files.getUploadURLExternal", err)
+	}
+	body, err := f.Open()
+	if err != nil {
+		return err
+	}
+	defer body.Close()
+	if err := c.api.UploadToURL(ctx, slackapi.UploadToURLParameters{UploadURL: upload.UploadURL, Reader: body, Filename: f.Name}); err != nil {
+		return c.classifyFiles("the upload", err)
+	}
+	_, err = c.api.CompleteUploadExternalContext(ctx, slackapi.CompleteUploadExternalParameters{
+		Files: []slackapi.FileSummary{{ID: upload.FileID, Title: f.Name}}, Channel: channel, ThreadTimestamp: thread, InitialComment: f.Caption,
+	})
+	if err != nil {
+		return c.classifyFiles("files.completeUploadExternal", err)
+	}
+	return nil
+}
+
+// classifyFiles is classify for the calls of an upload, whose rate limits
+// come back as errors rather than waits.
+func (c *Connector) classifyFiles(call string, err error) error {
+	var rl *slackapi.RateLimitedError
+	if errors.As(err, &rl) {
+		return &connector.RetryAfterError{After: max(rl.RetryAfter, time.Second), Err: errors.New("Slack rate-limited " + call)}
+	}
+	var se slackapi.SlackErrorResponse
+	if errors.As(err, &se) && (se.Err == "file_uploads_disabled" || se.Err == "file_upload_size_restricted" || se.Err == "file_type_not_allowed" || se.Err == "file_uploads_except_images_disabled") {
+		return &connector.PermanentError{Reason: "Slack refused the reply's file: " + se.Err}
+	}
+	return c.classify(err)
 }
 
 // post sends one chunk, sleeping through short 429 waits.

@@ -18,6 +18,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"mime"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -112,6 +113,8 @@ type Post struct {
 	EnforceNonce bool
 	Mentions     json.RawMessage
 	Authority    string // the Authorization header
+	// Files are the message's attachments, uploaded with it (files.go).
+	Files []File
 }
 
 // Limit makes the next REST POST answer 429 (Global: the global limit), or,
@@ -692,15 +695,25 @@ type messageBody struct {
 	MessageReference *struct {
 		MessageID string `json:"message_id"`
 	} `json:"message_reference"`
+	Attachments []struct {
+		ID          json.Number `json:"id"`
+		Filename    string      `json:"filename"`
+		Description string      `json:"description"`
+	} `json:"attachments"`
+	files []File // from the files[n] parts (files.go)
 }
 
 func (s *Server) readMessage(w http.ResponseWriter, r *http.Request) (messageBody, bool) {
 	var b messageBody
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&b); err != nil {
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "multipart/form-data" {
+		if !readMultipart(w, r, &b) {
+			return b, false
+		}
+	} else if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&b); err != nil {
 		reply(w, http.StatusBadRequest, map[string]any{"message": "400: Bad Request", "code": 50109})
 		return b, false
 	}
-	if b.Content == "" {
+	if b.Content == "" && len(b.files) == 0 {
 		reply(w, http.StatusBadRequest, map[string]any{"message": "Cannot send an empty message", "code": 50006})
 		return b, false
 	}
@@ -732,7 +745,7 @@ func (s *Server) channelMessage(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	p := Post{Channel: ch, Content: b.Content, Mentions: b.AllowedMentions, Authority: r.Header.Get("Authorization"), Nonce: nonce, EnforceNonce: b.EnforceNonce}
+	p := Post{Channel: ch, Content: b.Content, Mentions: b.AllowedMentions, Authority: r.Header.Get("Authorization"), Nonce: nonce, EnforceNonce: b.EnforceNonce, Files: b.files}
 	if b.MessageReference != nil {
 		p.ReplyTo = b.MessageReference.MessageID
 	}
@@ -845,7 +858,7 @@ func (s *Server) followup(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	id := s.addPost(Post{Webhook: app + "/" + r.PathValue("token"), Content: b.Content, Mentions: b.AllowedMentions, Authority: r.Header.Get("Authorization")})
+	id := s.addPost(Post{Webhook: app + "/" + r.PathValue("token"), Content: b.Content, Mentions: b.AllowedMentions, Authority: r.Header.Get("Authorization"), Files: b.files})
 	reply(w, http.StatusOK, map[string]any{"id": id, "content": b.Content, "type": 0, "webhook_id": app})
 }
 

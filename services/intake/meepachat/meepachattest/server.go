@@ -7,7 +7,8 @@
 // the gateway's 4,096-byte limit on what a bot sends, delivers events only to
 // connections subscribed to their channel, and lets a test drop connections,
 // go silent, answer 429 with Retry-After, refuse a channel, fail a handshake
-// or send garbage, so connectors can be driven through every path.
+// or send garbage, so connectors can be driven through every path. It also
+// takes uploads as MeepaChat's bot clients make them (files.go).
 package meepachattest
 
 import (
@@ -99,6 +100,8 @@ type Posted struct {
 	ThreadID  string
 	Content   string
 	DM        bool
+	// Attachments are the uploads the message named (files.go).
+	Attachments []Attachment
 }
 
 // Options configure a fake instance.
@@ -137,7 +140,8 @@ type Fake struct {
 	silent     bool
 	nextID     int
 	changed    chan struct{}
-	reactions  []Reaction // progress.go
+	reactions  []Reaction         // progress.go
+	uploads    map[string]*upload // files.go
 }
 
 type gwConn struct {
@@ -156,6 +160,7 @@ func New(o Options) *Fake {
 	mux.HandleFunc("POST /api/servers/{server}/channels/{channel}/messages", f.post)
 	mux.HandleFunc("POST /api/dms/{channel}/messages", f.post)
 	f.handleReactions(mux)
+	f.handleFiles(mux)
 	f.srv = httptest.NewUnstartedServer(mux)
 	// Refused handshakes (an untrusted certificate) are what tests provoke.
 	f.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
@@ -632,8 +637,9 @@ func (f *Fake) post(w http.ResponseWriter, r *http.Request) {
 	server, channel := r.PathValue("server"), r.PathValue("channel")
 	dm := strings.HasPrefix(r.URL.Path, "/api/dms/")
 	var body struct {
-		Content  *string `json:"content"`
-		ThreadID string  `json:"threadId"`
+		Content       *string  `json:"content"`
+		ThreadID      string   `json:"threadId"`
+		AttachmentIDs []string `json:"attachmentIds"`
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
 	if err := dec.Decode(&body); err != nil || body.Content == nil {
@@ -667,13 +673,19 @@ func (f *Fake) post(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, envelope{Error: "channel not found"})
 		return
 	}
+	attachments, ok := f.takeAttachmentsLocked(body.AttachmentIDs)
+	if !ok {
+		f.mu.Unlock()
+		writeJSON(w, http.StatusBadRequest, envelope{Error: "unknown attachment"})
+		return
+	}
 	f.nextID++
 	m := Message{
 		ID: fmt.Sprintf("posted-%d", f.nextID), ChannelID: channel, UserID: f.opts.Bot.ID,
 		ThreadID: body.ThreadID, Content: *body.Content, User: &f.opts.Bot,
 		CreatedAt: time.Now().UTC().Format(time.RFC3339Nano),
 	}
-	f.posted = append(f.posted, Posted{ServerID: server, ChannelID: channel, ThreadID: body.ThreadID, Content: *body.Content, DM: dm})
+	f.posted = append(f.posted, Posted{ServerID: server, ChannelID: channel, ThreadID: body.ThreadID, Content: *body.Content, DM: dm, Attachments: attachments})
 	f.notifyLocked()
 	f.mu.Unlock()
 	writeJSON(w, http.StatusCreated, envelope{Data: m})

@@ -1,6 +1,7 @@
 // Package slacktest is an in-process fake of Slack for tests: the Web API
 // methods berth calls (apps.connections.open, auth.test, chat.postMessage,
-// conversations.info, conversations.history, conversations.replies)
+// conversations.info, conversations.history, conversations.replies, the
+// files upload v2 flow of files.go)
 // and a Socket Mode WebSocket, speaking Slack's documented wire protocol
 // (hello, events_api envelopes with envelope_id / retry_attempt /
 // retry_reason, disconnect, WebSocket pings, acknowledgements), plus
@@ -126,6 +127,7 @@ type Server struct {
 	timeline     []string      // "open N" / "close N" per WebSocket, in order
 	silent       atomic.Bool   // no WebSocket pings while set
 	progress     progressState // progress.go
+	files        fileState     // files.go
 }
 
 type envelope struct {
@@ -169,6 +171,7 @@ func New(t testing.TB, o Options) *Server {
 	}
 	mux := http.NewServeMux()
 	s.handleProgress(mux)
+	s.handleFiles(mux)
 	mux.HandleFunc("POST /api/apps.connections.open", s.connectionsOpen)
 	mux.HandleFunc("POST /api/auth.test", s.authTest)
 	mux.HandleFunc("POST /api/chat.postMessage", s.postMessage)
