@@ -11,12 +11,15 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
 
 	"github.com/berth-dev/berth/internal/boltstore"
+	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/services/intake/connector"
 )
 
 const (
@@ -36,6 +39,26 @@ type webhookMessage struct {
 	Thread      string `json:"thread"`
 	Author      string `json:"author"`
 	Text        string `json:"text"`
+	// Files are the message's attachments, each by url (intake downloads
+	// it) or inline as base64.
+	Files []webhookFile `json:"files,omitempty"`
+}
+
+// webhookFile is one attachment of a webhook message.
+type webhookFile struct {
+	Name   string `json:"name"`
+	Type   string `json:"type,omitempty"`
+	URL    string `json:"url,omitempty"`
+	Base64 string `json:"base64,omitempty"`
+
+	data []byte // Base64 decoded
+}
+
+// maxHookBody is the largest webhook body taken: MaxBodyBytes for the
+// message, and room for its files in base64 up to [intake]
+// max_message_attachment_bytes.
+func maxHookBody(limit int64) int64 {
+	return MaxBodyBytes + (limit+2)/3*4
 }
 
 // Handler serves /hooks/{connector} and GET /healthz. A webhook connector
@@ -95,12 +118,13 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 	w, ctx, endSpan := traceReceive(w, r, connectorID)
 	defer endSpan()
 
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	maxBody := maxHookBody(s.config().IntakeSettings().MessageAttachmentLimit())
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
 			s.countRefused(connectorID, refusedTooLarge)
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is larger than %d bytes", MaxBodyBytes))
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is larger than %d bytes", maxBody))
 			return
 		}
 		s.countRefused(connectorID, refusedUnreadable)
@@ -179,9 +203,23 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 		Agent:       agent,
 		ReceivedAt:  s.clock.Now().UTC(),
 	}
+	var hookConn connector.Connector
 	if rc, ok := s.connectorByID(connectorID); ok {
+		hookConn = rc.conn
 		if wc, ok := rc.conn.(*webhookConnector); ok {
 			wc.noteEvent(s.clock.Now())
+		}
+	}
+	if len(in.Files) > 0 {
+		atts := make([]connector.Attachment, len(in.Files))
+		for i, f := range in.Files {
+			atts[i] = connector.Attachment{Name: f.Name, Type: f.Type, URL: f.URL, Data: f.data}
+		}
+		if m.Files, m.Refusal, err = s.takeAttachments(r.Context(), hookConn, m.Key(), atts); err != nil {
+			log.Warn("message's files could not be downloaded; nothing stored", "err", err)
+			w.Header().Set("Retry-After", strconv.Itoa(int(storeRetryAfter/time.Second)))
+			writeError(w, http.StatusServiceUnavailable, "cannot take the message's files; nothing was stored, retry later: "+err.Error())
+			return
 		}
 	}
 	if err := s.keepTraced(ctx, func(m inboxEntry) error { return s.keep(log, m) }, m); err != nil {
@@ -246,6 +284,30 @@ func decodeWebhookMessage(body []byte) (webhookMessage, error) {
 	if in.ID != "" {
 		if err := validID(in.ID); err != nil {
 			return in, fmt.Errorf("bad id: %v", err)
+		}
+	}
+	if len(in.Files) > busapi.MaxFiles {
+		return in, fmt.Errorf("%d files: at most %d per message", len(in.Files), busapi.MaxFiles)
+	}
+	for i := range in.Files {
+		f := &in.Files[i]
+		if err := checkText(fmt.Sprintf("files[%d].name", i), f.Name); err != nil {
+			return in, err
+		}
+		switch {
+		case (f.URL == "") == (f.Base64 == ""):
+			return in, fmt.Errorf("files[%d]: give url or base64, one of them", i)
+		case f.URL != "":
+			u, err := url.Parse(f.URL)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return in, fmt.Errorf("files[%d].url %q: want an http or https URL", i, f.URL)
+			}
+		default:
+			data, err := base64.StdEncoding.DecodeString(f.Base64)
+			if err != nil {
+				return in, fmt.Errorf("files[%d].base64: %v", i, err)
+			}
+			f.data, f.Base64 = data, ""
 		}
 	}
 	return in, nil
