@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/services/intake/slack/slacktest"
 )
 
 // A message's files come in through intake (it downloads or decodes them,
@@ -125,4 +126,28 @@ func (s *suite) postAny(t *testing.T, msg map[string]any) (int, string) {
 		return resp.StatusCode, out.Error
 	}
 	return resp.StatusCode, out.ID
+}
+
+// A file shared on Slack is downloaded by intake with the bot token (Slack
+// answers its sign-in page without it) and reaches the run's workspace.
+func TestPlatformSlackASharedFileReachesTheWorkspace(t *testing.T) {
+	t.Parallel()
+	fake, _, ctx := startSlackPlatform(t, "xapp-1-e2e-filesin-app", "xoxb-e2e-filesin-bot", "")
+	o := fake.Options()
+	f := fake.Share("plan.md", "text/markdown", []byte("# the plan\nship it\n"))
+	ev := slacktest.Event{Type: "message", Subtype: "file_share", Channel: "C0CHAN", ChannelType: "channel", User: "U0ALICE",
+		Text: "/sh cat inbox/*/plan.md", TS: "1700000200.000001", Team: o.TeamID, Files: []slacktest.File{f}}
+	if _, err := fake.Deliver(ctx, ev); err != nil {
+		t.Fatal(err)
+	}
+	posts, err := fake.WaitPosts(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := posts[len(posts)-1].Text; !strings.Contains(got, "ship it") || !strings.Contains(got, "plan.md (text/markdown, 19 bytes)") {
+		t.Fatalf("reply %q: want the shared file's text, read from the workspace, and the prompt's listing", got)
+	}
+	if n := fake.SharedFetches(); n != 1 {
+		t.Errorf("the file was downloaded with the bot token %d times, want 1", n)
+	}
 }

@@ -42,6 +42,8 @@ type webhookMessage struct {
 	// Files are the message's attachments, each by url (intake downloads
 	// it) or inline as base64.
 	Files []webhookFile `json:"files,omitempty"`
+
+	inlineBytes int64 // the length of the files' base64 in the body
 }
 
 // webhookFile is one attachment of a webhook message.
@@ -155,6 +157,12 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 	}
 
 	in, err := decodeWebhookMessage(body)
+	if err == nil && int64(len(body))-in.inlineBytes > MaxBodyBytes {
+		// Only the files' base64 may take a body past MaxBodyBytes.
+		s.countRefused(connectorID, refusedTooLarge)
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the message without its files is larger than %d bytes", MaxBodyBytes))
+		return
+	}
 	if err != nil {
 		s.countRefused(connectorID, refusedMalformed)
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -307,6 +315,7 @@ func decodeWebhookMessage(body []byte) (webhookMessage, error) {
 			if err != nil {
 				return in, fmt.Errorf("files[%d].base64: %v", i, err)
 			}
+			in.inlineBytes += int64(len(f.Base64))
 			f.data, f.Base64 = data, ""
 		}
 	}

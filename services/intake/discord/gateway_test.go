@@ -88,7 +88,9 @@ func TestGatewayFiltersMessages(t *testing.T) {
 		{"Guilds_outside_guild_ids_are_ignored", func(o *discord.Options) { o.GuildIDs = []string{other} }, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "hi", MentionBot: true}, false, ""},
 		{"Guilds_in_guild_ids_pass", func(o *discord.Options) { o.GuildIDs = []string{guild} }, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "hi", MentionBot: true}, true, "hi"},
 		{"A_bare_mention_is_ignored", nil, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "", MentionBot: true}, false, ""},
-		{"Attachments_are_passed_as_links", nil, discordtest.MessageSpec{Author: alice, Content: "see", Attachments: []string{"log.txt"}}, true, "see\n[attachment log.txt: https://cdn.example.invalid/log.txt]"},
+		// Attachments are files for intake to download (attachments.go), not text.
+		{"Attachments_are_files_not_text", nil, discordtest.MessageSpec{Author: alice, Content: "see", Attachments: []string{"log.txt"}}, true, "see"},
+		{"A_message_of_attachments_only_is_taken", nil, discordtest.MessageSpec{Author: alice, Attachments: []string{"log.txt"}}, true, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -111,6 +113,10 @@ func TestGatewayFiltersMessages(t *testing.T) {
 			}
 			if tt.accepted && got[0].Text != tt.text {
 				t.Errorf("text = %q, want %q", got[0].Text, tt.text)
+			}
+			if want := len(tt.msg.Attachments); tt.accepted && (len(got[0].Files) != want || want > 0 &&
+				(got[0].Files[0].Name != tt.msg.Attachments[0] || got[0].Files[0].URL != "https://cdn.example.invalid/"+tt.msg.Attachments[0])) {
+				t.Errorf("files = %+v, want %v with their CDN links", got[0].Files, tt.msg.Attachments)
 			}
 		})
 	}

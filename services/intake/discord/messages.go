@@ -138,12 +138,15 @@ func (c *Connector) toMessage(ctx context.Context, m *discordgo.Message, selfID 
 		text = strings.NewReplacer("<@"+selfID+">", "", "<@!"+selfID+">", "").Replace(text)
 	}
 	text = strings.TrimSpace(text)
+	// Attachments are files intake downloads (their CDN links are signed
+	// and need no token); the run finds them in its workspace.
+	var files []connector.Attachment
 	for _, a := range m.Attachments {
 		if a != nil && a.URL != "" {
-			text = strings.TrimSpace(text + "\n[attachment " + a.Filename + ": " + a.URL + "]")
+			files = append(files, connector.Attachment{Name: a.Filename, Type: a.ContentType, Size: int64(a.Size), URL: a.URL})
 		}
 	}
-	if text == "" {
+	if text == "" && len(files) == 0 {
 		return skip("empty after the mention")
 	}
 	author := m.Author.Username
@@ -158,6 +161,7 @@ func (c *Connector) toMessage(ctx context.Context, m *discordgo.Message, selfID 
 		Author:    author,
 		Text:      text,
 		Meta:      map[string]string{MetaAuthorID: m.Author.ID, MetaReplyChannel: m.ChannelID},
+		Files:     files,
 	}
 	if dm {
 		msg.Meta[MetaDM] = "true"

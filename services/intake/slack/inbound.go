@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/berth-dev/berth/services/intake/connector"
@@ -32,6 +34,8 @@ type event struct {
 	Channel     string `json:"channel"`
 	ChannelType string `json:"channel_type"`
 	Team        string `json:"team"`
+	// Files are the files shared with the message (subtype file_share).
+	Files []eventFile `json:"files"`
 }
 
 // newMessageSubtypes are the message subtypes that are a user's new message;
@@ -141,5 +145,50 @@ func (c *Connector) message(cb callback, ev event, self identity) (connector.Mes
 	if ev.ChannelType != "" {
 		m.Meta = map[string]string{"channel_type": ev.ChannelType}
 	}
+	for _, f := range ev.Files {
+		u := f.URLPrivateDownload
+		if u == "" {
+			u = f.URLPrivate
+		}
+		name := f.Name
+		if name == "" {
+			name = f.Title
+		}
+		m.Files = append(m.Files, connector.Attachment{Name: name, Type: f.Mimetype, Size: f.Size, URL: u})
+	}
 	return m, ""
+}
+
+// eventFile is a file object of a message event.
+type eventFile struct {
+	ID                 string `json:"id"`
+	Name               string `json:"name"`
+	Title              string `json:"title"`
+	Mimetype           string `json:"mimetype"`
+	Size               int64  `json:"size"`
+	URLPrivate         string `json:"url_private"`
+	URLPrivateDownload string `json:"url_private_download"`
+}
+
+// AttachmentRequest implements connector.AttachmentFetcher: a file's
+// url_private is fetched with the bot token (Slack answers its sign-in
+// page otherwise), and only from Slack's own hosts (or the host of
+// BaseURL), so that a URL in an event never gets the token elsewhere.
+func (c *Connector) AttachmentRequest(ctx context.Context, a connector.Attachment) (*http.Request, error) {
+	u, err := url.Parse(a.URL)
+	if err != nil || u.Scheme != "https" && u.Scheme != "http" {
+		return nil, fmt.Errorf("the file link %q is not an http(s) URL", a.URL)
+	}
+	api, _ := url.Parse(c.o.BaseURL)
+	host := strings.ToLower(u.Hostname())
+	slackHost := u.Scheme == "https" && (host == "slack.com" || strings.HasSuffix(host, ".slack.com") || strings.HasSuffix(host, ".slack-edge.com"))
+	if !slackHost && (api == nil || !strings.EqualFold(u.Host, api.Host)) {
+		return nil, fmt.Errorf("the file link's host %q is not Slack's; the bot token is not sent there", u.Host)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.URL, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.o.BotToken)
+	return req, nil
 }

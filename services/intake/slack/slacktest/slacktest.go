@@ -26,8 +26,10 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,6 +97,7 @@ type Event struct {
 	ThreadTS    string `json:"thread_ts,omitempty"`
 	EventTS     string `json:"event_ts,omitempty"`
 	Team        string `json:"team,omitempty"`
+	Files       []File `json:"files,omitempty"`
 }
 
 // Server is the fake Slack.
@@ -102,32 +105,34 @@ type Server struct {
 	o   Options
 	srv *httptest.Server
 
-	mu           sync.Mutex
-	changed      chan struct{} // closed and replaced on every change
-	tickets      map[string]bool
-	conns        []*wsConn
-	connects     int
-	opens        int
-	breakNext    int
-	failOpen     []string
-	envelopes    map[string]*envelope
-	acks         []string
-	posts        []Post
-	rateLimits   []time.Duration
-	rlSkip       int // posts that succeed before rateLimits apply
-	refusals     map[string]string
-	names        map[string]string
-	seq          int
-	history      []message
-	holdPosts    chan struct{} // non-nil: chat.postMessage answers wait for it
-	heldPosts    int
-	historyReads int           // conversations.history and conversations.replies calls
-	hold         chan struct{} // non-nil: handshakes wait for it to close
-	held         int           // handshakes waiting on hold
-	timeline     []string      // "open N" / "close N" per WebSocket, in order
-	silent       atomic.Bool   // no WebSocket pings while set
-	progress     progressState // progress.go
-	files        fileState     // files.go
+	mu            sync.Mutex
+	changed       chan struct{} // closed and replaced on every change
+	tickets       map[string]bool
+	conns         []*wsConn
+	connects      int
+	opens         int
+	breakNext     int
+	failOpen      []string
+	envelopes     map[string]*envelope
+	acks          []string
+	posts         []Post
+	rateLimits    []time.Duration
+	rlSkip        int // posts that succeed before rateLimits apply
+	refusals      map[string]string
+	names         map[string]string
+	seq           int
+	history       []message
+	holdPosts     chan struct{} // non-nil: chat.postMessage answers wait for it
+	heldPosts     int
+	historyReads  int               // conversations.history and conversations.replies calls
+	hold          chan struct{}     // non-nil: handshakes wait for it to close
+	held          int               // handshakes waiting on hold
+	timeline      []string          // "open N" / "close N" per WebSocket, in order
+	silent        atomic.Bool       // no WebSocket pings while set
+	progress      progressState     // progress.go
+	files         fileState         // files.go
+	shared        map[string][]byte // Share: file id → bytes
+	sharedFetches int
 }
 
 type envelope struct {
@@ -179,6 +184,7 @@ func New(t testing.TB, o Options) *Server {
 	mux.HandleFunc("POST /api/conversations.history", s.conversationsHistory)
 	mux.HandleFunc("POST /api/conversations.replies", s.conversationsReplies)
 	mux.HandleFunc("GET /link/", s.link)
+	mux.HandleFunc("GET /files-pri/{file...}", s.sharedFile)
 	if o.TLS {
 		s.srv = httptest.NewTLSServer(mux)
 	} else {
@@ -1005,4 +1011,60 @@ func replyPage(w http.ResponseWriter, r *http.Request, msgs []message) {
 	}
 	reply(w, map[string]any{"ok": true, "messages": out, "has_more": next != "",
 		"response_metadata": map[string]any{"next_cursor": next}})
+}
+
+// File is a file shared with a message, as a message event carries it.
+type File struct {
+	ID                 string `json:"id"`
+	Name               string `json:"name"`
+	Mimetype           string `json:"mimetype,omitempty"`
+	Size               int64  `json:"size"`
+	URLPrivate         string `json:"url_private"`
+	URLPrivateDownload string `json:"url_private_download"`
+}
+
+// Share keeps data as a file of the workspace and returns it as a message
+// event lists it: its url_private_download answers the bytes to the bot
+// token only (anyone else gets Slack's sign-in page, with 200, as Slack
+// does).
+func (s *Server) Share(name, mimetype string, data []byte) File {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shared == nil {
+		s.shared = map[string][]byte{}
+	}
+	id := fmt.Sprintf("F%08d", len(s.shared)+1)
+	s.shared[id] = data
+	u := s.srv.URL + "/files-pri/T0TEAM-" + id + "/download/" + url.PathEscape(name)
+	return File{ID: id, Name: name, Mimetype: mimetype, Size: int64(len(data)), URLPrivate: u, URLPrivateDownload: u}
+}
+
+// SharedFetches is how many times a shared file was downloaded with the
+// bot token.
+func (s *Server) SharedFetches() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sharedFetches
+}
+
+func (s *Server) sharedFile(w http.ResponseWriter, r *http.Request) {
+	team, _, _ := strings.Cut(r.PathValue("file"), "/")
+	_, id, _ := strings.Cut(team, "-")
+	s.mu.Lock()
+	data, ok := s.shared[id]
+	authorized := token(r) == s.o.BotToken
+	if ok && authorized {
+		s.sharedFetches++
+	}
+	s.mu.Unlock()
+	switch {
+	case !authorized:
+		w.Header().Set("Content-Type", "text/html")
+		io.WriteString(w, "<!DOCTYPE html><html><body>Sign in to Slack</body></html>")
+	case !ok:
+		http.NotFound(w, r)
+	default:
+		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+		w.Write(data)
+	}
 }
