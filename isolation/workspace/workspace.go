@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-dev/berth/internal/durable"
 )
 
 // Options say which workspace gets which quota.
@@ -249,7 +251,7 @@ func (e ensurer) create(ctx context.Context) error {
 		os.Remove(tmp)
 		return fmt.Errorf("cannot put the image in place: %w", err)
 	}
-	if err := syncDir(filepath.Dir(o.Image)); err != nil {
+	if err := durable.SyncDir(filepath.Dir(o.Image)); err != nil {
 		return err
 	}
 	if empty {
@@ -303,7 +305,7 @@ func (e ensurer) finishMove(migrating string) error {
 	if err := os.Remove(migrating); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("cannot finish the move: %w", err)
 	}
-	return syncDir(filepath.Dir(migrating))
+	return durable.SyncDir(filepath.Dir(migrating))
 }
 
 func (e ensurer) mount(ctx context.Context) error {
@@ -527,22 +529,10 @@ func writeSynced(path string) error {
 		f.Close()
 	}
 	if err == nil {
-		err = syncDir(filepath.Dir(path))
+		err = durable.SyncDir(filepath.Dir(path))
 	}
 	if err != nil {
 		return fmt.Errorf("cannot mark the move: %w", err)
-	}
-	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("cannot sync %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("cannot sync %s: %w", dir, err)
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/durable"
 	"github.com/berth-dev/berth/services/intake/connector"
 )
 
@@ -128,7 +129,7 @@ func (s *Service) fetchAttachments(ctx context.Context, conn connector.Connector
 			}
 		}
 	}
-	if err := syncDir(tmp); err != nil {
+	if err := durable.SyncDir(tmp); err != nil {
 		return nil, err
 	}
 	dst := s.fileDir(key)
@@ -141,7 +142,7 @@ func (s *Service) fetchAttachments(ctx context.Context, conn connector.Connector
 		return nil, fmt.Errorf("cannot keep the message's files: %w", err)
 	}
 	kept = true
-	if err := syncDir(root); err != nil {
+	if err := durable.SyncDir(root); err != nil {
 		os.RemoveAll(dst)
 		return nil, err
 	}

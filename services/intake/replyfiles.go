@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/durable"
 	"github.com/berth-dev/berth/services/intake/connector"
 )
 
@@ -69,13 +70,13 @@ func (rs replyFileStore) save(runID string, files []busapi.File) (dir string, st
 		}
 		stored = append(stored, storedFile{Name: f.Name, Type: f.Type, Caption: f.Caption, Size: f.Size})
 	}
-	if err := syncDir(tmp); err != nil {
+	if err := durable.SyncDir(tmp); err != nil {
 		return "", nil, err
 	}
 	if err := os.Rename(tmp, filepath.Join(rs.dir, dir)); err != nil {
 		return "", nil, fmt.Errorf("cannot store the reply's files: %w", err)
 	}
-	if err := syncDir(rs.dir); err != nil {
+	if err := durable.SyncDir(rs.dir); err != nil {
 		return "", nil, err
 	}
 	return dir, stored, nil
@@ -100,18 +101,6 @@ func copyFile(path string, f busapi.File) error {
 		return fmt.Errorf("cannot store the reply's file %s: %w", f.Name, err)
 	}
 	return out.Close()
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("cannot sync %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("cannot sync %s: %w", dir, err)
-	}
-	return nil
 }
 
 // files are the connector.Files of an entry's stored files.

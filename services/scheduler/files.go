@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/durable"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -102,7 +103,7 @@ func (s *Service) stageFiles(key string, files []busapi.File) error {
 			return fmt.Errorf("file %s: %w", f.Name, err)
 		}
 	}
-	if err := syncPath(tmp); err != nil {
+	if err := durable.SyncDir(tmp); err != nil {
 		return err
 	}
 	dst := s.inboxDir(key)
@@ -114,7 +115,7 @@ func (s *Service) stageFiles(key string, files []busapi.File) error {
 		return fmt.Errorf("cannot stage the message's files: %w", err)
 	}
 	kept = true
-	return syncPath(root)
+	return durable.SyncDir(root)
 }
 
 // copyExactly writes size bytes of src to a new file dst (fsynced): fewer

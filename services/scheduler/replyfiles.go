@@ -19,6 +19,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/durable"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -173,7 +174,7 @@ func collectReplyFiles(workspace string, want []agentproto.OutFile, secrets []st
 		total += int64(len(data))
 		taken.files = append(taken.files, ReplyFile{Name: name, Type: typ, Caption: cleanText(f.Caption), Size: int64(len(data))})
 	}
-	if err := syncPath(dest); err != nil {
+	if err := durable.SyncDir(dest); err != nil {
 		return takenFiles{}, err
 	}
 	return taken, nil
@@ -300,18 +301,6 @@ func writeWhole(path string, data []byte) error {
 	return nil
 }
 
-func syncPath(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("cannot sync %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("cannot sync %s: %w", dir, err)
-	}
-	return nil
-}
-
 // openReplyFiles opens the stored files of run r for DeliverFiles; the
 // caller closes them (busapi.CloseFiles).
 func (s *Service) openReplyFiles(r Run) ([]busapi.File, error) {
@@ -327,21 +316,6 @@ func (s *Service) openReplyFiles(r Run) ([]busapi.File, error) {
 	return files, nil
 }
 
-// fileNotes is text followed by the notes, one a line in parentheses.
-func fileNotes(text string, notes []string) string {
-	if len(notes) == 0 {
-		return text
-	}
-	var b strings.Builder
-	b.WriteString(strings.TrimRight(text, "\n"))
-	for _, n := range notes {
-		if b.Len() > 0 {
-			b.WriteString("\n")
-		}
-		b.WriteString("(" + n + ")")
-	}
-	return b.String()
-}
 
 func humanBytes(n int64) string {
 	switch {
