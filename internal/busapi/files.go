@@ -126,3 +126,20 @@ func CleanFileName(name string) (string, error) {
 	}
 	return name, nil
 }
+
+// WithNotes is text followed by one line per note, in parentheses: what a
+// reply says of the files it could not carry.
+func WithNotes(text string, notes []string) string {
+	if len(notes) == 0 {
+		return text
+	}
+	var b strings.Builder
+	b.WriteString(strings.TrimRight(text, "\n"))
+	for _, n := range notes {
+		if b.Len() > 0 {
+			b.WriteString("\n")
+		}
+		b.WriteString("(" + n + ")")
+	}
+	return b.String()
+}

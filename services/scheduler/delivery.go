@@ -199,7 +199,7 @@ func (s *Service) deliver(ctx context.Context, id string, rt *retry) (err, store
 			files, ferr := s.openReplyFiles(r)
 			if ferr != nil {
 				s.log.Error("cannot open the reply's files; it is delivered without them", "run_id", id, "err", ferr)
-				reply.Text = fileNotes(reply.Text, []string{"the files of this reply were not sent: the scheduler lost its copy"})
+				reply.Text = busapi.WithNotes(reply.Text, []string{"the files of this reply were not sent: the scheduler lost its copy"})
 			}
 			reply.Files = files
 		}

@@ -9,6 +9,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/internal/boltstore"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -223,7 +224,7 @@ func (s *Service) execute(ctx context.Context, a *activeRun, r Run, cfg *config.
 			cur.Reply = cleanText(res.Response.Reply)
 		default:
 			finish(&cur, StateSucceeded, "", "", now)
-			cur.Reply = cleanText(fileNotes(res.Response.Reply, res.files.notes))
+			cur.Reply = cleanText(busapi.WithNotes(res.Response.Reply, res.files.notes))
 			cur.ReplyFiles = res.files.files
 			// History is a convenience; it must never keep the outcome from
 			// being recorded (the run would be started again).

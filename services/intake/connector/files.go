@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/berth-dev/berth/internal/busapi"
 )
 
 // File is one upload of a Reply: intake's own copy of a file the agent
@@ -53,21 +55,9 @@ func FitFiles(files []File, l FileLimits) (fit []File, notes []string) {
 	return fit, notes
 }
 
-// WithNotes is text followed by one line per note, in parentheses.
-func WithNotes(text string, notes []string) string {
-	if len(notes) == 0 {
-		return text
-	}
-	var b strings.Builder
-	b.WriteString(strings.TrimRight(text, "\n"))
-	for _, n := range notes {
-		if b.Len() > 0 {
-			b.WriteString("\n")
-		}
-		b.WriteString("(" + n + ")")
-	}
-	return b.String()
-}
+// WithNotes is text followed by one line per note, in parentheses (as the
+// scheduler writes its own notes into a reply: busapi.WithNotes).
+func WithNotes(text string, notes []string) string { return busapi.WithNotes(text, notes) }
 
 // FileCaptions is the text that goes with a batch of files: one
 // "name: caption" line per file that has a caption.
