@@ -316,7 +316,6 @@ func (s *Service) openReplyFiles(r Run) ([]busapi.File, error) {
 	return files, nil
 }
 
-
 func humanBytes(n int64) string {
 	switch {
 	case n >= 1<<20 && n%(1<<20) == 0:
