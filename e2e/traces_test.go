@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,8 +14,10 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/devstack"
 	"github.com/berth-dev/berth/internal/testkit/otlpsink"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/internal/tracing"
 )
 
@@ -276,4 +280,82 @@ func exited(pid int) bool {
 	}
 	i := strings.LastIndexByte(string(b), ')')
 	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z'
+}
+
+// A fired [[schedules]] job has no message to carry a trace: it starts one
+// of its own, the fire span its root, and the run's spans and its delivery
+// hang under it. The run record names that trace.
+func TestAScheduledRunStartsATraceOfItsOwn(t *testing.T) {
+	t.Parallel()
+	testenv.NeedRoot(t)
+	_, err := exec.LookPath("systemd-socket-activate")
+	testenv.Need(t, err == nil, "systemd-socket-activate is not installed")
+	if buildErr != nil {
+		t.Fatalf("cannot build berth: %v", buildErr)
+	}
+	otlp := otlpsink.Start(t)
+	sink := newReplySink(t)
+	cfg := suiteConfig([]agentSpec{{id: "ops"}}, sink.srv.URL+"/replies") + fmt.Sprintf(`
+[tracing]
+endpoint = %q
+
+[[schedules]]
+id = "nightly"
+agent = "ops"
+on_calendar = "2099-06-01 09:00 UTC"
+prompt = "nightly summary"
+deliver_to = { connector = "hooks", channel = "ops" }
+`, otlp.HTTP)
+	s := launch(t, sink, cfg, nil, secret)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := s.scheduler(t).RunSchedule(ctx, "nightly"); err != nil {
+		t.Fatalf("RunSchedule: %v", err)
+	}
+	var runs []busapi.RunSummary
+	deadline := time.Now().Add(time.Minute)
+	for runs = s.listRuns(t, busapi.ListFilter{Schedule: "nightly"}); len(runs) == 0 || !s.getRun(t, runs[0].ID).Delivered; runs = s.listRuns(t, busapi.ListFilter{Schedule: "nightly"}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the fired job's run was not delivered within a minute: %+v", runs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	run := s.getRun(t, runs[0].ID)
+	if len(run.TraceID) != 32 {
+		t.Fatalf("the scheduled run's record names trace %q, want one of its own", run.TraceID)
+	}
+	want := []string{"scheduler.schedule.fire", "scheduler.queue", "scheduler.run", "scheduler.deliver"}
+	spans := otlp.Wait(t, time.Minute, func(spans []otlpsink.Span) bool {
+		names := map[string]bool{}
+		for _, sp := range spans {
+			if sp.TraceID == run.TraceID {
+				names[sp.Name] = true
+			}
+		}
+		for _, n := range want {
+			if !names[n] {
+				return false
+			}
+		}
+		return true
+	})
+	byID := map[string]otlpsink.Span{}
+	for _, sp := range spans {
+		byID[sp.SpanID] = sp
+	}
+	for _, sp := range spans {
+		if sp.TraceID != run.TraceID {
+			continue
+		}
+		switch sp.Name {
+		case "scheduler.schedule.fire":
+			if sp.ParentID != "" || sp.Attributes["berth.schedule"] != "nightly" || sp.Attributes["berth.run_id"] != run.ID {
+				t.Errorf("the fire span %+v: want a root naming the job and its run", sp)
+			}
+		case "scheduler.queue", "scheduler.run", "scheduler.deliver":
+			if p := byID[sp.ParentID]; p.Name != "scheduler.schedule.fire" {
+				t.Errorf("span %s has parent %q, want the fire span", sp.Name, p.Name)
+			}
+		}
+	}
 }

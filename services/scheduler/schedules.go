@@ -10,6 +10,9 @@ import (
 
 	"github.com/godbus/dbus/v5"
 	bolt "go.etcd.io/bbolt"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
@@ -17,6 +20,7 @@ import (
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/internal/schedules"
+	"github.com/berth-dev/berth/internal/tracing"
 )
 
 // scheduleSetTimeout bounds giving the table its jobs; under systemd that
@@ -93,17 +97,29 @@ func (s *Service) fireSchedule(ctx context.Context, job schedules.Job) error {
 	if err != nil {
 		return err
 	}
+	// A firing starts a trace of its own (when tracing is on): its run's
+	// spans and its delivery hang under the fire span, as a message's hang
+	// under intake's hand-off.
+	fireCtx, span := tracing.Tracer().Start(ctx, spanScheduleFire, trace.WithNewRoot(),
+		trace.WithAttributes(attribute.String("berth.schedule", job.ID), attribute.String("berth.agent", job.Agent)))
 	msg := busapi.Submission{
 		// One run per firing: a retried Submit of the same firing finds it.
-		MessageID: fmt.Sprintf("schedule:%s:%d", job.ID, s.clock.Now().Unix()),
-		Agent:     job.Agent,
-		Connector: job.DeliverTo.Connector,
-		Channel:   job.DeliverTo.Channel,
-		Thread:    job.DeliverTo.Thread,
-		Author:    "schedule:" + job.ID,
-		Text:      text,
+		MessageID:   fmt.Sprintf("schedule:%s:%d", job.ID, s.clock.Now().Unix()),
+		Agent:       job.Agent,
+		Connector:   job.DeliverTo.Connector,
+		Channel:     job.DeliverTo.Channel,
+		Thread:      job.DeliverTo.Thread,
+		Author:      "schedule:" + job.ID,
+		Text:        text,
+		Traceparent: tracing.Traceparent(fireCtx),
 	}
 	runID, err := s.submitScheduled(msg, job)
+	if err != nil {
+		span.SetStatus(codes.Error, "the firing was not queued")
+	} else {
+		span.SetAttributes(attribute.String("berth.run_id", runID))
+	}
+	span.End()
 	if err != nil {
 		return fmt.Errorf("cannot fire schedule %q: %w", job.ID, err)
 	}

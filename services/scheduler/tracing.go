@@ -24,6 +24,9 @@ const (
 	spanPlan         = "scheduler.plan"
 	spanSandboxStart = "sandbox.start"
 	spanDeliver      = "scheduler.deliver"
+	// spanScheduleFire is the root of a fired job's trace: a firing has no
+	// message, so its run's spans hang under this one instead.
+	spanScheduleFire = "scheduler.schedule.fire"
 )
 
 // traceparentOf is a Submission's traceparent as the run keeps it: made
