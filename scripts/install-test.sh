@@ -839,6 +839,21 @@ grep -q 'setpriv.*--reuid=18790' <<<"$exec_start" || fail "$unit does not switch
 grep -q '^slept$' <<<"$(await "$id")" || fail "the long run's reply"
 grep -q . <<<"$(inside "systemctl list-units --no-legend --all 'berth-run-*'")" && fail "a run unit outlived its run"
 
+step "runs yield the CPU: berth-runs.slice weighs [scheduler] runs_cpu_weight (unit default 20; a reload to 35 holds for the next run)"
+w=$(inside 'systemctl show -p CPUWeight --value berth-runs.slice')
+[ "$w" = 20 ] || fail "berth-runs.slice has CPUWeight=$w after runs, want the default 20"
+reloads=$(inside "journalctl --no-pager -u berth-scheduler | grep -c 'config reloaded' || true")
+inside 'printf "[scheduler]\nruns_cpu_weight = 35\n" >/etc/berth/berth.d/50-weight.toml && systemctl reload berth-scheduler'
+for _ in $(seq 1 50); do
+  [ "$(inside "journalctl --no-pager -u berth-scheduler | grep -c 'config reloaded' || true")" -gt "$reloads" ] && break
+  sleep 0.1
+done
+id=$(post '/sh echo weighed')
+grep -qx weighed <<<"$(await "$id")" || fail "no reply after the weight's reload"
+w=$(inside 'systemctl show -p CPUWeight --value berth-runs.slice')
+[ "$w" = 35 ] || fail "berth-runs.slice has CPUWeight=$w after a run with runs_cpu_weight = 35 (the scheduler sets it at run time)"
+inside 'rm /etc/berth/berth.d/50-weight.toml && systemctl reload berth-scheduler'
+
 step "a Landlock run's /tmp and /var/tmp are tmpfs of 256 MiB of its own, writable; the host's /tmp is not there"
 inside 'touch /tmp/berth-install-test-host-file'
 id=$(post '/sh stat -f -c "%n %T %b %S" /tmp /var/tmp; echo x > /tmp/own && echo wrote /tmp; ls /tmp/berth-install-test-host-file 2>&1 | grep -c "No such file"')
