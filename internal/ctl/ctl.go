@@ -46,6 +46,8 @@ Commands:
   usage [--agent A] [--since 7d] [--json]     what each agent spent on providers per day (UTC): calls, tokens, cost, refusals
   budget [show] [--json] [AGENT] | set AGENT KEY VALUE|default
                                               [agents.budget] with today's spending; set changes a key live (live runs get it at once)
+  approvals [list] [--state S] [--json] | allow [--standing] ID | deny ID
+                                              requests held by an [agents.egress] ask rule; allow or deny one (admins)
   container build [--agent ID] [--no-cache]   build an agent's images (default: [image_config]) and follow the build
   container status | images [--json] | clean [--all] | dockerfile [--agent ID] | rm TAG
 
@@ -96,6 +98,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = c.usage(args[1:])
 	case "budget":
 		err = c.budget(args[1:])
+	case "approvals":
+		err = c.approvals(args[1:])
 	default:
 		err = usageError("unknown command %q", args[0])
 	}

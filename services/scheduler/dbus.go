@@ -4,7 +4,9 @@ import (
 	"encoding/xml"
 	"errors"
 	"fmt"
+	"os/user"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -26,6 +28,8 @@ import (
 var (
 	changeAuthorizer = bus.Authorizer{ExtraUsers: []string{"berth"}}
 	readAuthorizer   = bus.Authorizer{}
+	// adminAuthorizer: root, berth-admin and the scheduler's own user.
+	adminAuthorizer = bus.Authorizer{}
 )
 
 // Export puts dev.berth.Scheduler1 on conn at /dev/berth/Scheduler1 and then
@@ -208,6 +212,48 @@ func (o *schedulerObject) SubmitFiles(sender dbus.Sender, msg map[string]string,
 		return "", dbusError(err)
 	}
 	return id, nil
+}
+
+// ListApprovals and DecideApproval (approvals.go): who may read runs may
+// list them; only an admin (root, berth-admin) decides, never intake.
+func (o *schedulerObject) ListApprovals(sender dbus.Sender, state string) ([]map[string]dbus.Variant, *dbus.Error) {
+	if derr := readAuthorizer.Check(o.conn, sender); derr != nil {
+		return nil, derr
+	}
+	list, err := o.s.ListApprovals(state)
+	if err != nil {
+		return nil, dbusError(err)
+	}
+	out := make([]map[string]dbus.Variant, len(list))
+	for i, a := range list {
+		out[i] = a.Wire()
+	}
+	return out, nil
+}
+
+func (o *schedulerObject) DecideApproval(sender dbus.Sender, id, decision string) (map[string]dbus.Variant, *dbus.Error) {
+	if derr := adminAuthorizer.Check(o.conn, sender); derr != nil {
+		return nil, derr
+	}
+	var allow, standing bool
+	switch decision {
+	case busapi.DecisionAllowOnce:
+		allow = true
+	case busapi.DecisionAllowStanding:
+		allow, standing = true, true
+	case busapi.DecisionDeny:
+	default:
+		return nil, bus.NewError(bus.ErrInvalidArgument, "decision %q: want %s, %s or %s", decision, busapi.DecisionAllowOnce, busapi.DecisionAllowStanding, busapi.DecisionDeny)
+	}
+	by := "berthctl"
+	if c, err := bus.CallerOf(o.conn, sender); err == nil {
+		by = "berthctl:" + userName(c.UID)
+	}
+	ap, err := o.s.DecideApproval(id, allow, standing, by)
+	if err != nil {
+		return nil, dbusError(err)
+	}
+	return ap.Wire(), nil
 }
 
 func (o *schedulerObject) GetRun(sender dbus.Sender, id string) (map[string]dbus.Variant, *dbus.Error) {
@@ -574,4 +620,13 @@ func egressCountsJSON(r Run) string {
 		counts.Hosts = append(counts.Hosts, busapi.EgressHostCount(h))
 	}
 	return counts.Wire()
+}
+
+// userName is uid's user name, or the uid where it has none.
+func userName(uid uint32) string {
+	id := strconv.FormatUint(uint64(uid), 10)
+	if u, err := user.LookupId(id); err == nil {
+		return u.Username
+	}
+	return "uid " + id
 }

@@ -141,6 +141,8 @@ type Service struct {
 
 	// scheduled fires the [[schedules]] jobs (schedules.go).
 	scheduled scheduled
+	// approvals are the pending asks of running runs (approvals.go).
+	approvals approvals
 
 	wakeDispatch chan struct{}
 	wakeWarm     chan struct{} // refill the warm pools (warm.go)
@@ -304,6 +306,11 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	if err := s.reconcileWhenThereIsRoom(ctx); err != nil {
 		return fmt.Errorf("cannot reconcile runs: %w", err)
+	}
+	// No proxy of this process holds what an earlier one left pending: its
+	// runs are re-queued and ask again.
+	if err := s.closeOrphanedApprovals(); err != nil {
+		s.log.Warn("cannot close the approvals an earlier scheduler left pending", "err", err)
 	}
 	s.queue.reset() // reconcile and an earlier stop put runs back under old keys
 	s.markProgress()
