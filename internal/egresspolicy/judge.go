@@ -26,11 +26,6 @@ type Decision struct {
 	Reason    string `json:"reason,omitempty"`
 	BytesUp   int64  `json:"bytes_up"`
 	BytesDown int64  `json:"bytes_down"`
-	// AskID is the Ask the request was held for (ask.go), DecidedBy who
-	// answered it ("timeout" when nobody did in time); both "" for a
-	// request no ask rule held.
-	AskID     string `json:"ask_id,omitempty"`
-	DecidedBy string `json:"decided_by,omitempty"`
 }
 
 // Resolver resolves destination names (the proxy's resolver, never the

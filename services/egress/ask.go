@@ -70,8 +70,7 @@ func (s *Server) approvalTimeout() time.Duration {
 }
 
 // destinationAsking is destination, but a request only an ask rule matches
-// is held until it is answered: d gets the ask's id, its decider and the
-// reason, and the context returned carries the approval to the requests
+// is held until it is answered: d's reason names who decided, and the context returned carries the approval to the requests
 // inside an approved tunnel.
 func (s *Server) destinationAsking(ctx context.Context, d *egresspolicy.Decision) (context.Context, egresspolicy.Destination, *egresspolicy.Refusal) {
 	dest, ref := s.destination(ctx, d.Method, d.Host, d.Port)
@@ -80,7 +79,7 @@ func (s *Server) destinationAsking(ctx context.Context, d *egresspolicy.Decision
 	}
 	rule := *ref.Ask
 	ap := s.hold(ctx, egresspolicy.Ask{Method: d.Method, Host: d.Host, Port: d.Port, Path: d.Path, Rule: rule.Raw})
-	d.AskID, d.DecidedBy, d.Reason = ap.id, ap.by, ap.reason
+	d.Reason = ap.reason
 	if !ap.allowed {
 		return ctx, egresspolicy.Destination{}, &egresspolicy.Refusal{Code: http.StatusForbidden, Reason: ap.reason}
 	}
@@ -128,6 +127,15 @@ func (s *Server) hold(ctx context.Context, a egresspolicy.Ask) approval {
 		s.asks.mu.Unlock()
 	}()
 	s.opts.OnAsk(a)
+	ap := s.wait(ctx, id, h)
+	if s.opts.OnAskSettled != nil {
+		s.opts.OnAskSettled(egresspolicy.Answer{ID: id, Allow: ap.allowed, By: ap.by})
+	}
+	return ap
+}
+
+// wait is the answer h gets, or why it got none.
+func (s *Server) wait(ctx context.Context, id string, h *heldAsk) approval {
 	timeout := s.approvalTimeout()
 	timer := s.opts.Clock.NewTimer(timeout)
 	defer timer.Stop()

@@ -25,6 +25,7 @@ type askingProxy struct {
 	*egress.Proxy
 	socket    string
 	asks      chan egresspolicy.Ask
+	settled   chan egresspolicy.Answer
 	decisions chan isolation.EgressDecision
 }
 
@@ -44,10 +45,11 @@ func launchAsking(t *testing.T, pol egress.Policy) askingProxy {
 	os.Chmod(root, 0o755)
 	socket := filepath.Join(root, "egress", "run-ask", isolation.EgressSocketName)
 	pol.RunID, pol.Agent, pol.Token = "run-ask", "asker", token
-	ap := askingProxy{socket: socket, asks: make(chan egresspolicy.Ask, 16), decisions: make(chan isolation.EgressDecision, 16)}
+	ap := askingProxy{socket: socket, asks: make(chan egresspolicy.Ask, 16), settled: make(chan egresspolicy.Answer, 16), decisions: make(chan isolation.EgressDecision, 16)}
 	p, err := egress.Launch(context.Background(), pol, egress.LaunchOptions{Logger: quiet, Binary: proxyBinary, User: nobody, Client: nobody, Socket: socket,
-		OnAsk:      func(a egresspolicy.Ask) { ap.asks <- a },
-		OnDecision: func(d isolation.EgressDecision) { ap.decisions <- d }})
+		OnAsk:        func(a egresspolicy.Ask) { ap.asks <- a },
+		OnAskSettled: func(a egresspolicy.Answer) { ap.settled <- a },
+		OnDecision:   func(d isolation.EgressDecision) { ap.decisions <- d }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,6 +78,19 @@ func (ap askingProxy) nextDecision(t *testing.T) isolation.EgressDecision {
 		t.Fatal("the proxy decided nothing")
 	}
 	return isolation.EgressDecision{}
+}
+
+// settledAs fails unless the next ask settled as want.
+func (ap askingProxy) settledAs(t *testing.T, want egresspolicy.Answer) {
+	t.Helper()
+	select {
+	case got := <-ap.settled:
+		if got != want {
+			t.Fatalf("settled = %+v, want %+v", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no ask settled")
+	}
 }
 
 // noAsk fails when the proxy asked anything before the decision last read:
@@ -177,9 +192,10 @@ func TestAnAskedRequestWaitsForAPersonsAnswer(t *testing.T) {
 			t.Fatalf("answer = %+v, upstream reached %d times more; want the upstream's 200", res, reached.Load()-before)
 		}
 		d := ap.nextDecision(t)
-		if !d.Allowed || d.Rule != askRule || d.Reason != "approved by slack:U012345" || d.AskID != ask.ID || d.DecidedBy != "slack:U012345" {
+		if !d.Allowed || d.Rule != askRule || d.Reason != "approved by slack:U012345" {
 			t.Fatalf("decision = %+v, want allowed by the ask rule, approved by slack:U012345", d)
 		}
+		ap.settledAs(t, egresspolicy.Answer{ID: ask.ID, Allow: true, By: "slack:U012345"})
 	})
 
 	t.Run("A_deny_answer_refuses_it_without_reaching_the_destination", func(t *testing.T) {
@@ -197,9 +213,10 @@ func TestAnAskedRequestWaitsForAPersonsAnswer(t *testing.T) {
 			t.Fatal("a denied request reached the destination")
 		}
 		d := ap.nextDecision(t)
-		if d.Allowed || d.Reason != "denied by berthctl:root" || d.AskID != ask.ID || d.DecidedBy != "berthctl:root" {
+		if d.Allowed || d.Reason != "denied by berthctl:root" {
 			t.Fatalf("decision = %+v, want refused, denied by berthctl:root", d)
 		}
+		ap.settledAs(t, egresspolicy.Answer{ID: ask.ID, By: "berthctl:root"})
 	})
 
 	t.Run("Requests_held_at_once_are_each_asked_and_answered", func(t *testing.T) {
@@ -219,6 +236,8 @@ func TestAnAskedRequestWaitsForAPersonsAnswer(t *testing.T) {
 		}
 		ap.nextDecision(t)
 		ap.nextDecision(t)
+		<-ap.settled
+		<-ap.settled
 	})
 
 	t.Run("A_standing_answer_lets_later_requests_pass_unasked", func(t *testing.T) {
@@ -229,12 +248,13 @@ func TestAnAskedRequestWaitsForAPersonsAnswer(t *testing.T) {
 			t.Fatalf("answer = %+v, want 200", res)
 		}
 		ap.nextDecision(t)
+		ap.settledAs(t, egresspolicy.Answer{ID: ask.ID, Allow: true, By: "discord:81234"})
 		if res := ap.result(t, ap.send(t, "GET", site.URL+"/later")); res.code != 200 || res.body != "upstream GET /later" {
 			t.Fatalf("the later request: %+v, want 200 without an answer", res)
 		}
 		d := ap.nextDecision(t)
 		ap.noAsk(t)
-		if !d.Allowed || d.Reason != "approved earlier by discord:81234" || d.DecidedBy != "discord:81234" {
+		if !d.Allowed || d.Reason != "approved earlier by discord:81234" {
 			t.Fatalf("decision = %+v, want approved earlier by discord:81234", d)
 		}
 	})
@@ -250,7 +270,7 @@ func TestAHostAnAllowRuleNamesIsNeverAsked(t *testing.T) {
 	}
 	d := ap.nextDecision(t)
 	ap.noAsk(t)
-	if !d.Allowed || d.Rule != addr || d.AskID != "" || d.DecidedBy != "" {
+	if !d.Allowed || d.Rule != addr || d.Reason != "" {
 		t.Fatalf("decision = %+v, want allowed by the allow rule, nobody asked", d)
 	}
 }
@@ -293,7 +313,22 @@ func TestAnAnswerToAnotherAskReleasesNothingAndNobodyAnsweringRefuses(t *testing
 		t.Fatalf("answer = %+v (upstream reached %d times), want 403 not approved within 1s", res, reached.Load())
 	}
 	d := ap.nextDecision(t)
-	if d.Allowed || d.AskID != ask.ID || d.DecidedBy != "timeout" || d.Reason != "not approved within 1s" {
+	if d.Allowed || d.Reason != "not approved within 1s" {
 		t.Fatalf("decision = %+v, want refused by the timeout", d)
+	}
+	ap.settledAs(t, egresspolicy.Answer{ID: ask.ID, By: "timeout"})
+}
+
+// A scheduler that answers no asks gets none: the request is refused at
+// once instead of waiting for the timeout.
+func TestWithoutAnyoneToAskTheRequestIsRefusedAtOnce(t *testing.T) {
+	t.Parallel()
+	site, reached := upstream(t)
+	addr := site.Listener.Addr().String()
+	p, socket := launch(t, "run-noask", token, egress.Policy{Ask: []egresspolicy.Rule{rule(t, addr)}})
+	defer p.Stop()
+	code, body := do(t, proxy{socket: socket}.client(token), "GET", site.URL+"/x", "")
+	if code != http.StatusForbidden || !strings.Contains(body, "nobody is asked for this run") || reached.Load() != 0 {
+		t.Fatalf("got %d %q, want 403: nobody is asked", code, body)
 	}
 }

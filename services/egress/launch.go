@@ -87,6 +87,10 @@ type LaunchOptions struct {
 	// Proxy.Answer gives; it is called from the proxy's stdout reader and
 	// must not block. Without it, such requests are refused at once.
 	OnAsk func(egresspolicy.Ask)
+	// OnAskSettled, when set, is told how each ask ended (egress.Options
+	// has the details): what closes a pending approval that nobody, or
+	// the timeout, answered. It must not block.
+	OnAskSettled func(egresspolicy.Answer)
 }
 
 // MakeRoot makes the directory of the runs' egress directories, or sets
@@ -162,6 +166,7 @@ type Proxy struct {
 	onDecision func(isolation.EgressDecision)
 	onCall     func(egresspolicy.Call)
 	onAsk      func(egresspolicy.Ask)
+	onSettled  func(egresspolicy.Answer)
 
 	mu    sync.Mutex
 	rec   record
@@ -282,7 +287,7 @@ func Launch(ctx context.Context, pol Policy, opts LaunchOptions) (p *Proxy, err 
 		return nil, fmt.Errorf("cannot start the egress proxy %s: %w", opts.Binary, err)
 	}
 	p = &Proxy{cmd: cmd, stdin: stdin, dir: dir, timeout: opts.StopTimeout, done: make(chan struct{}),
-		log: opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent), onDecision: opts.OnDecision, onCall: opts.OnCall, onAsk: opts.OnAsk}
+		log: opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent), onDecision: opts.OnDecision, onCall: opts.OnCall, onAsk: opts.OnAsk, onSettled: opts.OnAskSettled}
 	p.agentToken = pol.AgentToken
 	ready := make(chan error, 1)
 	go p.read(stdout, ready)
@@ -321,6 +326,8 @@ type childLine struct {
 	Call     *egresspolicy.Call        `json:"call,omitempty"`
 	// Ask is a request held for a person's answer (ask.go).
 	Ask *egresspolicy.Ask `json:"ask,omitempty"`
+	// Settled is how an ask ended (Options.OnAskSettled).
+	Settled *egresspolicy.Answer `json:"settled,omitempty"`
 }
 
 // stdinLine is one line the scheduler writes to the proxy after the
@@ -366,6 +373,11 @@ func (p *Proxy) read(stdout io.Reader, ready chan<- error) {
 			p.log.Info("egress ask", "ask_id", l.Ask.ID, "what", l.Ask.What(), "rule", l.Ask.Rule)
 			if p.onAsk != nil {
 				p.onAsk(*l.Ask)
+			}
+		case l.Settled != nil:
+			p.log.Info("egress ask settled", "ask_id", l.Settled.ID, "allowed", l.Settled.Allow, "by", l.Settled.By)
+			if p.onSettled != nil {
+				p.onSettled(*l.Settled)
 			}
 		}
 	}
@@ -489,6 +501,7 @@ func RunChild(stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
 		OnCall: func(c egresspolicy.Call) { emit(childLine{Call: &c}) }}
 	if cfg.Answers {
 		opts.OnAsk = func(a egresspolicy.Ask) { emit(childLine{Ask: &a}) }
+		opts.OnAskSettled = func(a egresspolicy.Answer) { emit(childLine{Settled: &a}) }
 	}
 	if cfg.RootCAsPEM != "" {
 		pool, err := x509.SystemCertPool()

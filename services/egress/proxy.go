@@ -199,6 +199,10 @@ type Options struct {
 	// waits for Server.Answer with its ID. It must not block. Nil: nobody
 	// is asked, and such a request is refused at once.
 	OnAsk func(egresspolicy.Ask)
+	// OnAskSettled is told how each ask ended, as the Answer that decided
+	// it: By "timeout" when nobody answered within the approval timeout,
+	// "" when the tool hung up or the run ended first. It must not block.
+	OnAskSettled func(egresspolicy.Answer)
 }
 
 // Server is one run's egress proxy.
