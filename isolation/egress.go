@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/egresspolicy"
@@ -32,10 +33,15 @@ type EgressPlan struct {
 	Socket        string `json:"socket"`
 	SandboxSocket string `json:"sandbox_socket"`
 	// ProxyAddr is the loopback address berth-agent serves the proxy on.
-	ProxyAddr string             `json:"proxy_addr"`
-	Allow     []EgressRule       `json:"allow,omitempty"`
-	Providers []EgressProvider   `json:"providers,omitempty"`
-	Proxy     EgressProxyProcess `json:"proxy"`
+	ProxyAddr string       `json:"proxy_addr"`
+	Allow     []EgressRule `json:"allow,omitempty"`
+	// Ask are the [agents.egress] ask rules: what no allow rule allows but
+	// one of these matches is held until a person answers, for up to
+	// ApprovalTimeout, then refused.
+	Ask             []EgressRule       `json:"ask,omitempty"`
+	ApprovalTimeout time.Duration      `json:"approval_timeout,omitempty"`
+	Providers       []EgressProvider   `json:"providers,omitempty"`
+	Proxy           EgressProxyProcess `json:"proxy"`
 	// Secrets are added by the proxy for their hosts, which it intercepts
 	// with a CA made for the run; the sandbox trusts it through the bundle
 	// at SandboxCABundle (CABundle on the host).
@@ -87,7 +93,7 @@ func ProviderProxyURL(proxyAddr, provider string) string {
 // them, with res resolving names (nil: addresses left undecided) and addrs
 // classifying addresses.
 func (e *EgressPlan) Judge(res egresspolicy.Resolver, addrs *egresspolicy.Classifier) *egresspolicy.Judge {
-	return &egresspolicy.Judge{Allow: e.Allow, Providers: e.Providers, Secrets: e.Secrets, Agent: e.Agent, Git: e.Git, ReadOnly: e.ReadOnly, Resolver: res, Addresses: addrs}
+	return &egresspolicy.Judge{Allow: e.Allow, Ask: e.Ask, Providers: e.Providers, Secrets: e.Secrets, Agent: e.Agent, Git: e.Git, ReadOnly: e.ReadOnly, Resolver: res, Addresses: addrs}
 }
 
 // DecideGit says what the run's proxy would do with a git fetch of remote

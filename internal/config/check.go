@@ -203,7 +203,7 @@ func settingsOf(a Agent) AgentSettings {
 			Packages:  a.Image.Packages,
 			EnvVars:   a.Image.EnvVars,
 		},
-		Egress:  EgressSettings{Allow: a.EgressAllow, Git: a.EgressGit, Mode: egressModeOf(a)},
+		Egress:  egressSettingsOf(a),
 		Sandbox: SandboxSettings{Scope: a.Sandbox.Scope},
 		MCP:     a.MCP,
 		Budget:  budgetSettingsOf(a.Budget),

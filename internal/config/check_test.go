@@ -54,6 +54,8 @@ env_vars = { LANG = "C.UTF-8" }
 
 [agents.egress]
 allow = ["example.com"]
+ask = ["*.example.org"]
+approval_timeout = "3m"
 mode = "read-only"
 
 [agents.budget]

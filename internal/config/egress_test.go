@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berth-dev/berth/internal/config"
 )
@@ -240,6 +241,88 @@ func TestProviderEgressSettingsAreReadAndChecked(t *testing.T) {
 			}
 			if got := cfg.Providers.Entries[tt.want.Name]; !reflect.DeepEqual(got, tt.want) {
 				t.Fatalf("provider = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestEgressAskRulesAndTheirTimeoutAreReadAndChecked(t *testing.T) {
+	t.Parallel()
+	agent := "[[agents]]\nid = \"ops\"\n[agents.egress]\n"
+	tests := []struct {
+		name        string
+		toml        string
+		wantAsk     []string
+		wantTimeout time.Duration
+		wantErr     string
+	}{
+		{
+			name:        "Ask_rules_are_read_with_the_default_timeout",
+			toml:        agent + "ask = [\"*.example.com\", \"POST api.stripe.com\"]\n",
+			wantAsk:     []string{"*.example.com", "POST api.stripe.com"},
+			wantTimeout: 10 * time.Minute,
+		},
+		{
+			name:        "Agent_defaults_apply_when_the_agent_sets_none",
+			toml:        "[agent_defaults.egress]\nask = [\"*.example.com\"]\napproval_timeout = \"2m\"\n[[agents]]\nid = \"ops\"\n",
+			wantAsk:     []string{"*.example.com"},
+			wantTimeout: 2 * time.Minute,
+		},
+		{
+			name:        "The_agent's_timeout_beats_the_defaults'",
+			toml:        "[agent_defaults.egress]\napproval_timeout = \"2m\"\n" + agent + "ask = [\"a.example\"]\napproval_timeout = \"30s\"\n",
+			wantAsk:     []string{"a.example"},
+			wantTimeout: 30 * time.Second,
+		},
+		{
+			name:    "A_bad_ask_rule_is_refused_with_file_line_and_key",
+			toml:    agent + "allow = [\"pypi.org\"]\nask = [\"a.example\",\n  \"https://api.stripe.com/v1\"]\n",
+			wantErr: `berth.toml:6: agents[0].egress.ask[1]: "https://api.stripe.com/v1": a rule names a host, not a URL`,
+		},
+		{
+			name:    "A_bad_ask_rule_in_the_defaults_is_refused_too",
+			toml:    "[agent_defaults.egress]\nask = [\"FETCH a.example\"]\n[[agents]]\nid = \"ops\"\n",
+			wantErr: `berth.toml:2: agent_defaults.egress.ask[0]: "FETCH a.example": "FETCH" is not an HTTP method`,
+		},
+		{
+			name:    "A_timeout_under_10s_is_refused",
+			toml:    agent + "approval_timeout = \"5s\"\n",
+			wantErr: "berth.toml:4: agents[0].egress.approval_timeout: must be a length of time from 10s to 24h0m0s, not 5s",
+		},
+		{
+			name:    "A_timeout_over_a_day_is_refused",
+			toml:    agent + "approval_timeout = \"25h\"\n",
+			wantErr: "agents[0].egress.approval_timeout: must be a length of time from 10s to 24h0m0s, not 25h0m0s",
+		},
+		{
+			name:    "A_timeout_that_is_no_duration_is_refused",
+			toml:    agent + "approval_timeout = \"soon\"\n",
+			wantErr: "berth.toml:4: agents[0].egress.approval_timeout",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			path := writeConfig(t, map[string]string{"berth.toml": tt.toml})
+			cfg, err := config.Load(path)
+			if tt.wantErr != "" {
+				if err == nil {
+					t.Fatalf("loaded; want an error containing %q", tt.wantErr)
+				}
+				if got := strings.Join(errorLines(t, err, path), "\n"); !strings.Contains(got, tt.wantErr) {
+					t.Fatalf("errors = %s\nwant one containing %q", got, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := cfg.Agent("ops")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(a.EgressAsk, tt.wantAsk) || a.EgressApprovalTimeout != tt.wantTimeout {
+				t.Fatalf("ask = %q within %s, want %q within %s", a.EgressAsk, a.EgressApprovalTimeout, tt.wantAsk, tt.wantTimeout)
 			}
 		})
 	}

@@ -85,8 +85,10 @@ default_timeout_seconds = 200
 				Isolation:      "landlock",
 				WorkspaceQuota: 1 << 30,
 				Sandbox:        builtInSandbox,
-				Timeout:        90 * time.Second,
-				Image:          config.ImageConfig{BaseImage: "berth-base:bookworm"},
+				// approval_timeout's default, though no ask rule uses it.
+				EgressApprovalTimeout: 10 * time.Minute,
+				Timeout:               90 * time.Second,
+				Image:                 config.ImageConfig{BaseImage: "berth-base:bookworm"},
 			},
 		},
 		{
@@ -100,8 +102,10 @@ default_timeout_seconds = 200
 				Isolation:      "container",
 				WorkspaceQuota: 1 << 30,
 				Sandbox:        builtInSandbox,
-				Timeout:        15 * time.Second,
-				Image:          config.ImageConfig{BaseImage: "berth-base:bookworm"},
+				// approval_timeout's default, though no ask rule uses it.
+				EgressApprovalTimeout: 10 * time.Minute,
+				Timeout:               15 * time.Second,
+				Image:                 config.ImageConfig{BaseImage: "berth-base:bookworm"},
 			},
 		},
 		{
@@ -115,8 +119,10 @@ default_timeout_seconds = 200
 				Isolation:      "unrestricted",
 				WorkspaceQuota: 1 << 30,
 				Sandbox:        builtInSandbox,
-				Timeout:        90 * time.Second,
-				Image:          config.ImageConfig{BaseImage: "berth-base:bookworm"},
+				// approval_timeout's default, though no ask rule uses it.
+				EgressApprovalTimeout: 10 * time.Minute,
+				Timeout:               90 * time.Second,
+				Image:                 config.ImageConfig{BaseImage: "berth-base:bookworm"},
 			},
 		},
 	}
@@ -148,6 +154,8 @@ func TestAgentWithoutAnySettingsUsesBuiltInDefaults(t *testing.T) {
 		Isolation: "landlock", Timeout: 300 * time.Second, WorkspaceQuota: 1 << 30,
 		Sandbox: builtInSandbox,
 		Image:   config.ImageConfig{BaseImage: "berth-base:bookworm"},
+		// approval_timeout's default, though no ask rule uses it.
+		EgressApprovalTimeout: 10 * time.Minute,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Agent = %+v, want %+v", got, want)

@@ -128,6 +128,14 @@ type EgressSettings struct {
 	// Allow are rules "[METHOD[,METHOD…] ]host[:port]", parsed by
 	// egresspolicy.ParseRule.
 	Allow []string `toml:"allow" berth:"check=egressRule"`
+	// Ask are rules written as Allow's: a request no allow rule allows but
+	// one of these matches waits for a person's answer (the scheduler asks
+	// in the conversation; berthctl approvals decides) instead of being
+	// refused. Allow beats ask.
+	Ask []string `toml:"ask" berth:"check=egressRule"`
+	// ApprovalTimeout is how long such a request waits (10 min): then it is
+	// refused.
+	ApprovalTimeout *Duration `toml:"approval_timeout" berth:"check=approvalTimeout"`
 	// Git are [[agents.egress.git]] (git.go); a list replaces the defaults' whole.
 	Git []GitRule `toml:"git"`
 	// Mode is "read-only" for an agent that may look but never change
@@ -185,6 +193,10 @@ type Agent struct {
 	// EgressAllow are the agent's egress rules: what its tools may reach
 	// through berth's egress proxy when it has no direct network.
 	EgressAllow []string
+	// EgressAsk are the agent's [agents.egress] ask rules, held for a
+	// person's answer for up to EgressApprovalTimeout (default 10 min).
+	EgressAsk             []string
+	EgressApprovalTimeout time.Duration
 	// EgressGit are the agent's [[agents.egress.git]] rules, checked
 	// against [[egress.secrets]] and [[egress.github_apps]] when loaded.
 	EgressGit []GitRule

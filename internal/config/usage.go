@@ -105,6 +105,17 @@ func budgetSettingsOf(b egresspolicy.Budget) BudgetSettings {
 	return s
 }
 
+// egressSettingsOf is a's [agents.egress] as written back; approval_timeout
+// only with ask rules, which alone use it.
+func egressSettingsOf(a Agent) EgressSettings {
+	e := EgressSettings{Allow: a.EgressAllow, Ask: a.EgressAsk, Git: a.EgressGit, Mode: egressModeOf(a)}
+	if len(a.EgressAsk) > 0 {
+		d := Duration(a.EgressApprovalTimeout)
+		e.ApprovalTimeout = &d
+	}
+	return e
+}
+
 func egressModeOf(a Agent) string {
 	if a.EgressReadOnly {
 		return egresspolicy.ModeReadOnly

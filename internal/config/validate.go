@@ -189,6 +189,12 @@ var valueChecks = map[string]any{
 		_, err := egresspolicy.ParseRule(s)
 		return err
 	}),
+	"approvalTimeout": func(d Duration) string {
+		if d < minApprovalTimeout || d > maxApprovalTimeout {
+			return fmt.Sprintf("must be a length of time from %s to %s, not %s", minApprovalTimeout, maxApprovalTimeout, d)
+		}
+		return ""
+	},
 	"imageRef":      imageRef,
 	"debianPackage": debianPackage,
 	// [[agents.mcp]], [agents.web_search] (mcp.go)
@@ -331,6 +337,13 @@ const (
 // maxSandboxDuration bounds idle_stop and max_lifetime: a year is far from
 // overflowing time.Duration and longer than any conversation.
 const maxSandboxDuration = Duration(365 * 24 * time.Hour)
+
+// approval_timeout's bounds: long enough for a person to see the question,
+// short enough that a run is not held past a day.
+const (
+	minApprovalTimeout = Duration(10 * time.Second)
+	maxApprovalTimeout = Duration(24 * time.Hour)
+)
 
 // maxTimeoutSeconds keeps timeouts far from overflowing time.Duration.
 const maxTimeoutSeconds = 1 << 31

@@ -1,6 +1,11 @@
 package egresspolicy
 
-import "strconv"
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+)
 
 // Ask is a request the egress proxy holds until a person decides: an
 // [agents.egress] ask rule matched it (issue 26, approvals). The proxy
@@ -40,3 +45,32 @@ type Answer struct {
 	// decision's reason names it.
 	By string `json:"by"`
 }
+
+// The order a tool's request is judged in: an allow rule (or a provider, or
+// a git rule's host) allows it at once; else an ask rule holds it for an
+// Answer; else it is refused. Allow beats ask, ask beats the default deny.
+
+// askRefusal is what Destination says of a request only an ask rule
+// matches: held, not refused, by a proxy that can wait for an Answer.
+func askRefusal(rule Rule) *Refusal {
+	return &Refusal{Code: http.StatusForbidden, Reason: fmt.Sprintf("asks a person first: [agents.egress] ask rule %q matches it", rule.Raw), Ask: &rule}
+}
+
+// Approved is the reason of a request a person allowed.
+func Approved(by string) string { return "approved by " + by }
+
+// ApprovedEarlier is the reason of a request a standing Answer allowed.
+func ApprovedEarlier(by string) string { return "approved earlier by " + by }
+
+// Denied is the reason of a request a person refused.
+func Denied(by string) string { return "denied by " + by }
+
+// NotApprovedWithin is the reason of a request nobody answered in time.
+func NotApprovedWithin(d time.Duration) string { return "not approved within " + d.String() }
+
+// ByTimeout is the Answer.By of an ask nobody answered in time.
+const ByTimeout = "timeout"
+
+// DefaultApprovalTimeout is how long a held request waits for its Answer
+// when the policy names no approval_timeout.
+const DefaultApprovalTimeout = 10 * time.Minute

@@ -37,7 +37,11 @@ type Resolver interface {
 // Judge decides a run's requests: the proxy for each request it serves,
 // explain for a request asked about.
 type Judge struct {
-	Allow     []Rule
+	Allow []Rule
+	// Ask are the [agents.egress] ask rules: a request no allow rule, git
+	// rule or provider allows, but one of these matches, waits for a
+	// person's answer instead of being refused (ask.go).
+	Ask       []Rule
 	Providers []Provider
 	Secrets   []Secret
 	// Agent names the agent in git's reasons; Git are its git rules
@@ -84,12 +88,26 @@ func (j *Judge) Destination(ctx context.Context, method, host string, port int) 
 	if !ok {
 		rule, ok = j.gitHostRule(method, host, port)
 	}
+	if !ok {
+		// Allow beats ask, ask beats the default deny.
+		if ask, asked := MatchRule(j.Ask, method, host, port); asked {
+			return Destination{}, askRefusal(ask)
+		}
+	}
 	if why := j.agentOnly(method, host, port); !ok && why != "" {
 		return Destination{}, refused(http.StatusForbidden, "%s", why)
 	}
 	if !ok {
 		return Destination{}, refused(http.StatusForbidden, "%s", NoRule(method, host, port))
 	}
+	return j.DestinationBy(ctx, rule, host, port)
+}
+
+// DestinationBy judges the addresses of host:port for rule, a rule already
+// chosen for the request (by Destination, or an ask rule a person approved):
+// only when rule names the host exactly may an internal address be reached.
+func (j *Judge) DestinationBy(ctx context.Context, rule Rule, host string, port int) (Destination, *Refusal) {
+	host = NormalHost(host)
 	d := Destination{Rule: rule}
 	var addrs []netip.Addr
 	if a, err := netip.ParseAddr(host); err == nil {
@@ -215,6 +233,11 @@ func (j *Judge) Explain(ctx context.Context, q Question) (Verdict, error) {
 		// the proxy would answer with 502, not a refusal of policy.
 		v.Allowed, v.Rule, v.Reason = true, dest.Rule.Raw, "allowed by rule "+dest.Rule.Raw
 		v.Note = joinNote(v.Note, r.Reason+" (now, from the scheduler: the proxy resolves when the request is sent and refuses an internal address unless the rule names the host)")
+		return v, nil
+	}
+	if r != nil && r.Ask != nil {
+		v.Allowed, v.Rule, v.Reason = false, r.Ask.Raw, r.Reason
+		v.Note = joinNote(v.Note, "held until a person answers (berthctl approvals, or the conversation); refused when nobody does within approval_timeout")
 		return v, nil
 	}
 	if r != nil {

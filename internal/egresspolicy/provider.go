@@ -89,6 +89,10 @@ type ProviderCall struct {
 type Refusal struct {
 	Code   int
 	Reason string
+	// Ask, when set, is the ask rule that matched a request nothing allows:
+	// the proxy holds it for a person's answer (ask.go); a caller that
+	// cannot hold it refuses it with Reason, like any refusal.
+	Ask *Rule
 }
 
 func (r *Refusal) Error() string { return r.Reason }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/runplan"
@@ -226,5 +227,26 @@ func TestAnEgressSocketPathTooLongForAUnixAddressIsAProblemNamingIt(t *testing.T
 	}
 	if !found {
 		t.Fatalf("problems %q: want one naming the socket path that is too long", e.Problems)
+	}
+}
+
+func TestAskRulesAloneGiveTheRunAProxyAndExplainShowsThem(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t, "[[agents]]\nid = \"docs\"\n[agents.egress]\nask = [\"*.example.com\", \"POST api.stripe.com\"]\napproval_timeout = \"90s\"\n")
+	e, err := runplan.Explain(cfg, "docs", facts(t, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eg := e.Plan.Egress
+	if eg == nil || len(eg.Ask) != 2 || eg.Ask[1].Raw != "POST api.stripe.com" || eg.ApprovalTimeout != 90*time.Second || len(eg.Allow) != 0 {
+		t.Fatalf("egress plan %+v, want the two ask rules within 1m30s and no allow rule", eg)
+	}
+	why := e.Why["egress"]
+	if !strings.Contains(why, "[agents.egress] ask: *.example.com, POST api.stripe.com") || !strings.Contains(why, "refused after 1m30s") {
+		t.Fatalf("why egress %q, want the ask rules and their timeout", why)
+	}
+	data, _ := json.Marshal(e.Plan)
+	if !strings.Contains(string(data), `"ask":[{"rule":"*.example.com"`) {
+		t.Fatalf("plan JSON %s, want the ask rules", data)
 	}
 }

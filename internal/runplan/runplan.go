@@ -361,10 +361,19 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		rules = append(rules, r)
 	}
 	rules = append(rules, agentToolRules(c, a)...)
+	var ask []isolation.EgressRule
+	for _, s := range a.EgressAsk {
+		r, err := isolation.ParseEgressRule(s)
+		if err != nil {
+			c.problems = append(c.problems, isolation.Errorf(isolation.ReasonStart, "agent %q: egress.ask: %v", a.ID, err))
+			continue
+		}
+		ask = append(ask, r)
+	}
 	secrets := egressSecrets(c, cfg, a, rules, host)
 	git := gitPlan(c, cfg, a, host)
 	secrets = git.withSecrets(c, cfg, secrets, host)
-	if len(endpoints) == 0 && len(rules) == 0 && len(git.rules) == 0 {
+	if len(endpoints) == 0 && len(rules) == 0 && len(git.rules) == 0 && len(ask) == 0 {
 		c.why["egress"] = "none: the agent calls no remote provider and [agents.egress] allow is empty, so nothing leaves the sandbox"
 		return
 	}
@@ -380,16 +389,20 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		Socket:    filepath.Join(runDir, isolation.EgressSocketName),
 		ProxyAddr: fmt.Sprintf("127.0.0.1:%d", isolation.EgressProxyPort),
 		Allow:     rules,
+		Ask:       ask,
 		Providers: endpoints,
 		Proxy:     isolation.EgressProxyProcess{Binary: cfg.Scheduler.EgressBinary},
 		Agent:     a.ID,
 		ReadOnly:  a.EgressReadOnly,
 	}
+	if len(ask) > 0 {
+		e.ApprovalTimeout = a.EgressApprovalTimeout
+	}
 	e.SandboxSocket = e.Socket
 	git.apply(e)
 	// The proxy intercepts the secrets' hosts and the git rules' with the run's CA.
 	// A read-only run's every tunnel is read, so it needs the CA too.
-	if len(secrets) > 0 || len(git.rules) > 0 || (e.ReadOnly && len(rules) > 0) {
+	if len(secrets) > 0 || len(git.rules) > 0 || (e.ReadOnly && len(rules)+len(ask) > 0) {
 		e.Secrets = secrets
 		e.CABundle = filepath.Join(runDir, isolation.EgressCABundleName)
 		e.SandboxCABundle = e.CABundle
@@ -441,6 +454,14 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		why += "; [agents.egress] allow: " + strings.Join(raw, ", ") + " (loopback, private and link-local destinations only when a rule names the host)"
 	} else {
 		why += "; [agents.egress] allow is empty: nothing else passes"
+	}
+	if len(ask) > 0 {
+		var raw []string
+		for _, r := range ask {
+			raw = append(raw, r.Raw)
+		}
+		why += fmt.Sprintf("; [agents.egress] ask: %s (a request no allow rule allows but one of these matches waits until a person answers in the conversation or with berthctl approvals, refused after %s)",
+			strings.Join(raw, ", "), e.ApprovalTimeout)
 	}
 	for _, s := range secrets {
 		why += fmt.Sprintf("; secret %s is added as %s for %s (TLS intercepted with the run's own CA, which the sandbox trusts through %s; other hosts are never intercepted)",

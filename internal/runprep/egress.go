@@ -13,12 +13,14 @@ import (
 
 // startEgress starts the run's egress proxy as [scheduler] egress_user on
 // the run's socket, holding the provider keys the request no longer carries.
-func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host runplan.HostFacts, keep *keepOptions, spend Spending, traceparent string) (*egress.Proxy, string, error) {
+func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host runplan.HostFacts, keep *keepOptions, in Input, traceparent string) (*egress.Proxy, string, error) {
+	spend := in.Spending
 	token, err := egress.NewToken()
 	if err != nil {
 		return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
 	}
-	pol := egress.Policy{RunID: plan.RunID, Agent: plan.AgentID, Token: token, Allow: plan.Egress.Allow}
+	pol := egress.Policy{RunID: plan.RunID, Agent: plan.AgentID, Token: token, Allow: plan.Egress.Allow,
+		Ask: plan.Egress.Ask, ApprovalTimeout: plan.Egress.ApprovalTimeout}
 	// berth-agent's own channel (ADR 26): the proxy's AgentToken.
 	if pol.AgentToken, err = egress.NewToken(); err != nil {
 		return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
@@ -59,12 +61,15 @@ func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host ru
 	proxy, err := egress.Launch(startCtx, pol, egress.LaunchOptions{
 		OnDecision: onDecision,
 		OnCall:     spend.OnCall,
-		Binary:     plan.Egress.Proxy.Binary,
-		User:       host.EgressUser,
-		Client:     host.RunUser,
-		Socket:     plan.Egress.Socket,
-		Logger:     p.log,
-		CABundle:   bundle,
+		OnAsk:      in.OnAsk,
+		// How an ask ended closes its pending approval.
+		OnAskSettled: in.OnAskSettled,
+		Binary:       plan.Egress.Proxy.Binary,
+		User:         host.EgressUser,
+		Client:       host.RunUser,
+		Socket:       plan.Egress.Socket,
+		Logger:       p.log,
+		CABundle:     bundle,
 		// Private CAs the admin gave the scheduler hold for upstreams too.
 		UpstreamCAFile: p.opts.Getenv("SSL_CERT_FILE"),
 		Confine:        p.confineEgress(ctx, plan),

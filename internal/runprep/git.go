@@ -22,7 +22,8 @@ func caHosts(e *isolation.EgressPlan) []string {
 	}
 	if e.ReadOnly {
 		// A read-only run's tunnels are all read (docs/adr/0024-usage-and-budgets.md).
-		for _, h := range egresspolicy.ReadOnlyCAHosts(e.Allow) {
+		// An asked host, once approved, is read like an allowed one.
+		for _, h := range egresspolicy.ReadOnlyCAHosts(slices.Concat(e.Allow, e.Ask)) {
 			if !slices.Contains(hosts, h) {
 				hosts = append(hosts, h)
 			}

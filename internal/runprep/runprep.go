@@ -2,6 +2,7 @@ package runprep
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"sync"
@@ -98,6 +99,14 @@ type Input struct {
 	// egress proxy sends on provider calls when [tracing]
 	// provider_traceparent is on ("": none).
 	Traceparent string
+	// OnAsk is told each request the run's egress proxy holds for a
+	// person's answer ([agents.egress] ask), which Prepared.Answer gives;
+	// it must not block. Nil: such requests are refused at once.
+	OnAsk func(egresspolicy.Ask)
+	// OnAskSettled, when set, is told how each ask ended (By "timeout":
+	// nobody answered in time; "": the tool hung up or the run ended
+	// first). It must not block.
+	OnAskSettled func(egresspolicy.Answer)
 }
 
 // Spending is the budget side of a run's egress proxy
@@ -145,6 +154,17 @@ func (p *Prepared) SetAllowance(a egresspolicy.Allowance) error {
 		return proxy.SetAllowance(a)
 	}
 	return nil
+}
+
+// Answer hands the run's egress proxy a person's answer to one of its
+// asks (Input.OnAsk).
+func (p *Prepared) Answer(a egresspolicy.Answer) error {
+	if p != nil {
+		if proxy := p.allowances.Load(); proxy != nil {
+			return proxy.Answer(a)
+		}
+	}
+	return fmt.Errorf("cannot answer ask %q: the run has no egress proxy (it has ended, or has no egress)", a.ID)
 }
 
 // Finish stops the run's egress proxy, if it has one (its token dies with
@@ -218,7 +238,7 @@ func (p *Preparer) prepare(ctx context.Context, in Input, keep *keepOptions) (*P
 		if in.Config.Tracing.ProviderTraceparent {
 			traceparent = in.Traceparent
 		}
-		out.proxy, out.egressToken, err = p.startEgress(ctx, out.Plan, host, keep, in.Spending, traceparent)
+		out.proxy, out.egressToken, err = p.startEgress(ctx, out.Plan, host, keep, in, traceparent)
 		if err != nil {
 			return out, err
 		}

@@ -41,6 +41,9 @@ type childConfig struct {
 	Policy Policy `json:"policy"`
 	// RootCAsPEM adds CAs that upstream TLS may be signed by (tests).
 	RootCAsPEM string `json:"root_cas_pem,omitempty"`
+	// Answers says the scheduler answers asks (LaunchOptions.OnAsk): without
+	// it, a request an ask rule matches is refused at once, not held.
+	Answers bool `json:"answers,omitempty"`
 }
 
 // LaunchOptions say how one run's proxy process is started.
@@ -79,6 +82,15 @@ type LaunchOptions struct {
 	// OnCall, when set, is told each provider call as the proxy reports
 	// it, with its usage (the scheduler's budgets); it must not block.
 	OnCall func(egresspolicy.Call)
+	// OnAsk, when set, is told each request the proxy holds for a
+	// person's answer (an [agents.egress] ask rule matched it), which
+	// Proxy.Answer gives; it is called from the proxy's stdout reader and
+	// must not block. Without it, such requests are refused at once.
+	OnAsk func(egresspolicy.Ask)
+	// OnAskSettled, when set, is told how each ask ended (egress.Options
+	// has the details): what closes a pending approval that nobody, or
+	// the timeout, answered. It must not block.
+	OnAskSettled func(egresspolicy.Answer)
 }
 
 // MakeRoot makes the directory of the runs' egress directories, or sets
@@ -153,11 +165,13 @@ type Proxy struct {
 	// onDecision is LaunchOptions.OnDecision, onCall LaunchOptions.OnCall.
 	onDecision func(isolation.EgressDecision)
 	onCall     func(egresspolicy.Call)
+	onAsk      func(egresspolicy.Ask)
+	onSettled  func(egresspolicy.Answer)
 
 	mu    sync.Mutex
 	rec   record
 	usage egresspolicy.Usage // the provider calls of the record
-	// stdinMu orders the allowances written after the policy.
+	// stdinMu orders the lines written after the policy (allowances, answers).
 	stdinMu sync.Mutex
 	// agentToken is the policy's AgentToken (channel.go).
 	agentToken string
@@ -237,7 +251,7 @@ func Launch(ctx context.Context, pol Policy, opts LaunchOptions) (p *Proxy, err 
 		return nil, fmt.Errorf("cannot set the egress socket's mode: %w", err)
 	}
 
-	cfg, err := json.Marshal(childConfig{Policy: pol, RootCAsPEM: string(opts.RootCAsPEM)})
+	cfg, err := json.Marshal(childConfig{Policy: pol, RootCAsPEM: string(opts.RootCAsPEM), Answers: opts.OnAsk != nil})
 	if err != nil {
 		return nil, fmt.Errorf("cannot encode the egress policy: %w", err)
 	}
@@ -273,7 +287,7 @@ func Launch(ctx context.Context, pol Policy, opts LaunchOptions) (p *Proxy, err 
 		return nil, fmt.Errorf("cannot start the egress proxy %s: %w", opts.Binary, err)
 	}
 	p = &Proxy{cmd: cmd, stdin: stdin, dir: dir, timeout: opts.StopTimeout, done: make(chan struct{}),
-		log: opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent), onDecision: opts.OnDecision, onCall: opts.OnCall}
+		log: opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent), onDecision: opts.OnDecision, onCall: opts.OnCall, onAsk: opts.OnAsk, onSettled: opts.OnAskSettled}
 	p.agentToken = pol.AgentToken
 	ready := make(chan error, 1)
 	go p.read(stdout, ready)
@@ -310,12 +324,17 @@ type childLine struct {
 	Error    string                    `json:"error,omitempty"`
 	Decision *isolation.EgressDecision `json:"decision,omitempty"`
 	Call     *egresspolicy.Call        `json:"call,omitempty"`
+	// Ask is a request held for a person's answer (ask.go).
+	Ask *egresspolicy.Ask `json:"ask,omitempty"`
+	// Settled is how an ask ended (Options.OnAskSettled).
+	Settled *egresspolicy.Answer `json:"settled,omitempty"`
 }
 
 // stdinLine is one line the scheduler writes to the proxy after the
-// policy: a newer allowance (budget.go).
+// policy: a newer allowance (budget.go), or the answer to an ask (ask.go).
 type stdinLine struct {
 	Allowance *egresspolicy.Allowance `json:"allowance,omitempty"`
+	Answer    *egresspolicy.Answer    `json:"answer,omitempty"`
 }
 
 func (p *Proxy) read(stdout io.Reader, ready chan<- error) {
@@ -349,6 +368,16 @@ func (p *Proxy) read(stdout io.Reader, ready chan<- error) {
 			p.mu.Unlock()
 			if p.onCall != nil {
 				p.onCall(*l.Call)
+			}
+		case l.Ask != nil:
+			p.log.Info("egress ask", "ask_id", l.Ask.ID, "what", l.Ask.What(), "rule", l.Ask.Rule)
+			if p.onAsk != nil {
+				p.onAsk(*l.Ask)
+			}
+		case l.Settled != nil:
+			p.log.Info("egress ask settled", "ask_id", l.Settled.ID, "allowed", l.Settled.Allow, "by", l.Settled.By)
+			if p.onSettled != nil {
+				p.onSettled(*l.Settled)
 			}
 		}
 	}
@@ -411,14 +440,26 @@ func (p *Proxy) Cut() Record {
 // budget, or the agent's other runs' spending counted). The proxy reads
 // its stdin all the time, so the write does not wait on it.
 func (p *Proxy) SetAllowance(a egresspolicy.Allowance) error {
-	line, err := json.Marshal(stdinLine{Allowance: &a})
+	return p.writeLine(stdinLine{Allowance: &a}, "the allowance")
+}
+
+// Answer hands the running proxy a person's answer to one of its asks
+// (OnAsk). An answer to an ask the proxy no longer holds is ignored there
+// (and logged).
+func (p *Proxy) Answer(a egresspolicy.Answer) error {
+	return p.writeLine(stdinLine{Answer: &a}, "the answer")
+}
+
+// writeLine writes l, what, on the proxy's stdin.
+func (p *Proxy) writeLine(l stdinLine, what string) error {
+	line, err := json.Marshal(l)
 	if err != nil {
-		return fmt.Errorf("cannot encode the allowance: %w", err)
+		return fmt.Errorf("cannot encode %s: %w", what, err)
 	}
 	p.stdinMu.Lock()
 	defer p.stdinMu.Unlock()
 	if _, err := p.stdin.Write(append(line, '\n')); err != nil {
-		return fmt.Errorf("cannot hand the allowance to the egress proxy: %w", err)
+		return fmt.Errorf("cannot hand %s to the egress proxy: %w", what, err)
 	}
 	return nil
 }
@@ -458,6 +499,10 @@ func RunChild(stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
 	}
 	opts := Options{Logger: log, OnDecision: func(d isolation.EgressDecision) { emit(childLine{Decision: &d}) },
 		OnCall: func(c egresspolicy.Call) { emit(childLine{Call: &c}) }}
+	if cfg.Answers {
+		opts.OnAsk = func(a egresspolicy.Ask) { emit(childLine{Ask: &a}) }
+		opts.OnAskSettled = func(a egresspolicy.Answer) { emit(childLine{Settled: &a}) }
+	}
 	if cfg.RootCAsPEM != "" {
 		pool, err := x509.SystemCertPool()
 		if err != nil {
@@ -480,25 +525,33 @@ func RunChild(stdin io.Reader, stdout io.Writer, log *slog.Logger) error {
 	go func() { served <- srv.Serve(ln) }()
 	emit(childLine{Ready: true})
 	// stdin closes when the run ends (or the scheduler dies): the token is
-	// revoked with the process. Until then it brings newer allowances.
-	readAllowances(in, srv, log)
+	// revoked with the process. Until then it brings newer allowances and
+	// the answers to asks.
+	readStdin(in, srv, log)
 	srv.Close()
 	return <-served
 }
 
-// readAllowances hands srv each allowance on in until it closes; a line
-// longer than 64 KiB, or one it cannot read, is skipped.
-func readAllowances(in io.Reader, srv *Server, log *slog.Logger) {
+// readStdin hands srv each allowance and answer on in until it closes; a
+// line longer than 64 KiB, or one it cannot read, is skipped, and so is an
+// answer to an ask srv does not hold.
+func readStdin(in io.Reader, srv *Server, log *slog.Logger) {
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 4<<10), 64<<10)
 	for {
 		for sc.Scan() {
 			var l stdinLine
-			if err := json.Unmarshal(sc.Bytes(), &l); err != nil || l.Allowance == nil {
-				log.Warn("egress proxy: a line on stdin is not an allowance", "err", err)
-				continue
+			err := json.Unmarshal(sc.Bytes(), &l)
+			switch {
+			case err == nil && l.Allowance != nil:
+				srv.SetAllowance(*l.Allowance)
+			case err == nil && l.Answer != nil:
+				if err := srv.Answer(*l.Answer); err != nil {
+					log.Warn("egress proxy: an answer is ignored", "ask_id", l.Answer.ID, "err", err)
+				}
+			default:
+				log.Warn("egress proxy: a line on stdin is neither an allowance nor an answer", "err", err)
 			}
-			srv.SetAllowance(*l.Allowance)
 		}
 		if !errors.Is(sc.Err(), bufio.ErrTooLong) {
 			return

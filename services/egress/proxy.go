@@ -48,6 +48,12 @@ type Policy struct {
 	Token     string
 	Providers []Provider
 	Allow     []egresspolicy.Rule
+	// Ask are the [agents.egress] ask rules: what no allow rule allows but
+	// one of these matches is held until a person answers, or until
+	// ApprovalTimeout (0: egresspolicy.DefaultApprovalTimeout) has passed
+	// (ask.go).
+	Ask             []egresspolicy.Rule
+	ApprovalTimeout time.Duration
 	// Secrets are added to requests for their hosts, which the proxy
 	// intercepts with CA (see secrets.go); other hosts are never intercepted.
 	Secrets []Secret
@@ -92,6 +98,8 @@ type wirePolicy struct {
 	AgentTok  string                  `json:"agent_token,omitempty"`
 	Providers []wireProvider          `json:"providers,omitempty"`
 	Allow     []egresspolicy.Rule     `json:"allow,omitempty"`
+	Ask       []egresspolicy.Rule     `json:"ask,omitempty"`
+	AskWithin time.Duration           `json:"approval_timeout,omitempty"`
 	Secrets   []wireSecret            `json:"secrets,omitempty"`
 	CA        *CA                     `json:"ca,omitempty"`
 	Git       []egresspolicy.GitRule  `json:"git,omitempty"`
@@ -103,7 +111,7 @@ type wirePolicy struct {
 
 // MarshalJSON writes the policy with its keys, for the proxy's stdin only.
 func (p Policy) MarshalJSON() ([]byte, error) {
-	w := wirePolicy{RunID: p.RunID, Agent: p.Agent, Token: p.Token, AgentTok: p.AgentToken, Allow: p.Allow, CA: p.CA, Git: p.Git, Allowance: p.Allowance, ReadOnly: p.ReadOnly, TraceCtx: p.Traceparent}
+	w := wirePolicy{RunID: p.RunID, Agent: p.Agent, Token: p.Token, AgentTok: p.AgentToken, Allow: p.Allow, Ask: p.Ask, AskWithin: p.ApprovalTimeout, CA: p.CA, Git: p.Git, Allowance: p.Allowance, ReadOnly: p.ReadOnly, TraceCtx: p.Traceparent}
 	for _, a := range p.GitHubApps {
 		w.Apps = append(w.Apps, wireGitHubApp{GitHubApp: a, PrivateKey: a.PrivateKey})
 	}
@@ -122,7 +130,7 @@ func (p *Policy) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &w); err != nil {
 		return err
 	}
-	*p = Policy{RunID: w.RunID, Agent: w.Agent, Token: w.Token, AgentToken: w.AgentTok, Allow: w.Allow, CA: w.CA, Git: w.Git, Allowance: w.Allowance, ReadOnly: w.ReadOnly, Traceparent: w.TraceCtx}
+	*p = Policy{RunID: w.RunID, Agent: w.Agent, Token: w.Token, AgentToken: w.AgentTok, Allow: w.Allow, Ask: w.Ask, ApprovalTimeout: w.AskWithin, CA: w.CA, Git: w.Git, Allowance: w.Allowance, ReadOnly: w.ReadOnly, Traceparent: w.TraceCtx}
 	for _, a := range w.Apps {
 		a.GitHubApp.PrivateKey = a.PrivateKey
 		p.GitHubApps = append(p.GitHubApps, a.GitHubApp)
@@ -184,8 +192,17 @@ type Options struct {
 	// OnCall sees every provider call with its usage (usage.go);
 	// berth-egress streams them to the scheduler like the decisions.
 	OnCall func(egresspolicy.Call)
-	// Clock times requests_per_minute and the calls; nil is the real one.
+	// Clock times requests_per_minute, the calls and the approval
+	// timeout; nil is the real one.
 	Clock clockwork.Clock
+	// OnAsk is told each request an ask rule holds (ask.go); the request
+	// waits for Server.Answer with its ID. It must not block. Nil: nobody
+	// is asked, and such a request is refused at once.
+	OnAsk func(egresspolicy.Ask)
+	// OnAskSettled is told how each ask ended, as the Answer that decided
+	// it: By "timeout" when nobody answered within the approval timeout,
+	// "" when the tool hung up or the run ended first. It must not block.
+	OnAskSettled func(egresspolicy.Answer)
 }
 
 // Server is one run's egress proxy.
@@ -205,6 +222,7 @@ type Server struct {
 	revoked   atomic.Bool
 	budget    byteBudget
 	allowance budgetState // provider spending (budget.go)
+	asks      asks        // requests held for a person's answer (ask.go)
 
 	mu          sync.Mutex
 	closed      bool
@@ -283,11 +301,12 @@ func NewServer(pol Policy, opts Options) (*Server, error) {
 	}
 	s := &Server{pol: pol, opts: opts, tunnels: map[net.Conn]struct{}{}, intercepted: map[string]*http.Transport{},
 		log:    opts.Logger.With("run_id", pol.RunID, "agent", pol.Agent),
-		budget: byteBudget{max: opts.MaxProviderBuffer}, allowance: budgetState{clock: opts.Clock}}
+		budget: byteBudget{max: opts.MaxProviderBuffer}, allowance: budgetState{clock: opts.Clock},
+		asks: asks{pending: map[string]*heldAsk{}, standing: map[string]string{}, closing: make(chan struct{})}}
 	if pol.Allowance != nil {
 		s.allowance.set(*pol.Allowance)
 	}
-	s.judge = &egresspolicy.Judge{Allow: pol.Allow, Providers: pol.Providers, Secrets: pol.Secrets, Agent: pol.Agent, Git: pol.Git, ReadOnly: pol.ReadOnly, Resolver: opts.Resolver, Addresses: opts.Addresses}
+	s.judge = &egresspolicy.Judge{Allow: pol.Allow, Ask: pol.Ask, Providers: pol.Providers, Secrets: pol.Secrets, Agent: pol.Agent, Git: pol.Git, ReadOnly: pol.ReadOnly, Resolver: opts.Resolver, Addresses: opts.Addresses}
 	s.agentJudge = s.judge.OnAgentChannel()
 	if pol.CA != nil {
 		icpt, err := newInterceptor(*pol.CA)
@@ -348,6 +367,9 @@ func (s *Server) Serve(ln net.Listener) error {
 func (s *Server) Close() error {
 	s.revoked.Store(true)
 	s.mu.Lock()
+	if !s.closed {
+		close(s.asks.closing)
+	}
 	s.closed = true
 	s.mu.Unlock()
 	err := s.http.Close()
@@ -482,17 +504,22 @@ func headerSize(r *http.Request) int {
 func (s *Server) destination(ctx context.Context, method, host string, port int) (egresspolicy.Destination, *egresspolicy.Refusal) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
 	defer cancel()
-	return s.judgeFor(ctx).Destination(ctx, method, host, port)
+	dest, ref := s.judgeFor(ctx).Destination(ctx, method, host, port)
+	if approved, r, ok := s.approvedDestination(ctx, ref, host, port); ok {
+		return approved, r
+	}
+	return dest, ref
 }
 
 func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, d egresspolicy.Decision) {
 	d.Host, d.Port = splitHostPort(r.Host, 443)
 	d.Host = egresspolicy.NormalHost(d.Host)
-	dest, ref := s.destination(r.Context(), http.MethodConnect, d.Host, d.Port)
+	ctx, dest, ref := s.destinationAsking(r.Context(), &d)
 	if ref != nil {
 		s.refusal(w, d, ref)
 		return
 	}
+	r = r.WithContext(ctx)
 	// A secret's host, where a rule allows it, is always reached through
 	// the interceptor, which adds the secret and judges each request.
 	if sec := s.judgeFor(r.Context()).SecretFor(d.Host, d.Port); sec != nil || s.judge.GitHost(d.Host, d.Port) {
@@ -561,7 +588,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, d egresspolicy.
 		s.refusal(w, d, ref)
 		return
 	}
-	dest, ref := s.destination(r.Context(), r.Method, d.Host, d.Port)
+	_, dest, ref := s.destinationAsking(r.Context(), &d)
 	if ref != nil {
 		s.refusal(w, d, ref)
 		return
