@@ -7,29 +7,46 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
-// nth waits for the n-th reply (1-based) to message id.
-func (s *replySink) nth(t *testing.T, timeout time.Duration, id string, n int) map[string]any {
+// question and answer wait for the reply to message id that asks for an
+// approval (its run id is "ask-…"), and for the run's own reply.
+func (s *replySink) question(t *testing.T, timeout time.Duration, id string) map[string]any {
+	t.Helper()
+	return s.first(t, timeout, id, func(runID string) bool { return strings.HasPrefix(runID, "ask-") })
+}
+
+func (s *replySink) answer(t *testing.T, timeout time.Duration, id string) map[string]any {
+	t.Helper()
+	return s.first(t, timeout, id, func(runID string) bool { return !strings.HasPrefix(runID, "ask-") })
+}
+
+func (s *replySink) first(t *testing.T, timeout time.Duration, id string, match func(runID string) bool) map[string]any {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		s.mu.Lock()
-		rs := s.byID[id]
 		var got map[string]any
-		if len(rs) >= n {
-			got = rs[n-1]
+		for _, r := range s.byID[id] {
+			if runID, _ := r["run_id"].(string); match(runID) {
+				got = r
+				break
+			}
 		}
 		s.mu.Unlock()
 		if got != nil {
 			return got
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("message %s has %d replies after %v, want %d", id, len(rs), timeout, n)
+			t.Fatalf("message %s has no such reply after %v", id, timeout)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -40,8 +57,9 @@ func (s *replySink) nth(t *testing.T, timeout time.Duration, id string, n int) m
 func (s *suite) pendingApproval(t *testing.T, want string) busapi.Approval {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
+	sched := s.scheduler(t)
 	for {
-		list, err := s.scheduler(t).ListApprovals(context.Background(), "pending")
+		list, err := sched.ListApprovals(context.Background(), "pending")
 		if err != nil {
 			t.Fatalf("ListApprovals: %v", err)
 		}
@@ -51,6 +69,10 @@ func (s *suite) pendingApproval(t *testing.T, want string) busapi.Approval {
 			}
 		}
 		if time.Now().After(deadline) {
+			runs := s.listRuns(t, busapi.ListFilter{})
+			for _, r := range runs {
+				t.Logf("run %s: %s %s %s", r.ID, r.State, r.Reason, s.getRun(t, r.ID).Error.Text)
+			}
 			t.Fatalf("no pending approval for %s within a minute: %+v", want, list)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -63,6 +85,18 @@ func (s *suite) pendingApproval(t *testing.T, want string) busapi.Approval {
 // record with who made them.
 func TestApprovalsAnAskedRequestWaitsForTheAdminsDecision(t *testing.T) {
 	t.Parallel()
+	for _, backend := range []struct{ name, extra string }{{"landlock", ""}, {"container", containerAgent}} {
+		t.Run(backend.name, func(t *testing.T) {
+			t.Parallel()
+			if backend.name == "container" {
+				testdocker.Engine(t)
+			}
+			approvalsOn(t, backend.extra)
+		})
+	}
+}
+
+func approvalsOn(t *testing.T, extra string) {
 	var hits atomic.Int32
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
@@ -70,16 +104,25 @@ func TestApprovalsAnAskedRequestWaitsForTheAdminsDecision(t *testing.T) {
 	}))
 	t.Cleanup(upstream.Close)
 	host := strings.TrimPrefix(upstream.URL, "http://")
-	s := start(t, []agentSpec{{id: "asker", extra: fmt.Sprintf("[agents.egress]\nask = [%q]\n", "GET "+host)}})
-	fetch := fmt.Sprintf(`/tool web_fetch {"url":"http://%s/charge"}`, host)
+	testenv.NeedRoot(t)
+	if buildErr != nil {
+		t.Fatalf("cannot build berth: %v", buildErr)
+	}
+	sink := newReplySink(t)
+	cfg := strings.Replace(suiteConfig([]agentSpec{{id: "asker", extra: fmt.Sprintf("[agents.egress]\nask = [%q]\n%s", "GET "+host, extra)}}, sink.srv.URL+"/replies"),
+		"[scheduler]\n", "[scheduler]\negress_user = \"daemon\"\n", 1)
+	s := launch(t, sink, cfg, nil, secret)
+	// Each message its own URL: the same signed body in the same second is
+	// the same message.
+	fetch := func(n int) string { return fmt.Sprintf(`/tool web_fetch {"url":"http://%s/charge?n=%d"}`, host, n) }
 
 	t.Run("allowed", func(t *testing.T) {
-		id := s.mustPost(t, "asker", fetch)
+		id := s.mustPost(t, "asker", fetch(1))
 		ap := s.pendingApproval(t, host)
 		if ap.Agent != "asker" || !strings.HasPrefix(ap.What, "GET "+host) || ap.Rule != "GET "+host {
 			t.Fatalf("pending approval %+v", ap)
 		}
-		question := s.sink.nth(t, time.Minute, id, 1)
+		question := s.sink.question(t, time.Minute, id)
 		if q := text(question); !strings.Contains(q, "berthctl approvals allow "+ap.ID) || !strings.Contains(q, ap.What) {
 			t.Errorf("the conversation was asked %q, want the request and how to decide it", q)
 		}
@@ -89,7 +132,7 @@ func TestApprovalsAnAskedRequestWaitsForTheAdminsDecision(t *testing.T) {
 		if out, err := s.berthctl(t, "approvals", "allow", ap.ID); err != nil || !strings.Contains(out, "allowed") {
 			t.Fatalf("berthctl approvals allow: %v\n%s", err, out)
 		}
-		reply := s.sink.nth(t, time.Minute, id, 2)
+		reply := s.sink.answer(t, time.Minute, id)
 		if got := text(reply); reply["state"] != "succeeded" || !strings.Contains(got, "the-upstream-answered") {
 			t.Fatalf("reply after the allow: state %v %q", reply["state"], got)
 		}
@@ -103,12 +146,12 @@ func TestApprovalsAnAskedRequestWaitsForTheAdminsDecision(t *testing.T) {
 	})
 	t.Run("denied", func(t *testing.T) {
 		before := hits.Load()
-		id := s.mustPost(t, "asker", fetch)
+		id := s.mustPost(t, "asker", fetch(2))
 		ap := s.pendingApproval(t, host)
 		if out, err := s.berthctl(t, "approvals", "deny", ap.ID); err != nil || !strings.Contains(out, "denied") {
 			t.Fatalf("berthctl approvals deny: %v\n%s", err, out)
 		}
-		reply := s.sink.nth(t, time.Minute, id, 2)
+		reply := s.sink.answer(t, time.Minute, id)
 		if got := text(reply); !strings.Contains(got, "403") || !strings.Contains(got, "denied by berthctl:root") {
 			t.Errorf("reply after the deny: %q, want the proxy's 403 naming the decider", got)
 		}
@@ -120,4 +163,55 @@ func TestApprovalsAnAskedRequestWaitsForTheAdminsDecision(t *testing.T) {
 			t.Errorf("a second decision was taken:\n%s", out)
 		}
 	})
+}
+
+// A scheduler SIGKILLed while a request waits for approval loses nothing:
+// the restarted one closes the dead one's approval as ended, re-runs the
+// message once, and its attempt asks again; allowed, the reply comes.
+func TestApprovalsASchedulerKilledWhileWaitingAsksAgainAndLosesNothing(t *testing.T) {
+	t.Parallel()
+	testenv.NeedRoot(t)
+	if buildErr != nil {
+		t.Fatalf("cannot build berth: %v", buildErr)
+	}
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "the-upstream-answered")
+	}))
+	t.Cleanup(upstream.Close)
+	host := strings.TrimPrefix(upstream.URL, "http://")
+	sink := newReplySink(t)
+	cfg := strings.Replace(suiteConfig([]agentSpec{{id: "asker", extra: fmt.Sprintf("[agents.egress]\nask = [%q]\n", "GET "+host)}}, sink.srv.URL+"/replies"),
+		"[scheduler]\n", "[scheduler]\negress_user = \"daemon\"\n", 1)
+	s := launch(t, sink, cfg, nil, secret)
+	id := s.mustPost(t, "asker", fmt.Sprintf(`/tool web_fetch {"url":"http://%s/after-a-crash"}`, host))
+	first := s.pendingApproval(t, host)
+
+	if err := s.KillService(bus.SchedulerName, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// The next bus call D-Bus-activates a new scheduler.
+	if err := s.conn(t).Object(bus.SchedulerName, bus.SchedulerPath).Call("org.freedesktop.DBus.Peer.Ping", 0).Err; err != nil {
+		t.Fatalf("cannot activate the scheduler again: %v", err)
+	}
+	var again busapi.Approval
+	for again = s.pendingApproval(t, host); again.ID == first.ID; again = s.pendingApproval(t, host) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if again.RunID != first.RunID {
+		t.Fatalf("the retried attempt asks for run %s, want %s", again.RunID, first.RunID)
+	}
+	ended, err := s.scheduler(t).ListApprovals(context.Background(), "ended")
+	if err != nil || len(ended) != 1 || ended[0].ID != first.ID {
+		t.Fatalf("ended approvals %+v, %v: want the dead scheduler's one", ended, err)
+	}
+	if out, err := s.berthctl(t, "approvals", "allow", again.ID); err != nil {
+		t.Fatalf("berthctl approvals allow: %v\n%s", err, out)
+	}
+	reply := s.sink.answer(t, time.Minute, id)
+	if got := text(reply); !strings.Contains(got, "the-upstream-answered") {
+		t.Fatalf("reply after the restart: %q", got)
+	}
+	if r := s.getRun(t, first.RunID); r.Attempts != 2 || r.State != busapi.StateSucceeded {
+		t.Fatalf("run %s is %s after %d attempts; want succeeded in the second", r.ID, r.State, r.Attempts)
+	}
 }

@@ -165,6 +165,10 @@ type EgressPlan struct {
 	// ReadOnly: only GET and HEAD without a body pass ([agents.egress]
 	// mode = "read-only").
 	ReadOnly bool `json:"read_only,omitempty"`
+	// Ask are the rules whose requests wait for a person's decision, at
+	// most ApprovalTimeout ([agents.egress] ask, approval_timeout).
+	Ask             []EgressRule  `json:"ask,omitempty"`
+	ApprovalTimeout time.Duration `json:"approval_timeout,omitempty"`
 	// Agent names the agent in git's reasons; Git are its git rules and
 	// GitHubApps the apps they name, without their keys.
 	Agent      string      `json:"agent,omitempty"`

@@ -13,6 +13,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/egresspolicy"
 )
 
@@ -65,10 +66,30 @@ func (a *approvals) take(id string) (liveAsk, bool) {
 }
 
 // onAsk is what a run's proxy calls with each ask (from its reader: it
-// must not block). answer reaches the proxy again.
-func (s *Service) onAsk(r Run, timeout time.Duration, answer func(egresspolicy.Answer) error) func(egresspolicy.Ask) {
+// must not block). runOf is the run the proxy serves now (a conversation's
+// sandbox serves one run after another); answer reaches the proxy again.
+func (s *Service) onAsk(runOf func() Run, timeout time.Duration, answer func(egresspolicy.Answer) error) func(egresspolicy.Ask) {
 	return func(a egresspolicy.Ask) {
-		go s.asked(r, timeout, a, answer)
+		go s.asked(runOf(), timeout, a, answer)
+	}
+}
+
+// onAskSettled is what the proxy calls when an ask ended: a pending
+// approval whose request the proxy let go (its own deadline, the tool
+// hung up, the run ended) is closed as expired or ended.
+func (s *Service) onAskSettled(runOf func() Run) func(egresspolicy.Answer) {
+	return func(a egresspolicy.Answer) {
+		id := runOf().ID + "-" + approvalSuffix(a.ID)
+		go func() {
+			if live, ok := s.approvals.take(id); ok {
+				live.timer.Stop()
+				state := ApprovalEnded
+				if a.By == egresspolicy.ByTimeout {
+					state = ApprovalExpired
+				}
+				s.closeApproval(id, state)
+			}
+		}()
 	}
 }
 
@@ -213,6 +234,9 @@ func (s *Service) closeApproval(id, state string) {
 		return
 	}
 	ap.State, ap.DecidedAt = state, s.clock.Now()
+	if state == ApprovalExpired {
+		ap.By = egresspolicy.ByTimeout
+	}
 	if err := s.putApproval(ap); err != nil {
 		s.log.Error("cannot close an approval", "approval_id", id, "err", err)
 	}
@@ -301,4 +325,12 @@ func (s *Service) putApproval(ap Approval) error {
 		}
 		return b.Put([]byte(ap.ID), v)
 	})
+}
+
+// approvalTimeout is the agent's [agents.egress] approval_timeout.
+func approvalTimeout(cfg *config.Config, agentID string) time.Duration {
+	if a, err := cfg.Agent(agentID); err == nil && a.EgressApprovalTimeout > 0 {
+		return a.EgressApprovalTimeout
+	}
+	return egresspolicy.DefaultApprovalTimeout
 }

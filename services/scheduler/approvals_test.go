@@ -53,7 +53,7 @@ func TestAnApprovalIsKeptDecidedOnceAndAnsweredToTheProxy(t *testing.T) {
 	s := newTestService(t, testConfig(1), "", newGateBackend("landlock"), nil, withClock(clock))
 	r := Run{ID: "run1", Agent: "alpha", MessageID: "hooks/m1", Connector: "hooks"}
 	proxy := make(proxyAnswers, 4)
-	ask := s.onAsk(r, 10*time.Minute, proxy.answer)
+	ask := s.onAsk(func() Run { return r }, 10*time.Minute, proxy.answer)
 
 	ask(egresspolicy.Ask{ID: "a1", Method: "POST", Host: "api.stripe.com", Port: 443, Path: "/v1/charges", Rule: "POST api.stripe.com"})
 	ap := waitApproval(t, s, "run1-a1")
@@ -81,7 +81,7 @@ func TestAnApprovalNobodyDecidesIsDeniedAtItsDeadline(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	s := newTestService(t, testConfig(1), "", newGateBackend("landlock"), nil, withClock(clock))
 	proxy := make(proxyAnswers, 4)
-	s.onAsk(Run{ID: "run2", Agent: "alpha"}, time.Minute, proxy.answer)(egresspolicy.Ask{ID: "a1", Method: "GET", Host: "x.example", Port: 443, Rule: "*.example"})
+	s.onAsk(func() Run { return Run{ID: "run2", Agent: "alpha"} }, time.Minute, proxy.answer)(egresspolicy.Ask{ID: "a1", Method: "GET", Host: "x.example", Port: 443, Rule: "*.example"})
 	waitApproval(t, s, "run2-a1")
 	clock.Advance(time.Minute)
 	if a := proxy.next(t); a.Allow || a.By != "timeout" {
@@ -104,8 +104,8 @@ func TestApprovalsOfEndedRunsAndEarlierSchedulersAreClosed(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	s := newTestService(t, testConfig(1), dir, newGateBackend("landlock"), nil, withClock(clock))
 	proxy := make(proxyAnswers, 4)
-	s.onAsk(Run{ID: "run3", Agent: "alpha"}, time.Minute, proxy.answer)(egresspolicy.Ask{ID: "a1", Method: "GET", Host: "x.example", Port: 443})
-	s.onAsk(Run{ID: "run4", Agent: "alpha"}, time.Minute, proxy.answer)(egresspolicy.Ask{ID: "a1", Method: "GET", Host: "y.example", Port: 443})
+	s.onAsk(func() Run { return Run{ID: "run3", Agent: "alpha"} }, time.Minute, proxy.answer)(egresspolicy.Ask{ID: "a1", Method: "GET", Host: "x.example", Port: 443})
+	s.onAsk(func() Run { return Run{ID: "run4", Agent: "alpha"} }, time.Minute, proxy.answer)(egresspolicy.Ask{ID: "a1", Method: "GET", Host: "y.example", Port: 443})
 	waitApproval(t, s, "run3-a1")
 	waitApproval(t, s, "run4-a1")
 	s.endApprovals("run3")

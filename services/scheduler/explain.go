@@ -109,7 +109,10 @@ func busPlan(p isolation.Plan) busapi.Plan {
 			be.Secrets = append(be.Secrets, busapi.EgressSecret{Name: sec.Name, Hosts: sec.Hosts, Header: sec.Header, Format: sec.Format,
 				Ports: sec.Ports, Methods: sec.Methods, Paths: sec.Paths, AgentTool: sec.AgentTool})
 		}
-		be.Agent, be.ReadOnly = e.Agent, e.ReadOnly
+		be.Agent, be.ReadOnly, be.ApprovalTimeout = e.Agent, e.ReadOnly, e.ApprovalTimeout
+		for _, r := range e.Ask {
+			be.Ask = append(be.Ask, busapi.EgressRule(r))
+		}
 		for _, g := range e.Git {
 			be.Git = append(be.Git, busapi.GitRule(g))
 		}

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	bolt "go.etcd.io/bbolt"
 	"go.opentelemetry.io/otel/attribute"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/egresspolicy"
 	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/internal/runprep"
 	"github.com/berth-dev/berth/internal/tracing"
@@ -23,8 +25,16 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res r
 	// What the run's proxy may spend, and who counts its calls (usage.go).
 	sp, spending := s.beginSpend(cfg, r.Agent)
 	planCtx, planSpan := tracing.Tracer().Start(ctx, spanPlan)
+	// Asks reach the scheduler from the run's proxy (approvals.go), and
+	// its answers the proxy through prep, known once Prepare returns.
+	var answerTo atomic.Pointer[runprep.Prepared]
+	runOf := func() Run { return r }
+	defer s.endApprovals(r.ID)
 	prep, err := s.prep.Prepare(planCtx, runprep.Input{Config: cfg, Agent: r.Agent, RunID: r.ID, Attempt: r.Attempt, Overrides: r.overrides(), Spending: spending,
-		Traceparent: tracing.Traceparent(ctx)})
+		Traceparent:  tracing.Traceparent(ctx),
+		OnAsk:        s.onAsk(runOf, approvalTimeout(cfg, r.Agent), func(a egresspolicy.Answer) error { return answerTo.Load().Answer(a) }),
+		OnAskSettled: s.onAskSettled(runOf)})
+	answerTo.Store(prep)
 	if prep != nil {
 		backend = prep.Backend.Name()
 		planSpan.SetAttributes(attribute.String("berth.backend", backend))

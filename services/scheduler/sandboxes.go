@@ -3,10 +3,12 @@ package scheduler
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -14,6 +16,7 @@ import (
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/egresspolicy"
 	"github.com/berth-dev/berth/internal/runprep"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -83,6 +86,10 @@ type sandbox struct {
 	busy bool      // a run holds it: claimed, not finished
 	last time.Time // its latest activity, on the scheduler's clock
 	runs int
+
+	// current is the run it serves now: its proxy's asks are that run's
+	// (approvals.go).
+	current atomic.Pointer[Run]
 
 	stopOnce sync.Once
 	ended    chan struct{} // closed once it is stopped and forgotten
@@ -363,9 +370,11 @@ func (s *Service) runInSandbox(ctx context.Context, r Run, cfg *config.Config, c
 	s.sandboxes.touch(sb, s.clock.Now())
 	req, refusedMCP := s.runRequest(r, prep.Agent, prep.Plan)
 	s.newSpendRun(sb.spend) // cost_per_run starts again for this run
+	sb.current.Store(&r)
 	if req.Message.Files, err = s.placeFiles(r, prep.Plan); err == nil {
 		res.Result, err = kept.Run(ctx, req)
 	}
+	s.endApprovals(r.ID)
 	res.Response.MCP = append(refusedMCP, res.Response.MCP...)
 	if err == nil && res.Response.Error == "" {
 		res.files = s.takeReplyFiles(cfg, r, prep.Plan, isolation.KnownSecrets(prep.OpeningSpec(req.Agent, nil)), res.Response)
@@ -419,13 +428,24 @@ func (s *Service) startSandbox(ctx context.Context, r Run, cfg *config.Config, s
 		return "", &isolation.RunError{Reason: isolation.ReasonAgentNotConfigured, Err: err}
 	}
 	sp, spending := s.beginSpend(cfg, r.Agent)
+	sb.current.Store(&r)
+	runOf := func() Run { return *sb.current.Load() }
+	var answerTo atomic.Pointer[runprep.PreparedKept]
 	prep, err := s.prep.PrepareKept(ctx, runprep.KeptInput{
-		Input:    runprep.Input{Config: cfg, Agent: r.Agent, RunID: sb.id, Attempt: 1, Spending: spending},
+		Input: runprep.Input{Config: cfg, Agent: r.Agent, RunID: sb.id, Attempt: 1, Spending: spending,
+			OnAsk: s.onAsk(runOf, approvalTimeout(cfg, r.Agent), func(a egresspolicy.Answer) error {
+				if p := answerTo.Load(); p != nil {
+					return p.Answer(a)
+				}
+				return errors.New("the sandbox has not started")
+			}),
+			OnAskSettled: s.onAskSettled(runOf)},
 		Lifetime: a.Sandbox.MaxLifetime,
 		// Every egress request is activity: a tool that calls out keeps
 		// its sandbox alive, however long ago the last message was.
 		OnEgress: func(isolation.EgressDecision) { s.sandboxes.touch(sb, s.clock.Now()) },
 	})
+	answerTo.Store(prep)
 	if prep != nil {
 		backend = prep.Backend.Name()
 	}
