@@ -34,16 +34,7 @@ func (o *intakeObject) Deliver(sender dbus.Sender, reply map[string]string) *dbu
 		o.service.log.Warn("Deliver refused", "sender", string(sender), "err", derr)
 		return derr
 	}
-	err := o.service.Deliver(busapi.ReplyFromWire(reply))
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, ErrInvalidReply):
-		return bus.NewError(bus.ErrInvalidArgument, "%v", err)
-	default:
-		o.service.log.Error("cannot store reply", "err", err)
-		return bus.NewError(bus.ErrInternal, "%v", err)
-	}
+	return o.deliverError(o.service.Deliver(busapi.ReplyFromWire(reply)))
 }
 
 // DeliverFiles implements dev.berth.Intake1.DeliverFiles: Deliver for a
@@ -63,6 +54,7 @@ func (o *intakeObject) DeliverFiles(sender dbus.Sender, reply map[string]string,
 	return o.deliverError(o.service.Deliver(r))
 }
 
+// deliverError is Deliver's answer for what storing the reply returned.
 func (o *intakeObject) deliverError(err error) *dbus.Error {
 	switch {
 	case err == nil:
