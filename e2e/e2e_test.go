@@ -139,6 +139,31 @@ func (s *replySink) replies(id string) int {
 type suite struct {
 	*devstack.Stack
 	sink *replySink
+
+	// clients is the one bus connection of the typed clients (scheduler,
+	// intake): tests poll through them, and a connection each would
+	// exhaust the bus's connections per user. Closed with the suite.
+	clientsOnce sync.Once
+	clients     *dbus.Conn
+	clientsErr  error
+}
+
+// clientConn is the suite's shared connection for typed clients.
+func (s *suite) clientConn(t *testing.T) *dbus.Conn {
+	t.Helper()
+	s.clientsOnce.Do(func() { s.clients, s.clientsErr = s.Conn() })
+	if s.clientsErr != nil {
+		t.Fatalf("cannot connect to the suite's bus: %v", s.clientsErr)
+	}
+	return s.clients
+}
+
+// stop ends the suite: its clients' connection, then the stack.
+func (s *suite) stop() {
+	if s.clients != nil {
+		s.clients.Close()
+	}
+	s.Stop()
 }
 
 type agentSpec struct {
@@ -205,8 +230,9 @@ func launchIn(t *testing.T, dir string, sink *replySink, cfg string, env []strin
 	if err != nil {
 		t.Fatalf("cannot start the suite: %v", err)
 	}
+	s := &suite{Stack: st, sink: sink}
 	t.Cleanup(func() {
-		st.Stop()
+		s.stop()
 		for _, p := range []string{st.IntakeLog, st.BusLog} {
 			b, _ := os.ReadFile(p)
 			for _, secret := range secrets {
@@ -219,7 +245,7 @@ func launchIn(t *testing.T, dir string, sink *replySink, cfg string, env []strin
 			}
 		}
 	})
-	return &suite{Stack: st, sink: sink}
+	return s
 }
 
 func tail(b []byte, n int) []byte {
@@ -258,10 +284,10 @@ func (s *suite) conn(t *testing.T) *dbus.Conn {
 	return c
 }
 
-// scheduler and intake are typed clients of the suite's services, each on
-// a connection of its own.
-func (s *suite) scheduler(t *testing.T) busapi.Scheduler { return busapi.NewScheduler(s.conn(t)) }
-func (s *suite) intake(t *testing.T) busapi.Intake       { return busapi.NewIntake(s.conn(t)) }
+// scheduler and intake are typed clients of the suite's services, on the
+// suite's shared connection.
+func (s *suite) scheduler(t *testing.T) busapi.Scheduler { return busapi.NewScheduler(s.clientConn(t)) }
+func (s *suite) intake(t *testing.T) busapi.Intake       { return busapi.NewIntake(s.clientConn(t)) }
 
 func (s *suite) listRuns(t *testing.T, filter busapi.ListFilter) []busapi.RunSummary {
 	t.Helper()

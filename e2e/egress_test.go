@@ -94,8 +94,9 @@ func launchShort(t *testing.T, sink *replySink, cfg string, env []string, secret
 	if err != nil {
 		t.Fatalf("cannot start the suite: %v", err)
 	}
+	s := &suite{Stack: st, sink: sink}
 	t.Cleanup(func() {
-		st.Stop()
+		s.stop()
 		for _, p := range []string{st.IntakeLog, st.BusLog} {
 			b, _ := os.ReadFile(p)
 			for _, secret := range secrets {
@@ -108,7 +109,7 @@ func launchShort(t *testing.T, sink *replySink, cfg string, env []string, secret
 			}
 		}
 	})
-	return &suite{Stack: st, sink: sink}
+	return s
 }
 
 func TestAnAgentWithoutANetworkReachesItsProviderOnlyThroughTheEgressProxy(t *testing.T) {
