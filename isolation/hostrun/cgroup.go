@@ -29,9 +29,13 @@ import (
 // cgroup_v1.go and cgroup_v2.go hold what differs; this file finds the
 // hierarchies and does what both share.
 
+// runsCgroup holds the run cgroups, a child of the scheduler's own. A
+// variable only so a test can use a cgroup of its own: on cgroup v1 the
+// cpu hierarchy's berth-runs may be the whole host's, shared with every
+// other test binary making runs at the same time.
+var runsCgroup = "berth-runs"
+
 const (
-	// runsCgroup holds the run cgroups, a child of the scheduler's own.
-	runsCgroup = "berth-runs"
 	// schedulerLeaf is where a cgroup v2 scheduler moves itself when its own
 	// cgroup must become an inner node (v2 lets only leaves hold processes).
 	schedulerLeaf = "berth-scheduler"

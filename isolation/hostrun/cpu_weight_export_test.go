@@ -1,6 +1,10 @@
 package hostrun
 
-import "testing"
+import (
+	"os"
+	"strconv"
+	"testing"
+)
 
 // WithRunsCPUWeight sets the runs' CPU weight until t ends, and whether it
 // is written at all (write false: the control, as if the write were
@@ -8,6 +12,7 @@ import "testing"
 // next run writes again. Not for parallel tests.
 func WithRunsCPUWeight(t testing.TB, w int, write bool) {
 	t.Helper()
+	withPrivateRunsCgroup(t)
 	old := RunsCPUWeight()
 	if err := SetRunsCPUWeight(w); err != nil {
 		t.Fatal(err)
@@ -35,4 +40,22 @@ func RunsCPUFile(w int) (file, value string) {
 		}
 	}
 	return "", ""
+}
+
+// withPrivateRunsCgroup makes runs use a berth-runs cgroup of this test
+// binary's own, so other packages' runs (which write the default weight to
+// the shared berth-runs) cannot change the value the test reads; it is
+// removed afterwards.
+func withPrivateRunsCgroup(t testing.TB) {
+	t.Helper()
+	old := runsCgroup
+	runsCgroup = "berth-runs-test-" + strconv.Itoa(os.Getpid())
+	t.Cleanup(func() {
+		if host, err := probeCgroups(); err == nil {
+			for _, p := range host.parents {
+				_ = os.Remove(p.dir())
+			}
+		}
+		runsCgroup = old
+	})
 }
