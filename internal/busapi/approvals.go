@@ -24,12 +24,15 @@ type Approval struct {
 	// State is pending, allowed, denied, expired (approval_timeout passed)
 	// or ended (its run ended first); Standing says an allow holds for the
 	// rest of the run's proxy; By is who decided.
-	State     string    `json:"state"`
-	Standing  bool      `json:"standing,omitempty"`
-	By        string    `json:"by,omitempty"`
-	AskedAt   time.Time `json:"asked_at"`
-	Deadline  time.Time `json:"deadline"`
-	DecidedAt time.Time `json:"decided_at,omitzero"`
+	State    string `json:"state"`
+	Standing bool   `json:"standing,omitempty"`
+	// Conversation says the allow holds for the conversation: later asks
+	// of the same rule there are allowed without asking.
+	Conversation bool      `json:"conversation,omitempty"`
+	By           string    `json:"by,omitempty"`
+	AskedAt      time.Time `json:"asked_at"`
+	Deadline     time.Time `json:"deadline"`
+	DecidedAt    time.Time `json:"decided_at,omitzero"`
 }
 
 // Wire is the approval as an a{sv} entry of ListApprovals.
@@ -46,6 +49,7 @@ func (a Approval) Wire() map[string]dbus.Variant {
 		"rule":            dbus.MakeVariant(a.Rule),
 		"state":           dbus.MakeVariant(a.State),
 		"standing":        dbus.MakeVariant(a.Standing),
+		"conversation":    dbus.MakeVariant(a.Conversation),
 		"by":              dbus.MakeVariant(a.By),
 		"asked_at_usec":   usecVariant(a.AskedAt),
 		"deadline_usec":   usecVariant(a.Deadline),
@@ -68,6 +72,7 @@ func ApprovalFromWire(m map[string]dbus.Variant) (Approval, error) {
 	f.str("rule", &a.Rule)
 	f.str("state", &a.State)
 	f.boolean("standing", &a.Standing)
+	f.boolean("conversation", &a.Conversation)
 	f.str("by", &a.By)
 	f.usec("asked_at_usec", &a.AskedAt)
 	f.usec("deadline_usec", &a.Deadline)
@@ -82,7 +87,11 @@ func ApprovalFromWire(m map[string]dbus.Variant) (Approval, error) {
 const (
 	DecisionAllowOnce     = "allow_once"
 	DecisionAllowStanding = "allow_standing" // for the rest of the run's proxy (a conversation's sandbox: the conversation)
-	DecisionDeny          = "deny"
+	// DecisionAllowConversation allows the rule's requests for the rest of
+	// the run and for every later run of the same conversation (and agent),
+	// remembered in scheduler.db across restarts.
+	DecisionAllowConversation = "allow_conversation"
+	DecisionDeny              = "deny"
 )
 
 // ListApprovals is every approval in state ("" for all), newest first.
@@ -100,6 +109,19 @@ func (s Scheduler) ListApprovals(ctx context.Context, state string) ([]Approval,
 func (s Scheduler) DecideApproval(ctx context.Context, id, decision string) (Approval, error) {
 	var raw map[string]dbus.Variant
 	if err := s.call(ctx, "DecideApproval", []any{id, decision}, &raw); err != nil {
+		return Approval{}, err
+	}
+	return ApprovalFromWire(raw)
+}
+
+// DecideApprovalFor answers a pending approval for a person in the chat:
+// approver is the platform-prefixed user id ("slack:U012345") intake read
+// from the platform's signed event. The scheduler decides only if approver
+// is one of the approval's agent's [[approvers]] (ErrNotApprover's D-Bus
+// name, bus.ErrAccessDenied, otherwise). Intake's user only.
+func (s Scheduler) DecideApprovalFor(ctx context.Context, id, decision, approver string) (Approval, error) {
+	var raw map[string]dbus.Variant
+	if err := s.call(ctx, "DecideApprovalFor", []any{id, decision, approver}, &raw); err != nil {
 		return Approval{}, err
 	}
 	return ApprovalFromWire(raw)

@@ -1,5 +1,7 @@
 package busapi
 
+import "strings"
+
 // Reply is a finished run's answer for the connector its message came from
 // (dev.berth.Intake1.Deliver).
 type Reply struct {
@@ -16,6 +18,10 @@ type Reply struct {
 	// Traceparent is the W3C trace context of the scheduler's delivery
 	// (internal/tracing), "" when tracing is off.
 	Traceparent string
+	// Question, when set, makes the reply an approval's question (the
+	// scheduler asking in the conversation): Deliver's approval_id,
+	// approval_what and approval_choices keys.
+	Question *Question
 	// Files are the uploads the reply carries (at most MaxFiles). They are
 	// no part of Wire: they travel as descriptors, in DeliverFiles.
 	Files []File
@@ -38,7 +44,21 @@ func (r Reply) Wire() map[string]string {
 	if r.Traceparent != "" {
 		m["traceparent"] = r.Traceparent
 	}
+	if q := r.Question; q != nil {
+		m["approval_id"] = q.ID
+		m["approval_what"] = q.What
+		m["approval_choices"] = strings.Join(q.Choices, ",")
+	}
 	return m
+}
+
+// Question is an approval a reply asks a person to decide: its id, what
+// is asked, and the decisions a person in the chat may make (Decision…;
+// none when the agent has no [[approvers]]: admins decide).
+type Question struct {
+	ID      string
+	What    string
+	Choices []string
 }
 
 // ReplyFromWire reads a Deliver argument.
@@ -55,5 +75,20 @@ func ReplyFromWire(m map[string]string) Reply {
 		Error:     m["error"],
 
 		Traceparent: m["traceparent"],
+		Question:    questionFromWire(m),
 	}
+}
+
+func questionFromWire(m map[string]string) *Question {
+	id := m["approval_id"]
+	if id == "" {
+		return nil
+	}
+	q := &Question{ID: id, What: m["approval_what"]}
+	for c := range strings.SplitSeq(m["approval_choices"], ",") {
+		if c != "" {
+			q.Choices = append(q.Choices, c)
+		}
+	}
+	return q
 }

@@ -66,6 +66,7 @@ type document struct {
 	Tracing       Tracing                    `toml:"tracing"`
 	Kubernetes    Kubernetes                 `toml:"kubernetes"`
 	Schedules     []*entry[ScheduleSettings] `toml:"schedules" berth:"merge=id"`
+	Approvers     []*entry[ApproverSettings] `toml:"approvers"`
 }
 
 // providerSettings is [providers]: its own keys, and every other key is a

@@ -217,6 +217,7 @@ func (t *tree) config() *Config {
 		c.EgressSecrets = append(c.EgressSecrets, s)
 	}
 	c.GitHubApps = t.resolveGitHubApps()
+	c.Approvers = t.resolveApprovers()
 	for _, e := range doc.Schedules {
 		c.Schedules = append(c.Schedules, resolveSchedule(e))
 	}

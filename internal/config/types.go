@@ -28,6 +28,9 @@ type Config struct {
 	// Schedules are [[schedules]]: jobs that send an agent a prompt at
 	// the times a calendar expression names.
 	Schedules []schedules.Job
+	// Approvers are [[approvers]]: who may decide an agent's approvals in
+	// the chat (approvers.go).
+	Approvers Approvers
 	// ImageConfig is the global [image_config]; an agent's
 	// [agents.image_config] overrides it key by key (see Agent.Image).
 	ImageConfig ImageSettings

@@ -492,6 +492,7 @@ func (t *tree) validateMerged() Errors {
 	t.agentToolsMerged(&c)
 	t.gitMerged(&c)
 	t.schedulesMerged(&c)
+	t.approversMerged(&c)
 	t.kubernetesMerged(&c)
 	return c.errs
 }

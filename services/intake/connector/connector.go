@@ -31,7 +31,15 @@ type Message struct {
 	// Thread is the platform's thread id, kept so the reply lands in it.
 	Thread string
 	Author string
-	Text   string
+	// AuthorID is the platform's stable id of the person who wrote it
+	// (Slack U…, Discord's snowflake, MeepaChat's usr-…), never a name a
+	// user can change, and "" for a bot: [[approvers]] name people by it.
+	AuthorID string
+	Text     string
+	// Decision, when set, makes the message a person's answer to an
+	// approval (a button's click or a keyword, approvals.go) from AuthorID:
+	// it runs nothing, the scheduler decides and its answer is the reply.
+	Decision *Decision
 	// Meta is what the platform needs back to send the reply (a DM flag, an
 	// interaction token, ...). It is stored with the message and returned in
 	// Reply.Meta. It never holds connector credentials.
@@ -90,6 +98,9 @@ type Reply struct {
 	// it before and never marked it delivered (it may have crashed between
 	// the post and the mark). A RepostChecker looks on the platform first.
 	Retry bool
+	// Question, when set, makes the reply an approval's question: a
+	// platform with buttons shows one per choice below Text.
+	Question *Question
 	// Files are the uploads the reply carries, in order, after its text.
 	// A connector sends those within its platform's limits (FitFiles) and
 	// says in the text which it left out (WithNotes).
