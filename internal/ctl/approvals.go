@@ -10,7 +10,7 @@ import (
 )
 
 // approvals is `berthctl approvals [list] [--state S] [--json]` and
-// `berthctl approvals allow [--standing] ID | deny ID`: the requests runs'
+// `berthctl approvals allow [--standing | --conversation] ID | deny ID`: the requests runs'
 // egress proxies hold for a person to decide (issue 26).
 func (c *cli) approvals(args []string) error {
 	verb := "list"
@@ -21,6 +21,7 @@ func (c *cli) approvals(args []string) error {
 	state := fs.String("state", "", "only approvals in this state (pending, allowed, denied, expired, ended)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	standing := fs.Bool("standing", false, "allow every later request the same rule matches, for the rest of the run's sandbox")
+	conversation := fs.Bool("conversation", false, "allow every later request the same rule matches in this conversation, this run and later ones")
 	if err := fs.Parse(args); err != nil {
 		return usageError("%v", err)
 	}
@@ -45,14 +46,17 @@ func (c *cli) approvals(args []string) error {
 		}
 		return writeApprovalList(c.out, list)
 	}
-	if fs.NArg() != 1 || (verb == "deny" && *standing) {
-		return usageError("usage: berthctl approvals allow [--standing] ID | approvals deny ID")
+	if fs.NArg() != 1 || (verb == "deny" && (*standing || *conversation)) || (*standing && *conversation) {
+		return usageError("usage: berthctl approvals allow [--standing | --conversation] ID | approvals deny ID")
 	}
 	decision := busapi.DecisionDeny
 	if verb == "allow" {
 		decision = busapi.DecisionAllowOnce
 		if *standing {
 			decision = busapi.DecisionAllowStanding
+		}
+		if *conversation {
+			decision = busapi.DecisionAllowConversation
 		}
 	}
 	ap, err := sched.DecideApproval(ctx, fs.Arg(0), decision)
@@ -76,7 +80,10 @@ func writeApprovalList(w io.Writer, list []busapi.Approval) error {
 			by = "-"
 		}
 		state := a.State
-		if a.Standing {
+		switch {
+		case a.Conversation:
+			state += " (conversation)"
+		case a.Standing:
 			state += " (standing)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Agent, a.What, a.Rule, state, by, localTime(a.AskedAt), localTime(a.Deadline))

@@ -46,7 +46,7 @@ Commands:
   usage [--agent A] [--since 7d] [--json]     what each agent spent on providers per day (UTC): calls, tokens, cost, refusals
   budget [show] [--json] [AGENT] | set AGENT KEY VALUE|default
                                               [agents.budget] with today's spending; set changes a key live (live runs get it at once)
-  approvals [list] [--state S] [--json] | allow [--standing] ID | deny ID
+  approvals [list] [--state S] [--json] | allow [--standing | --conversation] ID | deny ID
                                               requests held by an [agents.egress] ask rule; allow or deny one (admins)
   container build [--agent ID] [--no-cache]   build an agent's images (default: [image_config]) and follow the build
   container status | images [--json] | clean [--all] | dockerfile [--agent ID] | rm TAG

@@ -29,6 +29,11 @@ import (
 
 var bucketApprovals = []byte("approvals")
 
+// bucketGrants holds the allows made "for this conversation": key
+// grantKey, value a grant. A later ask of the same rule in the same
+// conversation and agent is allowed without asking, across restarts.
+var bucketGrants = []byte("approval_grants")
+
 // Approval states.
 const (
 	ApprovalPending = "pending"
@@ -112,6 +117,18 @@ func (s *Service) asked(r Run, timeout time.Duration, a egresspolicy.Ask, answer
 		Deadline:  now.Add(timeout),
 	}
 	log := s.runLog(r).With("approval_id", ap.ID, "what", ap.What, "rule", ap.Rule)
+	if g, ok := s.grantFor(r, a.Rule); ok {
+		ap.State, ap.Standing, ap.Conversation = ApprovalAllowed, true, true
+		ap.By, ap.DecidedAt = g.By+" (for this conversation)", now
+		if err := s.putApproval(ap); err != nil {
+			log.Error("cannot record an approval the conversation's allow decided", "err", err)
+		}
+		log.Info("approval allowed for this conversation earlier", "by", g.By, "granted_at", g.At)
+		if err := answer(egresspolicy.Answer{ID: a.ID, Allow: true, Standing: true, By: ap.By}); err != nil {
+			log.Warn("cannot hand the conversation's allow to the run's egress proxy", "err", err)
+		}
+		return
+	}
 	if err := s.putApproval(ap); err != nil {
 		log.Error("cannot keep an approval; the request is denied", "err", err)
 		answer(egresspolicy.Answer{ID: a.ID, By: "berth (the approval could not be stored)"})
@@ -145,22 +162,79 @@ func (s *Service) askInConversation(r Run, ap Approval) {
 	if s.opts.Deliverer == nil || r.Connector == "" {
 		return
 	}
-	text := fmt.Sprintf("berth asks: may agent %s do %s (matched by ask rule %q)?\nAn admin decides with: berthctl approvals allow %s (or deny %s). Without an answer it is denied at %s.",
-		ap.Agent, ap.What, ap.Rule, ap.ID, ap.ID, ap.Deadline.UTC().Format(time.RFC3339))
+	text, q := questionOf(s.cfg.Load(), ap)
 	ctx, cancel := context.WithTimeout(context.Background(), deliverTimeout)
 	defer cancel()
 	err := s.opts.Deliverer.Deliver(ctx, busapi.Reply{
 		RunID: "ask-" + ap.ID, MessageID: busapi.MessageIDOf(r.Connector, r.MessageID), Connector: r.Connector,
-		Agent: r.Agent, Channel: r.Channel, Thread: r.Thread, State: StateRunning, Text: text,
+		Agent: r.Agent, Channel: r.Channel, Thread: r.Thread, State: StateRunning, Text: text, Question: q,
 	})
 	if err != nil {
 		s.log.Warn("cannot ask in the conversation; admins still see the approval in berthctl approvals", "approval_id", ap.ID, "err", err)
 	}
 }
 
+// questionOf is the question asked in ap's conversation: its text, and
+// the choices of a person in the chat when the agent has [[approvers]]
+// (without, only admins decide, and the text says how).
+func questionOf(cfg *config.Config, ap Approval) (string, *busapi.Question) {
+	deadline := ap.Deadline.UTC().Format(time.RFC3339)
+	if cfg == nil || !cfg.HasApprovers(ap.Agent) {
+		return fmt.Sprintf("berth asks: may agent %s do %s (matched by ask rule %q)?\nAn admin decides with: berthctl approvals allow %s (or deny %s). Without an answer it is denied at %s.",
+			ap.Agent, ap.What, ap.Rule, ap.ID, ap.ID, deadline), nil
+	}
+	text := fmt.Sprintf("berth asks: may agent %s do %s (matched by ask rule %q)?\nAn approver decides: reply `approve %s`, `approve %s for conversation` or `deny %s` (or use the buttons). Without an answer it is denied at %s.",
+		ap.Agent, ap.What, ap.Rule, ap.ID, ap.ID, ap.ID, deadline)
+	return text, &busapi.Question{ID: ap.ID, What: ap.What, Choices: []string{
+		busapi.DecisionAllowOnce, busapi.DecisionAllowConversation, busapi.DecisionDeny}}
+}
+
+// decision is what a person decided.
+type decision struct{ allow, standing, conversation bool }
+
+// parseDecision reads a busapi Decision word.
+func parseDecision(word string) (decision, error) {
+	switch word {
+	case busapi.DecisionAllowOnce:
+		return decision{allow: true}, nil
+	case busapi.DecisionAllowStanding:
+		return decision{allow: true, standing: true}, nil
+	case busapi.DecisionAllowConversation:
+		return decision{allow: true, standing: true, conversation: true}, nil
+	case busapi.DecisionDeny:
+		return decision{}, nil
+	}
+	return decision{}, fmt.Errorf("%w: decision %q: want %s, %s, %s or %s", ErrInvalidArgument, word,
+		busapi.DecisionAllowOnce, busapi.DecisionAllowStanding, busapi.DecisionAllowConversation, busapi.DecisionDeny)
+}
+
 // DecideApproval answers a pending approval: allow (once, or standing for
 // the rest of its run's proxy) or deny; by names the decider.
 func (s *Service) DecideApproval(id string, allow, standing bool, by string) (Approval, error) {
+	return s.decide(id, decision{allow: allow, standing: allow && standing}, by)
+}
+
+// DecideApprovalFor answers a pending approval for a person in the chat
+// (approver: "slack:U012345", as intake read it from the platform's
+// signed event): only one of the approval's agent's [[approvers]] may.
+func (s *Service) DecideApprovalFor(id string, d decision, approver string) (Approval, error) {
+	ap, ok, err := s.getApproval(id)
+	if err != nil {
+		return Approval{}, err
+	}
+	if !ok {
+		return Approval{}, fmt.Errorf("%w: no approval %q", ErrNotFound, id)
+	}
+	if cfg := s.cfg.Load(); cfg == nil || !cfg.MayApprove(ap.Agent, approver) {
+		s.log.Warn("approval decision refused: not an approver", "approval_id", id, "agent", ap.Agent, "user", approver)
+		return ap, fmt.Errorf("%w: %s is not one of agent %s's approvers ([[approvers]]); approval %s is unchanged", ErrNotApprover, cmp.Or(approver, "an unknown user"), ap.Agent, id)
+	}
+	return s.decide(id, d, approver)
+}
+
+// decide answers a pending approval with d; by names the decider.
+func (s *Service) decide(id string, d decision, by string) (Approval, error) {
+	allow, standing := d.allow, d.standing
 	ap, ok, err := s.getApproval(id)
 	if err != nil {
 		return Approval{}, err
@@ -182,6 +256,14 @@ func (s *Service) DecideApproval(id string, allow, standing bool, by string) (Ap
 	ap.State, ap.Standing, ap.By, ap.DecidedAt = ApprovalDenied, false, by, s.clock.Now()
 	if allow {
 		ap.State, ap.Standing = ApprovalAllowed, standing
+		ap.Conversation = d.conversation && ap.Connector != ""
+	}
+	if ap.Conversation {
+		if err := s.putGrant(ap); err != nil {
+			// Allowed all the same, for this run: later runs ask again.
+			s.log.Error("cannot remember an allow for the conversation", "approval_id", id, "err", err)
+			ap.Conversation = false
+		}
 	}
 	if err := s.putApproval(ap); err != nil {
 		// The proxy is answered all the same: the decision is the admin's.
@@ -190,7 +272,7 @@ func (s *Service) DecideApproval(id string, allow, standing bool, by string) (Ap
 	if err := live.answer(egresspolicy.Answer{ID: live.askID, Allow: allow, Standing: ap.Standing, By: by}); err != nil {
 		return ap, fmt.Errorf("cannot hand the decision to the run's egress proxy: %w", err)
 	}
-	s.log.Info("approval decided", "approval_id", id, "run_id", ap.RunID, "agent", ap.Agent, "what", ap.What, "state", ap.State, "standing", ap.Standing, "by", by)
+	s.log.Info("approval decided", "approval_id", id, "run_id", ap.RunID, "agent", ap.Agent, "what", ap.What, "state", ap.State, "standing", ap.Standing, "conversation", ap.Conversation, "by", by)
 	return ap, nil
 }
 
@@ -333,4 +415,66 @@ func approvalTimeout(cfg *config.Config, agentID string) time.Duration {
 		return a.EgressApprovalTimeout
 	}
 	return egresspolicy.DefaultApprovalTimeout
+}
+
+// grant is an allow made for a conversation.
+type grant struct {
+	By         string    `json:"by"`
+	ApprovalID string    `json:"approval_id"`
+	At         time.Time `json:"at"`
+}
+
+// grantKey is the conversation, agent and ask rule a grant holds for.
+func grantKey(agent, connector, channel, thread, rule string) []byte {
+	return []byte(strings.Join([]string{agent, connector, channel, thread, rule}, "\x00"))
+}
+
+// grantFor is the conversation's allow of rule for r's agent, if any
+// younger than approvalRetention.
+func (s *Service) grantFor(r Run, rule string) (grant, bool) {
+	if r.Connector == "" {
+		return grant{}, false
+	}
+	var g grant
+	var ok bool
+	_ = s.store.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketGrants)
+		if b == nil {
+			return nil
+		}
+		v := b.Get(grantKey(r.Agent, r.Connector, r.Channel, r.Thread, rule))
+		ok = v != nil && json.Unmarshal(v, &g) == nil && s.clock.Now().Sub(g.At) < approvalRetention
+		return nil
+	})
+	return g, ok
+}
+
+// putGrant remembers ap's allow for its conversation (fsynced) and prunes
+// grants past approvalRetention: a conversation idle that long asks again.
+func (s *Service) putGrant(ap Approval) error {
+	v, err := json.Marshal(grant{By: ap.By, ApprovalID: ap.ID, At: ap.DecidedAt})
+	if err != nil {
+		return err
+	}
+	cutoff := s.clock.Now().Add(-approvalRetention)
+	return s.store.update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketGrants)
+		if err != nil {
+			return err
+		}
+		var old [][]byte
+		_ = b.ForEach(func(k, v []byte) error {
+			var g grant
+			if json.Unmarshal(v, &g) != nil || g.At.Before(cutoff) {
+				old = append(old, slices.Clone(k))
+			}
+			return nil
+		})
+		for _, k := range old {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		return b.Put(grantKey(ap.Agent, ap.Connector, ap.Channel, ap.Thread, ap.Rule), v)
+	})
 }

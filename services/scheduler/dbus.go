@@ -235,21 +235,33 @@ func (o *schedulerObject) DecideApproval(sender dbus.Sender, id, decision string
 	if derr := adminAuthorizer.Check(o.conn, sender); derr != nil {
 		return nil, derr
 	}
-	var allow, standing bool
-	switch decision {
-	case busapi.DecisionAllowOnce:
-		allow = true
-	case busapi.DecisionAllowStanding:
-		allow, standing = true, true
-	case busapi.DecisionDeny:
-	default:
-		return nil, bus.NewError(bus.ErrInvalidArgument, "decision %q: want %s, %s or %s", decision, busapi.DecisionAllowOnce, busapi.DecisionAllowStanding, busapi.DecisionDeny)
+	d, err := parseDecision(decision)
+	if err != nil {
+		return nil, dbusError(err)
 	}
 	by := "berthctl"
 	if c, err := bus.CallerOf(o.conn, sender); err == nil {
 		by = "berthctl:" + userName(c.UID)
 	}
-	ap, err := o.s.DecideApproval(id, allow, standing, by)
+	ap, err := o.s.decide(id, d, by)
+	if err != nil {
+		return nil, dbusError(err)
+	}
+	return ap.Wire(), nil
+}
+
+// DecideApprovalFor is a person's decision in the chat, as intake read it
+// from the platform: only intake may say who clicked, and the scheduler
+// decides only for the agent's [[approvers]].
+func (o *schedulerObject) DecideApprovalFor(sender dbus.Sender, id, decision, approver string) (map[string]dbus.Variant, *dbus.Error) {
+	if derr := o.submitters.check(o.conn, sender, o.s.clock.Now()); derr != nil {
+		return nil, derr
+	}
+	d, err := parseDecision(decision)
+	if err != nil {
+		return nil, dbusError(err)
+	}
+	ap, err := o.s.DecideApprovalFor(id, d, approver)
 	if err != nil {
 		return nil, dbusError(err)
 	}
@@ -355,6 +367,8 @@ func dbusError(err error) *dbus.Error {
 		return bus.NewError(bus.ErrNotFound, "%v", err)
 	case errors.Is(err, ErrInvalidArgument):
 		return bus.NewError(bus.ErrInvalidArgument, "%v", err)
+	case errors.Is(err, ErrNotApprover):
+		return bus.NewError(bus.ErrAccessDenied, "%v", err)
 	}
 	// A full state disk is Internal too: intake retries it, and the
 	// message says why.

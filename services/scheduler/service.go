@@ -34,6 +34,8 @@ import (
 var (
 	ErrNotFound        = errors.New("not found")
 	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrNotApprover: the person is not one of the agent's [[approvers]].
+	ErrNotApprover = errors.New("not an approver")
 )
 
 // Cancel causes of a run's context: a user's CancelRun ends the run, a
