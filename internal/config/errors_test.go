@@ -27,7 +27,7 @@ func TestLoadReportsFileLineAndKeyOfEachError(t *testing.T) {
 		{
 			name:  "An unknown top-level table is reported at its header",
 			files: map[string]string{"berth.toml": base + "\n[image_cfg]\nx = 1\n"},
-			want:  []string{"berth.toml:9: image_cfg: unknown key (known keys: agent_defaults, agents, bindings, connectors, egress, image_config, intake, kubernetes, providers, retention, scheduler, schedules, tracing)"},
+			want:  []string{"berth.toml:9: image_cfg: unknown key (known keys: agent_defaults, agents, approvers, bindings, connectors, egress, image_config, intake, kubernetes, providers, retention, scheduler, schedules, tracing)"},
 		},
 		{
 			name: "An unknown key under the second agent's sub-table names that agent's index",

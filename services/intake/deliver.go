@@ -39,6 +39,17 @@ type replyPost struct {
 	// Files are the reply's uploads, each with its bytes in base64; absent
 	// for a reply without files.
 	Files []replyPostFile `json:"files,omitempty"`
+	// Approval is the question of an approval's ask (absent otherwise):
+	// the receiver answers with a message "approve ID", "approve ID for
+	// conversation" or "deny ID" from an author [[approvers]] names.
+	Approval *replyPostApproval `json:"approval,omitempty"`
+}
+
+// replyPostApproval is a reply post's question.
+type replyPostApproval struct {
+	ID      string   `json:"id"`
+	What    string   `json:"what"`
+	Choices []string `json:"choices"`
 }
 
 // replyPostFile is one file of a reply post.
@@ -147,6 +158,7 @@ func (s *Service) replyFrom(in busapi.Reply) (outboxEntry, error) {
 		Error:     in.Error,
 
 		Traceparent: validTraceparent(in.Traceparent),
+		Question:    in.Question,
 	}
 	m, found, err := s.store.message(r.Connector, r.MessageID)
 	if err != nil {
@@ -316,7 +328,8 @@ func connectorReply(r outboxEntry) connector.Reply {
 		Meta:      maps.Clone(r.Meta),
 		// An earlier attempt that failed, or that began and was never marked
 		// delivered (a crash), may have posted it.
-		Retry: r.Attempts > 0 || !r.AttemptedAt.IsZero(),
+		Retry:    r.Attempts > 0 || !r.AttemptedAt.IsZero(),
+		Question: connectorQuestion(r.Question),
 	}
 }
 
@@ -343,6 +356,7 @@ func (s *Service) post(ctx context.Context, r outboxEntry) error {
 	body, err := json.Marshal(replyPost{
 		ID: r.MessageID, RunID: r.RunID, Channel: r.Channel, Thread: r.Thread,
 		Agent: r.Agent, State: r.RunState, Text: r.Text, Error: r.Error, Files: files,
+		Approval: postApproval(r.Question),
 	})
 	if err != nil {
 		return fmt.Errorf("cannot encode reply: %w", err)

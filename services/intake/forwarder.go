@@ -404,9 +404,10 @@ func agentBatches(due []inboxEntry, blocked map[string]bool) [][]inboxEntry {
 func (s *Service) forwardBatch(ctx context.Context, sub Submitter, msgs []inboxEntry, lane *forwardLane, handedOn func(failed bool)) (taken int, retry []string) {
 	bs, canBatch := sub.(BatchSubmitter)
 	for _, m := range msgs {
-		// Files travel with SubmitFiles, a refusal is answered here: one
+		// Files travel with SubmitFiles, a refusal is answered here, a
+		// decision goes to DecideApprovalFor: one
 		// message at a time.
-		canBatch = canBatch && len(m.Files) == 0 && m.Refusal == ""
+		canBatch = canBatch && len(m.Files) == 0 && m.Refusal == "" && m.Decision == nil
 	}
 	if canBatch && len(msgs) > 1 && !lane.batchesOff(s.clock.Now()) {
 		subs := make([]busapi.Submission, len(msgs))
@@ -519,6 +520,9 @@ func (s *Service) forward(ctx context.Context, sub Submitter, m inboxEntry, lane
 	attempts := lane.attempts(m.Key()) + 1
 	if m.Refusal != "" {
 		return s.refuse(m, lane, attempts, errFilesRefused, "Sorry, berth could not take this message's files. "+m.Refusal)
+	}
+	if m.Decision != nil {
+		return s.forwardDecision(ctx, sub, m, lane, attempts)
 	}
 	h := startHandoff(ctx, m, attempts)
 	var runID string

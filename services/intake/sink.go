@@ -66,12 +66,18 @@ func (s *Service) Accept(ctx context.Context, m connector.Message) error {
 		Server:      m.Server,
 		Thread:      m.Thread,
 		Author:      m.Author,
+		AuthorID:    m.AuthorID,
 		Text:        m.Text,
 		Meta:        maps.Clone(m.Meta),
 		Agent:       agent,
 		ReceivedAt:  s.clock.Now().UTC(),
+		Decision:    decisionOf(m),
 	}
 	log = log.With("agent", agent)
+	if entry.Decision != nil {
+		// A decision runs nothing: its files are not taken.
+		m.Files = nil
+	}
 	if entry.Files, entry.Refusal, err = s.takeAttachments(ctx, r.conn, entry.Key(), m.Files); err != nil {
 		log.Warn("message's files could not be downloaded; nothing stored, the platform delivers it again", "files", len(m.Files), "err", err)
 		return fmt.Errorf("cannot take the message's files: %w", err)
@@ -108,7 +114,7 @@ func (s *Service) keep(log *slog.Logger, entry inboxEntry) error {
 // invalid UTF-8 and NUL characters (which D-Bus strings cannot carry) become
 // U+FFFD. Platforms send what their users typed; refusing it would lose it.
 func validMessage(m connector.Message) connector.Message {
-	for _, f := range []*string{&m.Channel, &m.ChannelName, &m.Server, &m.Thread, &m.Author, &m.Text} {
+	for _, f := range []*string{&m.Channel, &m.ChannelName, &m.Server, &m.Thread, &m.Author, &m.AuthorID, &m.Text} {
 		*f = bus.Text(*f)
 	}
 	if len(m.Meta) > 0 {

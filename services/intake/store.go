@@ -31,6 +31,7 @@ const (
 	statePending   = "pending"
 	stateSubmitted = "submitted"
 	stateRefused   = "refused" // the scheduler refused it for good; an error reply was queued
+	stateDecided   = "decided" // a decision on an approval (approvals.go), answered by the scheduler
 	stateDelivered = "delivered"
 	stateFailed    = "failed" // the platform refused the reply for good
 )
@@ -39,23 +40,26 @@ const (
 // message id's de-duplication record: while it is kept, the same
 // (connector, id) is acknowledged and runs nothing again.
 type inboxEntry struct {
-	Connector   string            `json:"connector"`
-	ID          string            `json:"id"`
-	Channel     string            `json:"channel"`
-	ChannelName string            `json:"channel_name,omitempty"`
-	Server      string            `json:"server,omitempty"`
-	Thread      string            `json:"thread,omitempty"`
-	Author      string            `json:"author"`
-	Text        string            `json:"text"`
-	Meta        map[string]string `json:"meta,omitempty"`
-	Agent       string            `json:"agent"`
-	ReceivedAt  time.Time         `json:"received_at"`
-	State       string            `json:"state"`
-	RunID       string            `json:"run_id,omitempty"`
-	Attempts    int               `json:"attempts,omitempty"`
-	LastError   string            `json:"last_error,omitempty"`
-	DoneAt      time.Time         `json:"done_at,omitzero"`
-	Seq         uint64            `json:"seq"`
+	Connector   string `json:"connector"`
+	ID          string `json:"id"`
+	Channel     string `json:"channel"`
+	ChannelName string `json:"channel_name,omitempty"`
+	Server      string `json:"server,omitempty"`
+	Thread      string `json:"thread,omitempty"`
+	Author      string `json:"author"`
+	// AuthorID is the platform's stable id of the author ("" for a bot):
+	// who decides, for a Decision.
+	AuthorID   string            `json:"author_id,omitempty"`
+	Text       string            `json:"text"`
+	Meta       map[string]string `json:"meta,omitempty"`
+	Agent      string            `json:"agent"`
+	ReceivedAt time.Time         `json:"received_at"`
+	State      string            `json:"state"`
+	RunID      string            `json:"run_id,omitempty"`
+	Attempts   int               `json:"attempts,omitempty"`
+	LastError  string            `json:"last_error,omitempty"`
+	DoneAt     time.Time         `json:"done_at,omitzero"`
+	Seq        uint64            `json:"seq"`
 	// ProgressMessage is the platform id of the run's progress message
 	// (progress.go), deleted once the reply is posted.
 	ProgressMessage string `json:"progress_message,omitempty"`
@@ -68,6 +72,9 @@ type inboxEntry struct {
 	// Refusal is the reply to a message whose files could not be taken: it
 	// runs nothing, its sender is told why.
 	Refusal string `json:"refusal,omitempty"`
+	// Decision makes the message a person's answer to an approval
+	// (approvals.go): it runs nothing.
+	Decision *decisionEntry `json:"decision,omitempty"`
 }
 
 // Key is the message's inbox key and the scheduler's idempotency key.
@@ -104,6 +111,9 @@ type outboxEntry struct {
 	// and Files its files, in order; both empty for a reply without files.
 	FilesDir string       `json:"files_dir,omitempty"`
 	Files    []storedFile `json:"files,omitempty"`
+	// Question makes the reply an approval's question (the platform shows
+	// its choices as buttons where it has them).
+	Question *busapi.Question `json:"question,omitempty"`
 }
 
 // migrations are applied in order to databases older than their version.
@@ -585,9 +595,15 @@ func (s *store) markSubmitted(key, runID string, attempts int, now time.Time) er
 // bad input) and, in the same transaction, queues an error reply for its
 // sender, so the user hears why instead of waiting forever.
 func (s *store) refuseMessage(key string, cause error, reply outboxEntry, attempts int, now time.Time) error {
+	return s.answerMessage(key, stateRefused, cause, reply, attempts, now)
+}
+
+// answerMessage ends a message that runs nothing in state (refused, or
+// decided) with why, and queues its reply in the same transaction.
+func (s *store) answerMessage(key, state string, cause error, reply outboxEntry, attempts int, now time.Time) error {
 	err := s.write(func(tx *bolt.Tx) error {
 		left, err := update(inboxQueue(tx), key, now, func(m *inboxEntry) {
-			m.State, m.LastError = stateRefused, cause.Error()
+			m.State, m.LastError = state, cause.Error()
 			m.Attempts = max(m.Attempts+1, attempts)
 		})
 		if err != nil {
@@ -606,7 +622,7 @@ func (s *store) refuseMessage(key string, cause error, reply outboxEntry, attemp
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("cannot record refused message: %w", err)
+		return fmt.Errorf("cannot record a message answered without a run: %w", err)
 	}
 	return nil
 }

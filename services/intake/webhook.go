@@ -207,9 +207,13 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 		ChannelName: in.ChannelName,
 		Thread:      in.Thread,
 		Author:      in.Author,
-		Text:        in.Text,
-		Agent:       agent,
-		ReceivedAt:  s.clock.Now().UTC(),
+		// The signed body names its author: a webhook's approver is
+		// "webhook:<author>".
+		AuthorID:   in.Author,
+		Text:       in.Text,
+		Agent:      agent,
+		ReceivedAt: s.clock.Now().UTC(),
+		Decision:   decisionOf(connector.Message{Text: in.Text}),
 	}
 	var hookConn connector.Connector
 	if rc, ok := s.connectorByID(connectorID); ok {
@@ -218,7 +222,7 @@ func (s *Service) serveHook(w http.ResponseWriter, r *http.Request) {
 			wc.noteEvent(s.clock.Now())
 		}
 	}
-	if len(in.Files) > 0 {
+	if len(in.Files) > 0 && m.Decision == nil {
 		atts := make([]connector.Attachment, len(in.Files))
 		for i, f := range in.Files {
 			atts[i] = connector.Attachment{Name: f.Name, Type: f.Type, URL: f.URL, Data: f.data}

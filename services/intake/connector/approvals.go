@@ -88,7 +88,10 @@ var approvalIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,80}$`)
 
 // keywordRE is a decision typed as a message: "approve ID", "approve ID
 // for conversation", "deny ID" (case-insensitive), alone in the message.
-var keywordRE = regexp.MustCompile(`(?i)^(approve|allow|deny)\s+([A-Za-z0-9_-]{1,80})(\s+for\s+(?:the\s+|this\s+)?conversation)?\s*$`)
+// ID must have the shape of the approval ids the scheduler makes (its run
+// id, "-", the ask's id), so that "allow everything" or "deny it" stays a
+// message for the agent.
+var keywordRE = regexp.MustCompile(`(?i)^(approve|allow|deny)\s+(\d{8}T\d{6}_\d{9}_[0-9a-f]{10}-[A-Za-z0-9_-]{1,40})(\s+for\s+(?:the\s+|this\s+)?conversation)?\s*$`)
 
 // ParseDecision reads a keyword decision from a message's text (a bot
 // mention already taken off); ok is false for any other text, which is an
