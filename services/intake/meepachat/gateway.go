@@ -388,6 +388,9 @@ func (c *Connector) message(data json.RawMessage) (connector.Message, bool) {
 		Server: info.server, Thread: w.ThreadID, Author: w.UserID, Text: text,
 		Meta: map[string]string{},
 	}
+	if w.User == nil || !w.User.Bot {
+		m.AuthorID = w.UserID // who decides approvals; never a bot
+	}
 	if info.dm {
 		m.Meta[MetaDM] = "true"
 	} else if info.server != "" {

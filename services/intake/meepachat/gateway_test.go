@@ -26,7 +26,7 @@ func TestInboundMessagesReachTheSinkWithWhatTheReplyNeeds(t *testing.T) {
 			name: "A_server_channel_message_carries_its_server_and_channel_name",
 			in:   human("m-1", "hello berth"),
 			want: connector.Message{Connector: "chat", ID: "m-1", Channel: channelID, ChannelName: "general",
-				Server: serverID, Author: "u-alice", Text: "hello berth", Meta: map[string]string{MetaServer: serverID}},
+				Server: serverID, Author: "u-alice", AuthorID: "u-alice", Text: "hello berth", Meta: map[string]string{MetaServer: serverID}},
 		},
 		{
 			name: "A_message_in_a_thread_keeps_the_thread",
@@ -36,13 +36,13 @@ func TestInboundMessagesReachTheSinkWithWhatTheReplyNeeds(t *testing.T) {
 				return m
 			}(),
 			want: connector.Message{Connector: "chat", ID: "m-2", Channel: channelID, ChannelName: "general",
-				Server: serverID, Thread: "m-root", Author: "u-alice", Text: "in a thread", Meta: map[string]string{MetaServer: serverID}},
+				Server: serverID, Thread: "m-root", Author: "u-alice", AuthorID: "u-alice", Text: "in a thread", Meta: map[string]string{MetaServer: serverID}},
 		},
 		{
 			name: "A_DM_is_marked_as_one_and_has_no_server",
 			in: meepachattest.Message{ID: "m-3", ChannelID: dmID, UserID: "u-alice", Content: "psst",
 				User: &meepachattest.User{ID: "u-alice"}},
-			want: connector.Message{Connector: "chat", ID: "m-3", Channel: dmID, Author: "u-alice", Text: "psst",
+			want: connector.Message{Connector: "chat", ID: "m-3", Channel: dmID, Author: "u-alice", AuthorID: "u-alice", Text: "psst",
 				Meta: map[string]string{MetaDM: "true"}},
 		},
 	}

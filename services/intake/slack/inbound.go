@@ -142,6 +142,9 @@ func (c *Connector) message(cb callback, ev event, self identity) (connector.Mes
 		Author:    author,
 		Text:      text,
 	}
+	if !isBot {
+		m.AuthorID = ev.User // who decides approvals; never a bot
+	}
 	if ev.ChannelType != "" {
 		m.Meta = map[string]string{"channel_type": ev.ChannelType}
 	}
