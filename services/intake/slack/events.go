@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -73,6 +75,10 @@ func (c *Connector) serveEvents(w http.ResponseWriter, r *http.Request, sink con
 	c.badSignatures = 0
 	c.mu.Unlock()
 	c.status.ClearWarning(badSignatureWarningText)
+	if form, ok := interactionForm(r.Header, body); ok {
+		c.serveInteraction(w, r, sink, form)
+		return
+	}
 	var cb callback
 	if err := json.Unmarshal(body, &cb); err != nil {
 		c.log.Warn("ignored a Slack request that is not JSON", "error", err)
@@ -136,4 +142,34 @@ func (c *Connector) verify(h http.Header, body []byte) error {
 		return errors.New("X-Slack-Signature does not match the body")
 	}
 	return nil
+}
+
+// interactionForm is the payload of an interactivity request (a form
+// POST of payload=JSON, signed like events); ok is false for an event.
+func interactionForm(h http.Header, body []byte) ([]byte, bool) {
+	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
+	if err != nil || mt != "application/x-www-form-urlencoded" {
+		return nil, false
+	}
+	v, err := url.ParseQuery(string(body))
+	if err != nil || v.Get("payload") == "" {
+		return nil, false
+	}
+	return []byte(v.Get("payload")), true
+}
+
+// serveInteraction answers an interactivity request: 200 once the click
+// is stored (Slack shows the user an error for anything else within 3 s).
+func (c *Connector) serveInteraction(w http.ResponseWriter, r *http.Request, sink connector.Sink, payload []byte) {
+	err := c.interaction(r.Context(), sink, payload, "events")
+	switch {
+	case err == nil:
+		w.WriteHeader(http.StatusOK)
+	case errors.Is(err, errBadPayload):
+		c.log.Warn("ignored a malformed Slack interaction", "error", c.errText(err))
+		http.Error(w, "malformed interaction", http.StatusBadRequest)
+	default:
+		c.status.Failed(errors.New(c.errText(err)))
+		http.Error(w, "not stored, retry", http.StatusInternalServerError)
+	}
 }

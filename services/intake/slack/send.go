@@ -106,7 +106,11 @@ func (c *Connector) send(ctx context.Context, r connector.Reply) error {
 		if posted[i+1] {
 			continue
 		}
-		if err := c.post(ctx, r.Channel, r.Thread, chunks[i], replyMetadata(r.RunID, i+1, len(chunks))); err != nil {
+		var extra []slackapi.MsgOption
+		if r.Question != nil && i == len(chunks)-1 {
+			extra = append(extra, questionBlocks(chunks[i], r.Question))
+		}
+		if err := c.post(ctx, r.Channel, r.Thread, chunks[i], replyMetadata(r.RunID, i+1, len(chunks)), extra...); err != nil {
 			c.mu.Lock()
 			if connector.IsPermanent(err) {
 				delete(c.progress, key)
@@ -192,9 +196,9 @@ func (c *Connector) classifyFiles(call string, err error) error {
 }
 
 // post sends one chunk, sleeping through short 429 waits.
-func (c *Connector) post(ctx context.Context, channel, thread, text string, meta slackapi.SlackMetadata) error {
+func (c *Connector) post(ctx context.Context, channel, thread, text string, meta slackapi.SlackMetadata, extra ...slackapi.MsgOption) error {
 	for tries := 0; ; tries++ {
-		err := c.postOnce(ctx, channel, thread, text, meta)
+		err := c.postOnce(ctx, channel, thread, text, meta, extra...)
 		var rl *slackapi.RateLimitedError
 		switch {
 		case err == nil:
@@ -219,10 +223,10 @@ func (c *Connector) post(ctx context.Context, channel, thread, text string, meta
 	}
 }
 
-func (c *Connector) postOnce(ctx context.Context, channel, thread, text string, meta slackapi.SlackMetadata) error {
+func (c *Connector) postOnce(ctx context.Context, channel, thread, text string, meta slackapi.SlackMetadata, extra ...slackapi.MsgOption) error {
 	ctx, cancel := context.WithTimeout(ctx, c.o.RequestTimeout)
 	defer cancel()
-	opts := []slackapi.MsgOption{slackapi.MsgOptionText(text, false), slackapi.MsgOptionMetadata(meta)}
+	opts := append([]slackapi.MsgOption{slackapi.MsgOptionText(text, false), slackapi.MsgOptionMetadata(meta)}, extra...)
 	if thread != "" {
 		opts = append(opts, slackapi.MsgOptionTS(thread))
 	}

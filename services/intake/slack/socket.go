@@ -291,8 +291,10 @@ func (c *Connector) frame(ctx context.Context, sink connector.Sink, sc *socketCo
 		return f.Reason
 	case "events_api":
 		c.envelope(ctx, sc, sink, f.EnvelopeID, f.Payload)
-	case "slash_commands", "interactive":
-		c.log.Info("ignored Slack envelope: berth handles messages only", "type", f.Type)
+	case "interactive":
+		c.interactiveEnvelope(ctx, sc, sink, f.EnvelopeID, f.Payload)
+	case "slash_commands":
+		c.log.Info("ignored Slack envelope: berth handles messages and its approval buttons only", "type", f.Type)
 		c.ack(sc, f.EnvelopeID)
 	default:
 		// Acknowledged when it has an envelope id, so that Slack does not
@@ -321,6 +323,21 @@ func (c *Connector) envelope(ctx context.Context, sc *socketConn, sink connector
 		c.ack(sc, envelopeID)
 	default:
 		// Not acknowledged: Slack delivers the envelope again.
+		c.status.Failed(errors.New(c.errText(err)))
+	}
+}
+
+// interactiveEnvelope is envelope for an "interactive" one: a click.
+func (c *Connector) interactiveEnvelope(ctx context.Context, sc *socketConn, sink connector.Sink, envelopeID string, payload json.RawMessage) {
+	err := c.interaction(ctx, sink, payload, "socket")
+	switch {
+	case err == nil:
+		c.ack(sc, envelopeID)
+	case errors.Is(err, errBadPayload):
+		c.log.Warn("ignored a malformed Slack interaction", "error", c.errText(err))
+		c.ack(sc, envelopeID)
+	default:
+		// Not acknowledged: Slack tells the user the click failed.
 		c.status.Failed(errors.New(c.errText(err)))
 	}
 }

@@ -63,6 +63,8 @@ type Post struct {
 	TS       string // the ts the fake gave the posted message
 	// Metadata is the message metadata the post carried, nil without.
 	Metadata *Metadata
+	// Blocks are the post's Block Kit blocks, nil without (approvals.go).
+	Blocks []Block
 }
 
 // Metadata is Slack's message metadata: an event type and its payload.
@@ -136,6 +138,7 @@ type Server struct {
 }
 
 type envelope struct {
+	kind     string // "" for events_api; "interactive"
 	payload  json.RawMessage
 	attempts int
 	acked    bool
@@ -533,12 +536,15 @@ func (s *Server) PostEvent(ctx context.Context, url, secret string, ev Event) (i
 
 func (s *Server) sendEnvelope(ctx context.Context, id string, attempt int, reason string) error {
 	s.mu.Lock()
-	payload := s.envelopes[id].payload
+	payload, kind := s.envelopes[id].payload, s.envelopes[id].kind
 	s.mu.Unlock()
+	if kind == "" {
+		kind = "events_api"
+	}
 	frame, _ := json.Marshal(map[string]any{
 		"envelope_id":              id,
 		"payload":                  json.RawMessage(payload),
-		"type":                     "events_api",
+		"type":                     kind,
 		"accepts_response_payload": false,
 		"retry_attempt":            attempt,
 		"retry_reason":             reason,
@@ -737,9 +743,15 @@ func (s *Server) postMessage(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	blocks, bad := parseBlocks(r.PostForm.Get("blocks"))
+	if bad != "" {
+		s.mu.Unlock()
+		refuse(w, bad)
+		return
+	}
 	s.seq++
 	ts := fmt.Sprintf("%d.%06d", time.Now().Unix(), s.seq)
-	s.posts = append(s.posts, Post{Channel: channel, Text: text, ThreadTS: thread, TS: ts, Metadata: meta})
+	s.posts = append(s.posts, Post{Channel: channel, Text: text, ThreadTS: thread, TS: ts, Metadata: meta, Blocks: blocks})
 	s.history = append(s.history, message{Channel: channel, TS: ts, ThreadTS: thread, User: s.o.BotUserID, BotID: s.o.BotID, Text: text, Metadata: meta})
 	hold := s.holdPosts
 	if hold != nil {

@@ -1,0 +1,114 @@
+package slack
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	slackapi "github.com/slack-go/slack"
+
+	"github.com/berth-dev/berth/services/intake/connector"
+)
+
+// Approval buttons (issue 26). A reply with a Question is posted with Block
+// Kit blocks: its text in a section and an actions block with a button per
+// choice, whose value is connector.ChoiceValue. A click comes back as a
+// block_actions interaction — an "interactive" envelope in Socket Mode, or
+// a signed form POST (payload=…) to the Interactivity Request URL in events
+// mode, which may be the same /hooks/{id} as the events — and becomes a
+// Message with Decision set and the clicker's user id as AuthorID, which
+// intake stores before the interaction is acknowledged. berth never decides
+// here: the scheduler does, for [[approvers]] only.
+
+// sectionLimit is the most text a section block takes.
+const sectionLimit = 3000
+
+// questionBlocks are the blocks of the chunk text that carries q.
+func questionBlocks(text string, q *connector.Question) slackapi.MsgOption {
+	if len([]rune(text)) > sectionLimit {
+		text = string([]rune(text)[:sectionLimit-1]) + "…"
+	}
+	section := slackapi.NewSectionBlock(slackapi.NewTextBlockObject(slackapi.MarkdownType, text, false, false), nil, nil)
+	var buttons []slackapi.BlockElement
+	for _, choice := range q.Choices {
+		b := slackapi.NewButtonBlockElement("berth_approval_"+choice, connector.ChoiceValue(q.ID, choice),
+			slackapi.NewTextBlockObject(slackapi.PlainTextType, connector.ChoiceLabel(choice), false, false))
+		switch choice {
+		case connector.DecideAllowOnce:
+			b = b.WithStyle(slackapi.StylePrimary)
+		case connector.DecideDeny:
+			b = b.WithStyle(slackapi.StyleDanger)
+		}
+		buttons = append(buttons, b)
+	}
+	actions := slackapi.NewActionBlock("berth_approval", buttons...)
+	return slackapi.MsgOptionBlocks(section, actions)
+}
+
+// interaction hands one block_actions payload's berth button click to sink
+// as a decision. It returns nil when the click was stored or is not
+// berth's (acknowledge it), an error wrapping errBadPayload for bad input,
+// and any other error when Accept failed (do not acknowledge).
+func (c *Connector) interaction(ctx context.Context, sink connector.Sink, payload []byte, via string) error {
+	c.sawEvent()
+	var ic slackapi.InteractionCallback
+	if err := json.Unmarshal(payload, &ic); err != nil {
+		return fmt.Errorf("%w: interaction: %v", errBadPayload, err)
+	}
+	if ic.Type != slackapi.InteractionTypeBlockActions {
+		c.log.Info("ignored a Slack interaction: berth has only approval buttons", "type", ic.Type, "via", via)
+		return nil
+	}
+	var d connector.Decision
+	var actionTS string
+	found := false
+	for _, a := range ic.ActionCallback.BlockActions {
+		if a != nil {
+			if d, found = connector.ParseChoice(a.Value); found {
+				actionTS = a.ActionTs
+				break
+			}
+		}
+	}
+	channel := ic.Container.ChannelID
+	if channel == "" {
+		channel = ic.Channel.ID
+	}
+	if !found || ic.User.ID == "" || channel == "" {
+		c.log.Info("ignored a Slack interaction that is no click on a berth button", "via", via)
+		return nil
+	}
+	thread := ic.Container.ThreadTs
+	if thread == "" {
+		thread = ic.Message.ThreadTimestamp
+	}
+	if thread == "" {
+		thread = ic.Container.MessageTs
+	}
+	if actionTS == "" {
+		actionTS = ic.ActionTs
+	}
+	author := ic.User.Name
+	if author == "" {
+		author = ic.User.ID
+	}
+	m := connector.Message{
+		Connector: c.id,
+		// One click, one message: a redelivered envelope is a duplicate.
+		ID:       "action:" + channel + ":" + ic.Container.MessageTs + ":" + actionTS + ":" + ic.User.ID,
+		Channel:  channel,
+		Server:   ic.Team.ID,
+		Thread:   thread,
+		Author:   author,
+		AuthorID: ic.User.ID, // from Slack's signed (or socket) payload only
+		Decision: &d,
+		Text:     d.Decision + " " + d.ApprovalID,
+	}
+	if err := sink.Accept(ctx, m); err != nil {
+		c.log.Warn("intake did not accept a Slack button click; Slack will deliver it again", "approval_id", d.ApprovalID, "error", c.errText(err))
+		return fmt.Errorf("cannot hand the click to intake: %w", err)
+	}
+	c.status.Healthy()
+	c.log.Info("accepted a Slack approval click", "approval_id", d.ApprovalID, "decision", d.Decision, "user", ic.User.ID, "via", via)
+	return nil
+}

@@ -1,0 +1,134 @@
+package slack
+
+import (
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/berth-dev/berth/services/intake/connector"
+	"github.com/berth-dev/berth/services/intake/slack/slacktest"
+)
+
+const testApprovalID = "20261203T111500_123456789_abcdef0123-0123456789abcdef"
+
+var testQuestion = &connector.Question{ID: testApprovalID, What: "POST api.stripe.com:443/v1/charges",
+	Choices: []string{connector.DecideAllowOnce, connector.DecideAllowConversation, connector.DecideDeny}}
+
+// A question is posted with a button per choice, within Block Kit's limits
+// (the fake refuses a post beyond them); a reply without one has none.
+func TestAQuestionIsPostedWithItsButtons(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	fake := slacktest.New(t, slacktest.Options{})
+	c, _ := startSocket(t, fake, newSink(), nil)
+	if err := c.Send(ctx, connector.Reply{RunID: "ask-1", MessageID: "C0CHAN:1.1", Channel: "C0CHAN", Thread: "1.1",
+		Text: "berth asks: may agent asker do POST api.stripe.com:443/v1/charges?", Question: testQuestion}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Send(ctx, connector.Reply{RunID: "r-2", MessageID: "C0CHAN:1.2", Channel: "C0CHAN", Thread: "1.2", Text: "plain"}); err != nil {
+		t.Fatal(err)
+	}
+	posts := fake.Posts()
+	var got []string
+	for _, b := range posts[0].Buttons() {
+		got = append(got, b.Text.Text+"="+b.Value)
+	}
+	want := []string{
+		"Allow once=" + connector.ChoiceValue(testApprovalID, connector.DecideAllowOnce),
+		"Allow for this conversation=" + connector.ChoiceValue(testApprovalID, connector.DecideAllowConversation),
+		"Deny=" + connector.ChoiceValue(testApprovalID, connector.DecideDeny),
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("buttons:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if posts[0].ThreadTS != "1.1" || !strings.Contains(posts[0].Blocks[0].Text.Text, "may agent asker") {
+		t.Errorf("the question post: %+v", posts[0])
+	}
+	if len(posts[1].Blocks) != 0 {
+		t.Errorf("a plain reply has blocks: %+v", posts[1].Blocks)
+	}
+}
+
+// A click on a berth button over Socket Mode becomes one decision by the
+// clicker's user id, acknowledged only once intake has it; a click on
+// anything else decides nothing.
+func TestAClickIsADecisionOfTheClickerAckedAfterAccept(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	fake := slacktest.New(t, slacktest.Options{})
+	sink := newSink()
+	var ackedDuringAccept atomic.Bool
+	sink.accept = func(connector.Message) error {
+		if len(fake.Acks()) > 0 {
+			ackedDuringAccept.Store(true)
+		}
+		return nil
+	}
+	c, _ := startSocket(t, fake, sink, nil)
+	if err := c.Send(ctx, connector.Reply{RunID: "ask-1", MessageID: "C0CHAN:1.1", Channel: "C0CHAN", Thread: "1.1", Text: "may it?", Question: testQuestion}); err != nil {
+		t.Fatal(err)
+	}
+	post := fake.Posts()[0]
+	allow := connector.ChoiceValue(testApprovalID, connector.DecideAllowConversation)
+	id, err := fake.Click(ctx, "U0BOB", post, allow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.WaitAck(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	got := sink.wait(ctx, t, 1)[0]
+	if ackedDuringAccept.Load() {
+		t.Error("the click was acknowledged before Accept returned")
+	}
+	if got.Decision == nil || *got.Decision != (connector.Decision{ApprovalID: testApprovalID, Decision: connector.DecideAllowConversation}) ||
+		got.AuthorID != "U0BOB" || got.Channel != "C0CHAN" || got.Thread != "1.1" || got.Connector != "slack-test" {
+		t.Fatalf("the click became %+v (decision %+v)", got, got.Decision)
+	}
+	// Not berth's buttons: acknowledged, nothing accepted.
+	for _, v := range []string{"deploy-now", "berth-approval:allow_always:" + testApprovalID} {
+		id, err := fake.DeliverInteraction(ctx, fake.ClickPayload("U0BOB", post, v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := fake.WaitAck(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The control: a real click after them is the second call, so the
+	// two before it were not taken.
+	if _, err := fake.Click(ctx, "U0CAROL", post, connector.ChoiceValue(testApprovalID, connector.DecideDeny)); err != nil {
+		t.Fatal(err)
+	}
+	calls := sink.wait(ctx, t, 2)
+	if len(calls) != 2 || calls[1].AuthorID != "U0CAROL" || calls[1].Decision.Decision != connector.DecideDeny {
+		t.Fatalf("calls after foreign clicks: %+v", calls)
+	}
+}
+
+// In events mode, the click is a signed form POST to the same URL: a
+// good signature is a decision, a forged one is refused and decides
+// nothing.
+func TestAnInteractivityRequestIsSignedLikeEvents(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	fake := slacktest.New(t, slacktest.Options{})
+	sink := newSink()
+	_, url, clock, _ := eventsEndpoint(t, fake, sink)
+	post := slacktest.Post{Channel: "C0CHAN", TS: "1.1", ThreadTS: "1.0"}
+	payload := fake.ClickPayload("U0BOB", post, connector.ChoiceValue(testApprovalID, connector.DecideAllowOnce))
+	if code, err := fake.PostInteraction(ctx, url, "not-the-secret", clock.Now(), payload); err != nil || code != http.StatusUnauthorized {
+		t.Fatalf("a forged interaction: %d, %v; want 401", code, err)
+	}
+	if n := len(sink.Calls()); n != 0 {
+		t.Fatalf("a forged interaction reached the sink (%d calls)", n)
+	}
+	if code, err := fake.PostInteraction(ctx, url, testSigningSecret, clock.Now(), payload); err != nil || code != http.StatusOK {
+		t.Fatalf("a signed interaction: %d, %v; want 200", code, err)
+	}
+	got := sink.wait(ctx, t, 1)[0]
+	if got.Decision == nil || got.Decision.Decision != connector.DecideAllowOnce || got.AuthorID != "U0BOB" || got.Thread != "1.0" {
+		t.Fatalf("the click became %+v", got)
+	}
+}
