@@ -142,7 +142,7 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 		}
 	}
 	if s.engine == nil {
-		cli, err := client.New(client.FromEnv)
+		cli, err := imagectl.NewEngineClient()
 		if err != nil {
 			st.close()
 			return nil, fmt.Errorf("cannot create a Docker engine client: %w", err)
