@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,10 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/moby/client"
+
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/testkit/devstack"
 	"github.com/berth-dev/berth/internal/testkit/otlpsink"
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/internal/tracing"
 )
@@ -356,6 +361,98 @@ deliver_to = { connector = "hooks", channel = "ops" }
 			if p := byID[sp.ParentID]; p.Name != "scheduler.schedule.fire" {
 				t.Errorf("span %s has parent %q, want the fire span", sp.Name, p.Name)
 			}
+		}
+	}
+}
+
+// A run whose image berth-imaged must build holds the build in its trace:
+// berth-imaged's call is a child of the run's plan span (that span's id,
+// sent as the call's traceparent), the build hangs under the call and its
+// stages under the build; and the trace holds berth's spans only, none of
+// the engine client's own HTTP spans.
+func TestTraceOfARunThatBuildsItsImageHoldsBerthImagedsBuild(t *testing.T) {
+	t.Parallel()
+	cli := testdocker.Engine(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err := cli.ImageInspect(ctx, config.DefaultBaseImage)
+	cancel()
+	testenv.Need(t, err == nil, "%s is missing: run scripts/base-image.sh (%v)", config.DefaultBaseImage, err)
+	// An environment of its own makes an image of its own: one to build.
+	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
+	boxed := agentSpec{id: "boxed", extra: containerAgent + fmt.Sprintf("\n[agents.image_config]\nenabled = true\nenv_vars = { RUN_NONCE = %q }", nonce)}
+	otlp := otlpsink.Start(t)
+	sink := newReplySink(t)
+	cfg := suiteConfig([]agentSpec{boxed}, sink.srv.URL+"/replies") + fmt.Sprintf("\n[tracing]\nendpoint = %q\n", otlp.HTTP)
+	s := launch(t, sink, cfg, nil, secret)
+
+	status, id := s.postTraced(t, "00-"+inboundTraceID+"-"+inboundParent+"-01", "/sh echo in-its-own-image")
+	if status != http.StatusAccepted {
+		t.Fatalf("POST: status %d", status)
+	}
+	reply := s.sink.wait(t, 5*time.Minute, id)[id]
+	if reply["state"] != "succeeded" || !strings.Contains(text(reply), "in-its-own-image") {
+		t.Fatalf("run %v: state %v, error %v, reply %q", reply["run_id"], reply["state"], reply["error"], text(reply))
+	}
+	want := []string{"scheduler.plan", "images.ensure", "images.resolve", "images.build", "images.check_arch",
+		"images.sandbox_image", "images.isolation_image", "sandbox.start", "scheduler.deliver", "intake.deliver"}
+	spans := otlp.Wait(t, time.Minute, func(spans []otlpsink.Span) bool {
+		names := map[string]bool{}
+		for _, sp := range spans {
+			names[sp.Name] = names[sp.Name] || sp.Name != "intake.deliver" || !sp.Failed
+		}
+		for _, n := range want {
+			if !names[n] {
+				return false
+			}
+		}
+		return true
+	})
+	byID := map[string]otlpsink.Span{}
+	byName := map[string][]otlpsink.Span{}
+	for _, sp := range spans {
+		byID[sp.SpanID] = sp
+		byName[sp.Name] = append(byName[sp.Name], sp)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for _, name := range []string{"images.isolation_image", "images.sandbox_image"} {
+			for _, sp := range byName[name] {
+				_, _ = cli.ImageRemove(ctx, sp.Attributes["berth.image.tag"], client.ImageRemoveOptions{PruneChildren: true})
+			}
+		}
+	})
+	if n := len(byName["scheduler.plan"]); n != 1 {
+		t.Fatalf("%d plan spans, want the run's one", n)
+	}
+	plan := byName["scheduler.plan"][0]
+	tree := map[string]string{
+		"images.ensure":          "scheduler.plan",
+		"images.resolve":         "images.ensure",
+		"images.build":           "images.ensure",
+		"images.check_arch":      "images.build",
+		"images.sandbox_image":   "images.build",
+		"images.isolation_image": "images.build",
+	}
+	for name, parent := range tree {
+		for _, sp := range byName[name] {
+			if sp.TraceID != inboundTraceID || sp.Service != "berth-imaged" {
+				t.Errorf("span %s of %s is in trace %s; want berth-imaged's, in the message's trace %s", name, sp.Service, sp.TraceID, inboundTraceID)
+			}
+			if got := byID[sp.ParentID].Name; got != parent {
+				t.Errorf("span %s has parent %q (%s), want %s", name, got, sp.ParentID, parent)
+			}
+		}
+	}
+	ensure := byName["images.ensure"]
+	if len(ensure) != 1 || ensure[0].ParentID != plan.SpanID || ensure[0].Attributes["berth.image.outcome"] != "built" || ensure[0].Attributes["berth.agent"] != "boxed" {
+		t.Errorf("berth-imaged's calls %+v: want one, the child of the run's plan span %s, that built agent boxed's image", ensure, plan.SpanID)
+	}
+	// berth's spans only: the engine client makes none (a span per engine
+	// call would be named like "GET /v1.x/images/…/json").
+	for _, sp := range spans {
+		if i := strings.IndexByte(sp.Name, '.'); i < 0 || !slices.Contains([]string{"intake", "scheduler", "images", "sandbox", "agent", "llm", "tool", "egress"}, sp.Name[:i]) {
+			t.Errorf("span %q of %s is not one of berth's", sp.Name, sp.Service)
 		}
 	}
 }

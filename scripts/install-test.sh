@@ -479,9 +479,12 @@ prometheus_mirror() {
 }
 
 # metrics_step: Debian's prometheus scrapes berth-metrics.socket
-# (127.0.0.1:9477) on real systemd; after a webhook message's run, its HTTP
-# API (promtool query instant) has the run, the accepted message, the run's
-# queue stage, berth_up and scheduler.db's size; intake's listener serves
+# (127.0.0.1:9477) on real systemd; after a webhook message's run, whose
+# agent asks a model (installprobe model: OpenAI's wire, with usage) through
+# its egress proxy, its HTTP API (promtool query instant) has the run, the
+# accepted message, the run's queue stage, berth_up, scheduler.db's size,
+# the provider's calls, tokens, cost and call time by agent, provider and
+# model, and the run's egress decisions and bytes; intake's listener serves
 # no /metrics (BERTH_INSTALL_TEST_ONLY=metrics runs it alone).
 metrics_step() {
   local t0=$SECONDS id reply q out
@@ -494,21 +497,56 @@ getent passwd berth-metrics >/dev/null
 systemctl is-enabled -q berth-metrics.socket
 systemctl start berth-metrics.socket
 printf "%s\n" "global:" "  scrape_interval: 1s" "scrape_configs:" "  - job_name: berth" "    static_configs:" "      - targets: [\"127.0.0.1:9477\"]" >/etc/prometheus/prometheus.yml
-printf "%s\n" "[[connectors]]" "id = \"metered\"" "type = \"webhook\"" "secret_file = \"/etc/berth/hooks.secret\"" "reply_url = \"http://127.0.0.1:9999/replies\"" "" "[[agents]]" "id = \"metered\"" "" "[[bindings]]" "connector = \"metered\"" "channel_id = \"CMET\"" "agent = \"metered\"" >/etc/berth/berth.d/76-install-test-metrics.toml
+systemctl is-active -q install-test-model ||
+  systemd-run --quiet --unit=install-test-model /usr/local/bin/installprobe model --addr 127.0.0.1:9998 --answer metered-reply
+for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/9998) 2>/dev/null && break; sleep 0.1; done
+# A token costs 1 (input) or 2 (output): the cost series counts whole units.
+cat >/etc/berth/berth.d/76-install-test-metrics.toml <<EOF
+[providers.metered]
+kind = "openai"
+base_url = "http://127.0.0.1:9998/v1"
+model = "gpt-install"
+[providers.metered.prices."gpt-install"]
+input = 1000000
+output = 2000000
+
+[[connectors]]
+id = "metered"
+type = "webhook"
+secret_file = "/etc/berth/hooks.secret"
+reply_url = "http://127.0.0.1:9999/replies"
+
+[[agents]]
+id = "metered"
+provider = "metered"
+
+[[bindings]]
+connector = "metered"
+channel_id = "CMET"
+agent = "metered"
+EOF
 berthctl config check >/dev/null
 systemctl reload-or-restart berth-scheduler
 systemctl stop berth-intake.service
 # Not on 9090: that is cockpit.socket in the full run.
 printf "%s\n" "ARGS=\"--web.listen-address=127.0.0.1:9091\"" >/etc/default/prometheus
 systemctl restart prometheus' || fail "cannot configure prometheus and a metered agent"
-  id=$(inside "installprobe post --url http://127.0.0.1:8470/hooks/metered --secret-file /etc/berth/hooks.secret --channel CMET '/sh echo metered-reply'") || fail "POST to the metered connector"
+  id=$(inside "installprobe post --url http://127.0.0.1:8470/hooks/metered --secret-file /etc/berth/hooks.secret --channel CMET 'hello, model'") || fail "POST to the metered connector"
   reply=$(inside "installprobe wait --id $id --timeout 60s --field text") || fail "no reply to the metered message"
   grep -qx metered-reply <<<"$reply" || fail "the metered message's reply: $reply"
   # Each series as Prometheus scraped it (every second).
   for q in 'berth_scheduler_runs_total{agent="metered",state="succeeded",daemon="scheduler"}' \
     'berth_intake_messages_accepted_total{connector="metered",daemon="intake"}' \
     'berth_scheduler_run_stage_seconds_count{agent="metered",stage="queue"}' \
-    'berth_up{daemon="scheduler"}' 'berth_bolt_file_size_bytes{db="scheduler.db"}'; do
+    'berth_up{daemon="scheduler"}' 'berth_bolt_file_size_bytes{db="scheduler.db"}' \
+    'berth_provider_calls_total{agent="metered",provider="metered",model="gpt-install"}' \
+    'berth_provider_tokens_total{agent="metered",provider="metered",model="gpt-install",kind="input"} >= 12' \
+    'berth_provider_tokens_total{agent="metered",provider="metered",model="gpt-install",kind="output"} >= 5' \
+    'berth_provider_cost_total{agent="metered",provider="metered",model="gpt-install"} >= 22' \
+    'berth_provider_call_duration_seconds_count{agent="metered",provider="metered",model="gpt-install"}' \
+    'berth_egress_requests_total{agent="metered",host="127.0.0.1",verdict="allowed"}' \
+    'berth_egress_bytes_total{agent="metered",direction="up"}' \
+    'berth_egress_bytes_total{agent="metered",direction="down"}'; do
     out=""
     for _ in $(seq 1 60); do
       out=$(inside "promtool query instant http://127.0.0.1:9091 '$q'" 2>&1) || true
@@ -522,7 +560,7 @@ systemctl restart prometheus' || fail "cannot configure prometheus and a metered
   out=$(inside 'systemctl show -p Listen berth-metrics.socket')
   [ "$out" = "Listen=127.0.0.1:9477 (Stream)" ] || fail "berth-metrics.socket listens on: $out"
   [ "$(inside 'curl -s -o /dev/null -w %{http_code} http://127.0.0.1:8470/metrics')" != 200 ] || fail "intake's webhook listener serves /metrics"
-  inside 'rm /etc/berth/berth.d/76-install-test-metrics.toml && systemctl reload berth-scheduler && systemctl stop berth-intake.service prometheus' || fail "cannot remove the metered agent"
+  inside 'rm /etc/berth/berth.d/76-install-test-metrics.toml && systemctl reload berth-scheduler && systemctl stop berth-intake.service prometheus install-test-model' || fail "cannot remove the metered agent"
   echo "    metrics step took $((SECONDS - t0))s"
 }
 

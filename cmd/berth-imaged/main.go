@@ -6,11 +6,13 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"time"
 
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/daemon"
+	"github.com/berth-dev/berth/internal/tracing"
 	"github.com/berth-dev/berth/services/images"
 )
 
@@ -19,15 +21,24 @@ func main() {
 	stateFlag := flag.String("state-dir", "", "state directory (default $STATE_DIRECTORY, $BERTH_STATE_DIR/images or /var/lib/berth/images)")
 	idleFlag := flag.Duration("idle-exit", idleDefault(), "exit with status 75 after this long with no build and no call (0: never; default $BERTH_IMAGED_IDLE_EXIT, else 0)")
 	flag.Parse()
-	os.Exit(daemon.Main(daemon.Spec[*images.Service]{
+	// Traces are flushed once the daemon has stopped (an idle exit too);
+	// [tracing] off: nothing to flush.
+	flush := func() {}
+	code := daemon.Main(daemon.Spec[*images.Service]{
 		Name: "berth-imaged", StateName: "images", Status: "serving images",
 		ConfigFlag: *configFlag, StateFlag: *stateFlag,
 		New: func(env daemon.Env) (*images.Service, error) {
+			var err error
+			if flush, err = tracing.Setup(env.Config.Tracing, "berth-imaged", env.Log); err != nil {
+				return nil, fmt.Errorf("cannot set up tracing: %w", err)
+			}
 			return images.New(env.Config, env.StateDir, images.Options{Logger: env.Log, Authorizer: bus.Authorizer{}})
 		},
 		IdleAfter: *idleFlag,
 		Busy:      (*images.Service).Busy,
-	}))
+	})
+	flush()
+	os.Exit(code)
 }
 
 // idleDefault lets an activation that passes no flags (D-Bus activation

@@ -2,6 +2,7 @@ package busapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -31,15 +32,74 @@ func (im Images) EnsureIsolationImage(ctx context.Context, agent string) (string
 	return tag, err
 }
 
+// EnsureOptions are EnsureIsolationImageWith's options.
+type EnsureOptions struct {
+	// Traceparent is the W3C trace context of the caller's span, the
+	// parent of berth-imaged's; "" when the caller traces nothing.
+	Traceparent string
+}
+
+// Wire is o as EnsureIsolationImageWith takes it (a{sv}); an empty option
+// sends no key.
+func (o EnsureOptions) Wire() map[string]dbus.Variant {
+	m := map[string]dbus.Variant{}
+	if o.Traceparent != "" {
+		m["traceparent"] = dbus.MakeVariant(o.Traceparent)
+	}
+	return m
+}
+
+// EnsureOptionsFromWire reads EnsureIsolationImageWith's options; an
+// unknown key or a value of the wrong type is refused (the errors wrap
+// ErrInvalid).
+func EnsureOptionsFromWire(m map[string]dbus.Variant) (EnsureOptions, error) {
+	var o EnsureOptions
+	for k, v := range m {
+		var ok bool
+		switch k {
+		case "traceparent":
+			if o.Traceparent, ok = v.Value().(string); !ok {
+				return EnsureOptions{}, invalid("traceparent must be a string, not %s", v.Signature())
+			}
+		default:
+			return EnsureOptions{}, invalid("unknown option %q (known: traceparent)", k)
+		}
+	}
+	return o, nil
+}
+
+// EnsureIsolationImageWith is EnsureIsolationImage with options. A
+// berth-imaged older than the method (an upgrade under way) is asked
+// EnsureIsolationImage instead: it gets the image, not the trace.
+func (im Images) EnsureIsolationImageWith(ctx context.Context, agent string, opts EnsureOptions) (string, error) {
+	var tag string
+	err := im.call(ctx, "EnsureIsolationImageWith", []any{agent, opts.Wire()}, &tag)
+	var derr dbus.Error
+	if errors.As(err, &derr) && derr.Name == unknownMethod {
+		return im.EnsureIsolationImage(ctx, agent)
+	}
+	return tag, err
+}
+
+// unknownMethod is the error a D-Bus service answers a method it lacks with.
+const unknownMethod = "org.freedesktop.DBus.Error.UnknownMethod"
+
 // BuildTarget is what Build builds.
 type BuildTarget struct {
 	Target  string // an agent id, or "default" (the global [image_config])
 	NoCache bool
+	// Traceparent is the caller's span, the parent of the build's job
+	// span; "" (no key sent) makes the job a trace of its own.
+	Traceparent string
 }
 
 // Wire is t as Build takes it (a{sv}).
 func (t BuildTarget) Wire() map[string]dbus.Variant {
-	return map[string]dbus.Variant{"target": dbus.MakeVariant(t.Target), "no_cache": dbus.MakeVariant(t.NoCache)}
+	m := map[string]dbus.Variant{"target": dbus.MakeVariant(t.Target), "no_cache": dbus.MakeVariant(t.NoCache)}
+	if t.Traceparent != "" {
+		m["traceparent"] = dbus.MakeVariant(t.Traceparent)
+	}
+	return m
 }
 
 // BuildTargetFromWire reads Build's argument; an unknown key or a value of
@@ -57,8 +117,12 @@ func BuildTargetFromWire(m map[string]dbus.Variant) (BuildTarget, error) {
 			if t.NoCache, ok = v.Value().(bool); !ok {
 				return BuildTarget{}, invalid("no_cache must be a boolean, not %s", v.Signature())
 			}
+		case "traceparent":
+			if t.Traceparent, ok = v.Value().(string); !ok {
+				return BuildTarget{}, invalid("traceparent must be a string, not %s", v.Signature())
+			}
 		default:
-			return BuildTarget{}, invalid("unknown build option %q (known: target, no_cache)", k)
+			return BuildTarget{}, invalid("unknown build option %q (known: target, no_cache, traceparent)", k)
 		}
 	}
 	return t, nil

@@ -13,6 +13,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -101,12 +102,12 @@ func (b *recordingBackend) Warm(specs []isolation.Spec) {
 
 func (b *recordingBackend) Drain(context.Context) error { return nil }
 
-// fakeImages answers EnsureIsolationImage as berth-imaged would.
+// fakeImages answers EnsureIsolationImageWith as berth-imaged would.
 type fakeImages struct {
 	tag string
 	err error
 }
 
-func (f fakeImages) EnsureIsolationImage(context.Context, string) (string, error) {
+func (f fakeImages) EnsureIsolationImageWith(context.Context, string, busapi.EnsureOptions) (string, error) {
 	return f.tag, f.err
 }

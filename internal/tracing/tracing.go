@@ -1,11 +1,12 @@
 // Package tracing is berth's OpenTelemetry setup: one trace per message,
 // from intake's receive to the reply's delivery, exported over OTLP (HTTP
-// or gRPC) by berth-intake and berth-scheduler when [tracing] endpoint is
-// set, and nothing at all otherwise ([ADR 25](../../docs/adr/0025-traces.md)).
+// or gRPC) by berth-intake, berth-scheduler and berth-imaged when [tracing]
+// endpoint is set, and nothing at all otherwise ([ADR 25](../../docs/adr/0025-traces.md)).
 //
 // The trace context crosses each boundary as a W3C traceparent string:
 // in an inbox entry (intake.db), a Submission and a Reply (D-Bus), a run's
-// record (scheduler.db) and the egress proxy's policy. berth-agent never
+// record (scheduler.db), an image call's options (D-Bus) and the egress
+// proxy's policy. berth-agent never
 // exports: it reports its spans as records in its response (agentproto),
 // and the scheduler replays them (Replay) under the run's span.
 package tracing

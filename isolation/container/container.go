@@ -162,7 +162,7 @@ func New(opts Options) (*Backend, error) {
 	cli := opts.Client
 	if cli == nil {
 		var err error
-		if cli, err = client.New(client.FromEnv); err != nil {
+		if cli, err = imagectl.NewEngineClient(); err != nil {
 			return nil, fmt.Errorf("cannot create Docker client: %w", err)
 		}
 	}

@@ -2,11 +2,13 @@
 // container (scripts/install-test.sh): it posts signed webhook messages and
 // receives the replies berth posts back; and, from the host inside the
 // container's network namespace, it drives Chromium through berth's Cockpit
-// page (cockpit.go).
+// page (cockpit.go); and it plays an OpenAI-compatible model that reports
+// its usage (model.go).
 //
 //	installprobe receive --addr 127.0.0.1:9999 --dir /var/tmp/replies
 //	installprobe post --url http://127.0.0.1:8470/hooks/hooks --secret-file F --channel C [--id ID] TEXT
 //	installprobe wait --dir /var/tmp/replies --id ID [--timeout 60s] [--field text]
+//	installprobe model --addr 127.0.0.1:9998 --answer TEXT
 //	installprobe cockpit --container C --admin U --admin-password-file F --user U --user-password-file F --out DIR
 package main
 
@@ -30,7 +32,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: installprobe receive|post|wait|cockpit ...")
+		fmt.Fprintln(os.Stderr, "usage: installprobe receive|post|wait|model|cockpit ...")
 		os.Exit(2)
 	}
 	var err error
@@ -41,6 +43,8 @@ func main() {
 		err = post(os.Args[2:])
 	case "wait":
 		err = wait(os.Args[2:])
+	case "model":
+		err = model(os.Args[2:])
 	case "cockpit":
 		err = cockpit(os.Args[2:])
 	default:

@@ -52,13 +52,29 @@ func (o *imagesObject) allowed(sender dbus.Sender, method string) *dbus.Error {
 
 // EnsureIsolationImage implements dev.berth.Images1.EnsureIsolationImage.
 func (o *imagesObject) EnsureIsolationImage(sender dbus.Sender, agent string) (string, *dbus.Error) {
+	return o.ensure(sender, "EnsureIsolationImage", agent, nil)
+}
+
+// EnsureIsolationImageWith implements
+// dev.berth.Images1.EnsureIsolationImageWith.
+func (o *imagesObject) EnsureIsolationImageWith(sender dbus.Sender, agent string, options map[string]dbus.Variant) (string, *dbus.Error) {
+	return o.ensure(sender, "EnsureIsolationImageWith", agent, options)
+}
+
+// ensure answers both: the call's span is a child of the caller's when it
+// sent its traceparent.
+func (o *imagesObject) ensure(sender dbus.Sender, method, agent string, options map[string]dbus.Variant) (string, *dbus.Error) {
 	defer o.begin()()
-	if derr := o.allowed(sender, "EnsureIsolationImage"); derr != nil {
+	if derr := o.allowed(sender, method); derr != nil {
 		return "", derr
+	}
+	opts, err := busapi.EnsureOptionsFromWire(options)
+	if err != nil {
+		return "", bus.NewError(bus.ErrInvalidArgument, "%v", err)
 	}
 	ctx, cancel := o.callCtx()
 	defer cancel()
-	tag, err := o.s.EnsureIsolationImage(ctx, agent)
+	tag, err := o.s.EnsureIsolationImageWith(ctx, agent, opts)
 	if err != nil {
 		return "", o.s.busError(err, "agent", agent)
 	}
@@ -78,7 +94,7 @@ func (o *imagesObject) Build(sender dbus.Sender, opts map[string]dbus.Variant) (
 	target, noCache := cmp.Or(bt.Target, DefaultTarget), bt.NoCache
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	j, err := o.s.StartJob(ctx, target, noCache, func(j *Job) {
+	j, err := o.s.StartJob(callerTrace(ctx, bt.Traceparent), target, noCache, func(j *Job) {
 		if err := o.exportJob(j); err != nil {
 			o.s.log.Error(err.Error())
 		}

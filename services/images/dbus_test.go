@@ -28,6 +28,7 @@ func TestUnprivilegedCallerIsRefusedBuildRemoveAndClean(t *testing.T) {
 		{"Remove", []string{"Remove", "s", tag}},
 		{"Clean", []string{"Clean", "b", "true"}},
 		{"EnsureIsolationImage", []string{"EnsureIsolationImage", "s", "ops"}},
+		{"EnsureIsolationImageWith", []string{"EnsureIsolationImageWith", "sa{sv}", "ops", "0"}},
 	}
 	tests := []struct {
 		name       string

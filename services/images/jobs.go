@@ -9,8 +9,11 @@ import (
 	"sync"
 
 	"github.com/godbus/dbus/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/tracing"
 )
 
 // Job is one Build request: it follows a build (its own, or one already
@@ -18,6 +21,8 @@ import (
 type Job struct {
 	s     *Service
 	build *build // nil when the image was already there
+	// span is the job's (images.job), ended with it.
+	span trace.Span
 
 	mu  sync.Mutex
 	rec JobRecord
@@ -72,16 +77,28 @@ func (j *Job) watch(f func(JobRecord, string)) {
 // image) and returns the job at once. A target the config does not know, or
 // whose base is missing, is an error and no job. With noCache every step is
 // built again even when the images are present.
-func (s *Service) StartJob(ctx context.Context, target string, noCache bool, beforeStart func(*Job)) (*Job, error) {
-	p, err := s.planFor(ctx, target)
+//
+// The job is a span (images.job) under ctx's until it ends, and the build
+// it starts hangs under that.
+func (s *Service) StartJob(ctx context.Context, target string, noCache bool, beforeStart func(*Job)) (_ *Job, err error) {
+	ctx, span := tracing.Tracer().Start(ctx, spanJob, trace.WithAttributes(
+		attribute.String("berth.image.target", target), attribute.Bool("berth.image.no_cache", noCache)))
+	defer func() {
+		if err != nil {
+			endSpan(span, err)
+		}
+	}()
+	p, err := s.resolve(ctx, target)
 	if err != nil {
 		return nil, err
 	}
+	span.SetAttributes(imageAttrs(p)...)
 	rec, err := s.store.newJob(p.target, s.clock.Now().UTC())
 	if err != nil {
 		return nil, err
 	}
-	j := &Job{s: s, rec: rec, done: make(chan struct{})}
+	span.SetAttributes(attribute.Int64("berth.image.job", int64(rec.ID)))
+	j := &Job{s: s, rec: rec, done: make(chan struct{}), span: span}
 	s.mu.Lock()
 	s.jobs[rec.ID] = j
 	s.mu.Unlock()
@@ -97,11 +114,12 @@ func (s *Service) StartJob(ctx context.Context, target string, noCache bool, bef
 		present = err == nil
 	}
 	if present {
+		span.SetAttributes(attribute.String("berth.image.outcome", outcomePresent))
 		s.used(ctx, p)
 		go s.endJob(j, p.tag, nil)
 		return j, nil
 	}
-	j.build = s.startBuild(p, noCache)
+	j.build = s.joinBuild(ctx, span, p, noCache)
 	j.build.watch(func(step, total uint32, line string) {
 		j.mu.Lock()
 		j.rec.Step, j.rec.Total = step, total
@@ -134,6 +152,11 @@ func (s *Service) endJob(j *Job, tag string, err error) {
 	j.rec.Finished = s.clock.Now().UTC()
 	rec := j.rec
 	j.mu.Unlock()
+	spanErr := err
+	if rec.State == JobCanceled && err == nil {
+		spanErr = context.Canceled
+	}
+	endSpan(j.span, spanErr)
 	if err := s.store.finishJob(rec); err != nil {
 		s.log.Error(err.Error())
 	}

@@ -1,9 +1,6 @@
 package images
 
 import (
-	"context"
-	"errors"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,7 +50,7 @@ func (s *Service) countBuild(target string, err error, took time.Duration) {
 	outcome := "succeeded"
 	switch {
 	case err == nil:
-	case errors.Is(err, context.Canceled) || strings.Contains(err.Error(), " canceled"):
+	case canceled(err):
 		outcome = "canceled"
 	default:
 		outcome = "failed"

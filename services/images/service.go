@@ -20,10 +20,14 @@ import (
 	"github.com/godbus/dbus/v5"
 	"github.com/jonboulle/clockwork"
 	"github.com/moby/moby/client"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/berth-dev/berth/imagectl"
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/tracing"
 	"github.com/berth-dev/berth/internal/version"
 )
 
@@ -142,7 +146,7 @@ func New(cfg *config.Config, stateDir string, opts Options) (*Service, error) {
 		}
 	}
 	if s.engine == nil {
-		cli, err := client.New(client.FromEnv)
+		cli, err := imagectl.NewEngineClient()
 		if err != nil {
 			st.close()
 			return nil, fmt.Errorf("cannot create a Docker engine client: %w", err)
@@ -361,25 +365,32 @@ func (s *Service) Dockerfile(ctx context.Context, target string) (string, error)
 // EnsureIsolationImage returns the isolation image's tag for agent,
 // building it first when the engine lacks it (sharing a build already
 // running for it), within ctx.
-func (s *Service) EnsureIsolationImage(ctx context.Context, agent string) (string, error) {
+//
+// The call is a span (images.ensure) under ctx's, and the build it starts
+// hangs under that.
+func (s *Service) EnsureIsolationImage(ctx context.Context, agent string) (_ string, err error) {
+	ctx, span := tracing.Tracer().Start(ctx, spanEnsure, trace.WithAttributes(attribute.String("berth.agent", agent)))
+	defer func() { endSpan(span, err) }()
 	if agent == "" || agent == DefaultTarget {
 		return "", fmt.Errorf("%w: EnsureIsolationImage needs an agent id", ErrInvalidArgument)
 	}
-	p, err := s.planFor(ctx, agent)
+	p, err := s.resolve(ctx, agent)
 	if err != nil {
 		return "", err
 	}
+	span.SetAttributes(imageAttrs(p)...)
 	ictx, cancel := s.engineCtx(ctx)
 	_, err = s.engine.ImageInspect(ictx, p.tag)
 	cancel()
 	switch {
 	case err == nil:
+		span.SetAttributes(attribute.String("berth.image.outcome", outcomePresent))
 		s.used(ctx, p)
 		return p.tag, nil
 	case !cerrdefs.IsNotFound(err):
 		return "", fmt.Errorf("%w: cannot inspect image %s: %v", ErrUnavailable, p.tag, err)
 	}
-	b := s.startBuild(p, false)
+	b := s.joinBuild(ctx, span, p, false)
 	select {
 	case <-b.done:
 	case <-ctx.Done():
@@ -390,6 +401,22 @@ func (s *Service) EnsureIsolationImage(ctx context.Context, agent string) (strin
 	}
 	s.used(ctx, p)
 	return p.tag, nil
+}
+
+// EnsureIsolationImageWith is EnsureIsolationImage under the caller's span
+// when opts carry its traceparent (dev.berth.Images1's method of the name).
+func (s *Service) EnsureIsolationImageWith(ctx context.Context, agent string, opts busapi.EnsureOptions) (string, error) {
+	return s.EnsureIsolationImage(callerTrace(ctx, opts.Traceparent), agent)
+}
+
+// resolve is planFor as a span of its own (images.resolve): the target's
+// settings, its base image's ID and the images' hashes.
+func (s *Service) resolve(ctx context.Context, target string) (p *plan, err error) {
+	err = stage(ctx, spanResolve, func(ctx context.Context) error {
+		p, err = s.planFor(ctx, target)
+		return err
+	}, attribute.String("berth.image.target", target))
+	return p, err
 }
 
 // used records that p's isolation image was handed out. An image the
@@ -461,6 +488,9 @@ type build struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	err    error // set before done closes
+	// span is the build's (images.build); a call that joins the build
+	// links to it.
+	span trace.SpanContext
 
 	mu          sync.Mutex
 	step, total uint32
@@ -489,15 +519,33 @@ func (b *build) progress(step, total uint32, line string) {
 	}
 }
 
-// startBuild returns the running build of p's image, or starts one.
-func (s *Service) startBuild(p *plan, noCache bool) *build {
+// joinBuild is startBuild for the call whose span is span: the call's
+// outcome is built when it started the build, else shared, with a link to
+// the build it waits for.
+func (s *Service) joinBuild(ctx context.Context, span trace.Span, p *plan, noCache bool) *build {
+	b, started := s.startBuild(ctx, p, noCache)
+	if started {
+		span.SetAttributes(attribute.String("berth.image.outcome", outcomeBuilt))
+		return b
+	}
+	span.SetAttributes(attribute.String("berth.image.outcome", outcomeShared))
+	span.AddLink(trace.Link{SpanContext: b.span})
+	return b
+}
+
+// startBuild returns the running build of p's image, or starts one (then
+// started is true) as a span under ctx's. The build outlives ctx: it is
+// bounded by the build timeout, not by the call that began it.
+func (s *Service) startBuild(ctx context.Context, p *plan, noCache bool) (_ *build, started bool) {
 	s.mu.Lock()
 	if b, ok := s.builds[p.tag]; ok {
 		s.mu.Unlock()
-		return b
+		return b, false
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-	b := &build{tag: p.tag, cancel: cancel, done: make(chan struct{})}
+	spanCtx, span := tracing.Tracer().Start(context.WithoutCancel(ctx), spanBuild,
+		trace.WithAttributes(append(imageAttrs(p), attribute.Bool("berth.image.no_cache", noCache))...))
+	buildCtx, cancel := context.WithTimeout(spanCtx, s.timeout)
+	b := &build{tag: p.tag, cancel: cancel, done: make(chan struct{}), span: span.SpanContext()}
 	s.builds[p.tag] = b
 	s.mu.Unlock()
 	s.buildsStarted.Add(1)
@@ -506,18 +554,19 @@ func (s *Service) startBuild(p *plan, noCache bool) *build {
 	go func() {
 		defer cancel()
 		began := s.clock.Now()
-		b.err = s.runBuild(ctx, p, noCache, b)
-		if b.err != nil && ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled) {
+		b.err = s.runBuild(buildCtx, p, noCache, b)
+		if b.err != nil && buildCtx.Err() != nil && errors.Is(buildCtx.Err(), context.Canceled) {
 			b.err = fmt.Errorf("build of %s canceled", p.tag)
 		}
 		s.countBuild(p.target, b.err, s.clock.Since(began))
+		endSpan(span, b.err)
 		s.mu.Lock()
 		delete(s.builds, p.tag)
 		s.mu.Unlock()
 		close(b.done)
 		s.changed()
 	}()
-	return b
+	return b, true
 }
 
 // runBuild builds p's base (when berth makes it) and then its isolation
@@ -527,9 +576,12 @@ func (s *Service) runBuild(ctx context.Context, p *plan, noCache bool, b *build)
 	if p.target != DefaultTarget {
 		log = log.With("agent", p.target)
 	}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
+		log = log.With("trace_id", sc.TraceID().String())
+	}
 	log.Info("building image")
 	started := s.clock.Now()
-	if err := s.checkArch(ctx, p); err != nil {
+	if err := stage(ctx, spanCheckArch, func(ctx context.Context) error { return s.checkArch(ctx, p) }); err != nil {
 		return err
 	}
 	var total, offset uint32
@@ -544,16 +596,32 @@ func (s *Service) runBuild(ctx context.Context, p *plan, noCache bool, b *build)
 
 	switch {
 	case p.sandbox != nil:
-		n, err := s.buildSandbox(ctx, p, noCache, b, total)
+		err := stage(ctx, spanSandbox, func(ctx context.Context) (err error) {
+			offset, err = s.buildSandbox(ctx, p, noCache, b, total)
+			return err
+		}, attribute.String("berth.image.tag", p.sandbox.Tag()))
 		if err != nil {
 			return err
 		}
-		offset = n
 	case p.agentImage != nil:
-		if err := s.ensureAgentImage(ctx, p); err != nil {
+		err := stage(ctx, spanAgent, func(ctx context.Context) error { return s.ensureAgentImage(ctx, p) },
+			attribute.String("berth.image.tag", imagectl.Tag(p.agentHash)))
+		if err != nil {
 			return err
 		}
 	}
+	err := stage(ctx, spanIsolation, func(ctx context.Context) error { return s.buildIsolation(ctx, p, noCache, b, offset, total) },
+		attribute.String("berth.image.tag", p.tag))
+	if err != nil {
+		return err
+	}
+	log.Info("image built", "seconds", int(s.clock.Since(started).Seconds()))
+	return nil
+}
+
+// buildIsolation builds p's isolation image on its base, which is there
+// by now, and records it.
+func (s *Service) buildIsolation(ctx context.Context, p *plan, noCache bool, b *build, offset, total uint32) error {
 	rec := Record{Tag: p.tag, Kind: imagectl.KindIsolated, Hash: p.hash, Status: StatusBuilding,
 		Inputs: map[string]string{"base": p.isolated.BaseRef, "version": s.version, "agent_binary": p.isolated.AgentBinary,
 			"template": fmt.Sprint(imagectl.IsolatedTemplate)}}
@@ -565,11 +633,7 @@ func (s *Service) runBuild(ctx context.Context, p *plan, noCache bool, b *build)
 	if err := s.finishRecord(ctx, p.tag, id, tail, err); err != nil {
 		return err
 	}
-	if err != nil {
-		return err
-	}
-	log.Info("image built", "seconds", int(s.clock.Since(started).Seconds()))
-	return nil
+	return err
 }
 
 // checkArch refuses a build that would make an image the engine cannot run:
@@ -627,6 +691,7 @@ func (s *Service) buildSandbox(ctx context.Context, p *plan, noCache bool, b *bu
 		_, err := s.engine.ImageInspect(ictx, tag)
 		cancel()
 		if err == nil {
+			trace.SpanFromContext(ctx).SetAttributes(attribute.String("berth.image.outcome", outcomePresent))
 			b.progress(steps+fetchStep, total, "container image "+tag+" is present")
 			return steps + fetchStep, nil
 		}
@@ -637,25 +702,17 @@ func (s *Service) buildSandbox(ctx context.Context, p *plan, noCache bool, b *bu
 	}
 	var debs []string
 	if fetchStep == 1 {
-		b.progress(1, total, "fetching "+strings.Join(sb.Packages, " ")+" with the host's apt")
 		dir, err := os.MkdirTemp(mkdirAll(s.tmpDir), "debs-")
 		if err != nil {
 			return 0, s.failRecord(tag, nil, fmt.Errorf("cannot prepare a package directory: %w", err))
 		}
 		defer os.RemoveAll(dir)
-		sctx, cancel := s.engineCtx(ctx)
-		status, err := imagectl.BaseDpkgStatus(sctx, s.engine, sb.BaseRef, sb.BaseID)
-		cancel()
+		err = stage(ctx, spanFetch, func(ctx context.Context) (err error) {
+			debs, err = s.fetchDebs(ctx, sb, dir, b, total)
+			return err
+		}, attribute.Int("berth.image.packages", len(sb.Packages)))
 		if err != nil {
-			return 0, s.failRecord(tag, nil, err)
-		}
-		var lines []string
-		debs, err = s.fetcher.Fetch(ctx, status, sb.Packages, dir, func(l string) {
-			lines = append(lines, l)
-			b.progress(1, total, l)
-		})
-		if err != nil {
-			return 0, s.failRecord(tag, lastN(lines, imagectl.TailLines), err)
+			return 0, err
 		}
 	}
 	tail, id, err := s.stream(ctx, tag, func(w io.Writer) error { return sb.WriteContext(w, debs) },
@@ -667,6 +724,28 @@ func (s *Service) buildSandbox(ctx context.Context, p *plan, noCache bool, b *bu
 		return 0, err
 	}
 	return steps + fetchStep, nil
+}
+
+// fetchDebs has the host's apt fetch the packages sb's base lacks into
+// dir (step 1 of the build); a failure is recorded on sb's image.
+func (s *Service) fetchDebs(ctx context.Context, sb *imagectl.SandboxImage, dir string, b *build, total uint32) ([]string, error) {
+	tag := sb.Tag()
+	b.progress(1, total, "fetching "+strings.Join(sb.Packages, " ")+" with the host's apt")
+	sctx, cancel := s.engineCtx(ctx)
+	status, err := imagectl.BaseDpkgStatus(sctx, s.engine, sb.BaseRef, sb.BaseID)
+	cancel()
+	if err != nil {
+		return nil, s.failRecord(tag, nil, err)
+	}
+	var lines []string
+	debs, err := s.fetcher.Fetch(ctx, status, sb.Packages, dir, func(l string) {
+		lines = append(lines, l)
+		b.progress(1, total, l)
+	})
+	if err != nil {
+		return nil, s.failRecord(tag, lastN(lines, imagectl.TailLines), err)
+	}
+	return debs, nil
 }
 
 // buildSteps is how many steps the builder announces for a Dockerfile: its
@@ -710,6 +789,7 @@ func (s *Service) ensureAgentImage(ctx context.Context, p *plan) error {
 	_, err := s.engine.ImageInspect(ictx, tag)
 	cancel()
 	if err == nil {
+		trace.SpanFromContext(ctx).SetAttributes(attribute.String("berth.image.outcome", outcomePresent))
 		return nil
 	}
 	rec := Record{Tag: tag, Kind: KindAgent, Hash: p.agentHash, Status: StatusBuilding,

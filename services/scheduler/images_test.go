@@ -10,11 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/isolation"
 )
 
-// fakeImages answers EnsureIsolationImage as berth-imaged would.
+// fakeImages answers EnsureIsolationImageWith as berth-imaged would.
 type fakeImages struct {
 	mu    sync.Mutex
 	asked []string
@@ -22,7 +23,7 @@ type fakeImages struct {
 	err   error
 }
 
-func (f *fakeImages) EnsureIsolationImage(_ context.Context, agent string) (string, error) {
+func (f *fakeImages) EnsureIsolationImageWith(_ context.Context, agent string, _ busapi.EnsureOptions) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.asked = append(f.asked, agent)

@@ -9,15 +9,17 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/berth-dev/berth/imagectl"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
 // Engine returns a client of the engine DOCKER_HOST (or the default socket)
-// names, negotiated down to the engine's API version; it is closed when the
-// test ends.
+// names, negotiated down to the engine's API version, that makes no spans
+// (as berth's own: imagectl.NewEngineClient); it is closed when the test
+// ends.
 func Engine(t testing.TB) *client.Client {
 	t.Helper()
-	cli, err := client.New(client.FromEnv)
+	cli, err := imagectl.NewEngineClient()
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
