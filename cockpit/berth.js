@@ -10,8 +10,9 @@
  * gets a panel that says so, and lights up when it appears.
  *
  * Live: PropertiesChanged, RunStateChanged/RunFinished, SandboxesChanged,
- * Progress/Finished and NameOwnerChanged signals drive the page; the only timer re-reads the units
- * and counts every 10 s, in case a signal was missed.
+ * Progress/Finished and NameOwnerChanged signals drive the page; a timer re-reads the units
+ * and counts every 10 s, in case a signal was missed. Approvals have no
+ * signal: their view, while shown, re-reads them every 4 s.
  *
  * Texts from chat platforms are untrusted: they only ever reach the page as
  * textContent, never as HTML.
@@ -50,8 +51,8 @@
     // What is on the bus: "running", "activatable" or "absent" per name.
     const presence = {};
     // What this user may do, learned by calling: true, false, or null (not yet known).
-    const may = { cancel: null, images: null, sandboxes: null, schedules: null };
-    const mayError = { cancel: null, images: null, sandboxes: null, schedules: null };
+    const may = { cancel: null, images: null, sandboxes: null, schedules: null, approvals: null };
+    const mayError = { cancel: null, images: null, sandboxes: null, schedules: null, approvals: null };
 
     const state = {
         sched: {}, // Scheduler1 properties
@@ -73,6 +74,8 @@
         usage: null, // Usage as last read: [{agent, day, usage}]
         usageDays: [],
         usageError: null,
+        approvals: null, // ListApprovals("") as last read, newest first
+        approvalsError: null,
         job: null, // {path, step, total, lines, tag, error, done}
     };
 
@@ -210,7 +213,7 @@
             return s.toFixed(1) + " s";
         const m = Math.floor(s / 60);
         if (m < 60)
-            return m + " min " + Math.round(s % 60) + " s";
+            return m + " min " + Math.floor(s % 60) + " s";
         return Math.floor(m / 60) + " h " + (m % 60) + " min";
     }
 
@@ -358,13 +361,14 @@
             });
     }
 
-    // StopSandbox("") and RunSchedule("") change nothing either: no sandbox
-    // and no job has an empty id. An older scheduler without the method
-    // leaves the permission unknown; its list call says why.
-    function probeScheduler(permission, method) {
+    // StopSandbox(""), RunSchedule("") and DecideApproval("", …) change
+    // nothing either: no sandbox, job or approval has an empty id. An older
+    // scheduler without the method leaves the permission unknown; its list
+    // call says why.
+    function probeScheduler(permission, method, args, type) {
         if (may[permission] !== null || presence[SCHED.name] === "absent")
             return Promise.resolve();
-        return call(SCHED.name, SCHED.path, SCHED.iface, method, [""], "s")
+        return call(SCHED.name, SCHED.path, SCHED.iface, method, args || [""], type || "s")
             .then(() => { may[permission] = true })
             .catch(err => {
                 if (isRefusal(err)) {
@@ -638,6 +642,7 @@
         if (signal === "RunStateChanged" || signal === "RunFinished") {
             onRunSignal(path, iface, signal, args);
             schedulesChanged();
+            approvalsChanged();
         }
     }
 
@@ -1241,6 +1246,147 @@
             .then(loadSchedules);
     }
 
+    // ---------- approvals: requests held for a person to decide ----------
+
+    // ListApprovals (root and berth-admin) is every request a run's egress
+    // proxy holds or held because an [agents.egress] ask rule matched,
+    // newest first; DecideApproval answers a pending one, and the scheduler
+    // names the caller as the decider. The scheduler signals no change of
+    // an approval: while the view is shown it is re-read every few seconds,
+    // and at once after a decision or a run's change of state (a run that
+    // ends closes its approvals).
+    const APPROVALS_POLL_MS = 4000;
+    const APPROVALS_DECIDED_SHOWN = 50;
+    const DECISIONS = [
+        { decision: "allow_once", label: "Allow once", kind: "pf-m-primary", done: "allowed once" },
+        { decision: "allow_standing", label: "Allow (standing)", kind: "pf-m-secondary", done: "allowed for the rest of its run's sandbox" },
+        { decision: "deny", label: "Deny", kind: "pf-m-danger", done: "denied" },
+    ];
+
+    function pollApprovals() {
+        if (currentView === "approvals" && !document.hidden)
+            loadApprovals();
+    }
+
+    let approvalsTimer = null;
+    function approvalsChanged() {
+        if (approvalsTimer)
+            return;
+        approvalsTimer = window.setTimeout(() => {
+            approvalsTimer = null;
+            if (currentView === "approvals")
+                loadApprovals();
+        }, 200);
+    }
+
+    let approvalsToken = 0;
+    function loadApprovals() {
+        const token = ++approvalsToken;
+        return call(SCHED.name, SCHED.path, SCHED.iface, "ListApprovals", [""], "s")
+            .then(([list]) => {
+                if (token !== approvalsToken)
+                    return;
+                state.approvals = plain(list);
+                state.approvalsError = null;
+                state.approvals.forEach(ap => noteAgent(ap.agent));
+            })
+            .catch(err => {
+                if (token !== approvalsToken)
+                    return;
+                state.approvals = null;
+                state.approvalsError = err;
+            })
+            .then(() => { if (token === approvalsToken) renderApprovals() });
+    }
+
+    function conversation(ap) {
+        if (!ap.connector && !ap.channel)
+            return h("span", { class: "berth-muted" }, "—");
+        const parts = [h("code", {}, ap.connector || "?"), " / ", h("code", { class: "berth-verbatim" }, ap.channel || "?")];
+        if (ap.thread)
+            parts.push(" / ", h("code", { class: "berth-verbatim" }, ap.thread));
+        return parts;
+    }
+
+    // deadline is when an unanswered approval is denied, and for a pending
+    // one how long is left.
+    function deadline(ap) {
+        const usec = Number(ap.deadline_usec || 0);
+        if (!usec || ap.state !== "pending")
+            return fmtTime(usec);
+        const left = usec / 1000 - Date.now();
+        return [fmtTime(usec), h("div", { class: "berth-reason" }, left > 0 ? "in " + fmtDuration(left) : "now")];
+    }
+
+    function approvalRow(ap) {
+        const pending = ap.state === "pending";
+        const decided = Number(ap.decided_at_usec || 0);
+        return h("tr", { "data-approval-id": ap.id, "data-state": ap.state },
+            h("th", { scope: "row", "data-label": "Approval", class: "berth-approval-id" }, h("code", {}, ap.id),
+                ap.run_id ? h("div", {}, h("a", { href: "#/runs/" + encodeURIComponent(ap.run_id), title: "run " + ap.run_id, "data-run": ap.run_id }, "its run")) : null),
+            h("td", { "data-label": "Agent" }, ap.agent || "—"),
+            h("td", { "data-label": "Request" }, h("code", { class: "berth-verbatim" }, ap.what || "?")),
+            h("td", { "data-label": "Rule" }, h("code", {}, ap.rule || "?")),
+            h("td", { "data-label": "Conversation" }, conversation(ap)),
+            h("td", { "data-label": "Asked" }, fmtTime(ap.asked_at_usec)),
+            h("td", { "data-label": "Deadline" }, deadline(ap)),
+            h("td", { "data-label": "State" }, stateLabel(ap.state), ap.standing ? h("span", { class: "berth-reason" }, " standing") : null),
+            h("td", { "data-label": "Decided by" }, ap.by || (pending ? "" : "—"),
+                decided ? h("div", { class: "berth-reason" }, fmtTime(decided)) : null),
+            h("td", { class: "berth-actions" }, pending
+                ? h("div", { class: "berth-decide" }, DECISIONS.map(d => adminButton(d.label, d.kind + " pf-m-small", "approvals",
+                    ev => decideApproval(ap.id, d, ev.currentTarget), { "data-decide": d.decision })))
+                : ""));
+    }
+
+    function renderApprovals() {
+        const err = state.approvalsError;
+        if (err && isUnknownMethod(err))
+            showError("approvals-error", { message: "This berth-scheduler holds no requests for approval (no ListApprovals)." });
+        else
+            showError("approvals-error", err, "Listing approvals");
+        const list = state.approvals || [];
+        const pending = list.filter(ap => ap.state === "pending");
+        const decided = list.filter(ap => ap.state !== "pending").slice(0, APPROVALS_DECIDED_SHOWN);
+        // The poll redraws the rows: a decision button that had the focus keeps it.
+        const focused = document.activeElement && document.activeElement.closest("#view-approvals tr[data-approval-id] button[data-decide]");
+        const focusedAt = focused ? [focused.closest("tr").dataset.approvalId, focused.dataset.decide] : null;
+        $("approvals-pending").tBodies[0].replaceChildren(...pending.map(approvalRow));
+        $("approvals-decided").tBodies[0].replaceChildren(...decided.map(approvalRow));
+        if (focusedAt) {
+            const again = document.querySelector("#approvals-pending tr[data-approval-id=" + JSON.stringify(focusedAt[0]) + "] button[data-decide=" + JSON.stringify(focusedAt[1]) + "]");
+            if (again)
+                again.focus();
+        }
+        const shown = !err && state.approvals !== null;
+        $("approvals-pending").hidden = !shown || pending.length === 0;
+        $("approvals-decided").hidden = !shown || decided.length === 0;
+        $("approvals-pending-empty").hidden = !shown || pending.length > 0;
+        $("approvals-decided-empty").hidden = !shown || decided.length > 0;
+        setText("approvals-live", shown ? "Live: re-read every " + APPROVALS_POLL_MS / 1000 + " s while shown." : "");
+        document.getElementById("view-approvals").dataset.loaded = state.approvals === null && !err ? "false" : "true";
+    }
+
+    // decideApproval answers one approval; a refusal (decided meanwhile,
+    // its run gone, not an admin) shows berth's error. Either way the list
+    // is read again.
+    function decideApproval(id, d, button) {
+        const buttons = button.closest("tr") ? [...button.closest("tr").querySelectorAll("button[data-decide]")] : [button];
+        buttons.forEach(b => { b.disabled = true });
+        call(SCHED.name, SCHED.path, SCHED.iface, "DecideApproval", [id, d.decision], "ss")
+            .then(([decided]) => {
+                const ap = plain(decided);
+                showError("approvals-error", null);
+                setText("approvals-done", (ap.what || id) + " of " + (ap.agent || "?") + ": " + d.done + " (approval " + id + ", by " + (ap.by || "?") + ").");
+            })
+            .catch(err => {
+                buttons.forEach(b => { b.disabled = false });
+                setText("approvals-done", "");
+                showError("approvals-error", err, d.label + " of " + id);
+            })
+            .then(loadApprovals);
+    }
+
     // ---------- usage: tokens and cost per agent per day ----------
 
     // Usage (root and berth-admin only) lists what each agent's provider
@@ -1391,7 +1537,7 @@
     // ---------- views ----------
 
     let currentView = null;
-    const VIEWS = ["overview", "runs", "run", "sandboxes", "schedules", "usage", "agents", "images"];
+    const VIEWS = ["overview", "runs", "run", "sandboxes", "schedules", "approvals", "usage", "agents", "images"];
 
     function route() {
         const path = cockpit.location.path;
@@ -1420,6 +1566,7 @@
         case "run": $("run-body").hidden = true; showError("run-error", null); loadRun(shownRun); break;
         case "sandboxes": renderSandboxes(); loadSandboxes(); break;
         case "schedules": renderSchedules(); loadSchedules(); break;
+        case "approvals": renderApprovals(); loadApprovals(); break;
         case "usage": renderUsage(); loadUsage(); break;
         case "agents": renderAgents(); break;
         case "images": loadImages(); break;
@@ -1447,6 +1594,7 @@
                 probeCancel(),
                 probeScheduler("sandboxes", "StopSandbox"),
                 probeScheduler("schedules", "RunSchedule"),
+                probeScheduler("approvals", "DecideApproval", ["", "allow_once"], "ss"),
                 probeImages(),
             ]))
             .then(() => {
@@ -1458,7 +1606,8 @@
                     renderRuns();
                 // The slow safety net: a missed signal, and "idle for" moving on.
                 const reload = currentView === "sandboxes" ? loadSandboxes :
-                    currentView === "schedules" ? loadSchedules : () => Promise.resolve();
+                    currentView === "schedules" ? loadSchedules :
+                        currentView === "approvals" ? loadApprovals : () => Promise.resolve();
                 return reload();
             })
             .then(() => {
@@ -1517,6 +1666,7 @@
         route();
         refreshAll().then(subscribeImages);
         window.setInterval(() => refreshAll().then(subscribeImages), REFRESH_MS);
+        window.setInterval(pollApprovals, APPROVALS_POLL_MS);
     }
 
     if (document.readyState === "loading")

@@ -2,8 +2,8 @@
 # Remakes the README's screenshots of berth's Cockpit page with the machinery
 # of its browser test: the suite on a private bus, Debian's cockpit-ws with a
 # local cockpit-bridge session, Chromium headless (e2e/cockpit_test.go). The
-# test saves its screenshots as artifacts; this copies the two the README
-# shows into docs/img/.
+# tests save their screenshots as artifacts; this copies the two the README
+# shows, and the Approvals view the admin manual shows, into docs/img/.
 #
 #   scripts/cockpit-screenshot.sh
 #
@@ -24,9 +24,9 @@ fi
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-CI=true go test -count=1 -run 'TestCockpitPageAsAnAdmin' -artifacts -outputdir "$out" ./e2e/
+CI=true go test -count=1 -run 'TestCockpitPageAsAnAdmin|TestCockpitApprovalsAsAnAdmin' -artifacts -outputdir "$out" ./e2e/
 mkdir -p docs/img
-for name in cockpit-overview.png cockpit-runs.png; do
+for name in cockpit-overview.png cockpit-runs.png cockpit-approvals.png; do
   shot=$(find "$out" -name "$name" | head -1)
   [ -n "$shot" ] || { echo "the test saved no $name" >&2; exit 1; }
   cp "$shot" "docs/img/$name"
