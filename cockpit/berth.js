@@ -1260,6 +1260,7 @@
     const DECISIONS = [
         { decision: "allow_once", label: "Allow once", kind: "pf-m-primary", done: "allowed once" },
         { decision: "allow_standing", label: "Allow (standing)", kind: "pf-m-secondary", done: "allowed for the rest of its run's sandbox" },
+        { decision: "allow_conversation", label: "Allow for this conversation", kind: "pf-m-secondary", done: "allowed for its conversation, later runs too" },
         { decision: "deny", label: "Deny", kind: "pf-m-danger", done: "denied" },
     ];
 
@@ -1330,7 +1331,7 @@
             h("td", { "data-label": "Conversation" }, conversation(ap)),
             h("td", { "data-label": "Asked" }, fmtTime(ap.asked_at_usec)),
             h("td", { "data-label": "Deadline" }, deadline(ap)),
-            h("td", { "data-label": "State" }, stateLabel(ap.state), ap.standing ? h("span", { class: "berth-reason" }, " standing") : null),
+            h("td", { "data-label": "State" }, stateLabel(ap.state), ap.conversation ? h("span", { class: "berth-reason" }, " for the conversation") : ap.standing ? h("span", { class: "berth-reason" }, " standing") : null),
             h("td", { "data-label": "Decided by" }, ap.by || (pending ? "" : "—"),
                 decided ? h("div", { class: "berth-reason" }, fmtTime(decided)) : null),
             h("td", { class: "berth-actions" }, pending
