@@ -250,3 +250,47 @@ func TestAskRulesAloneGiveTheRunAProxyAndExplainShowsThem(t *testing.T) {
 		t.Fatalf("plan JSON %s, want the ask rules", data)
 	}
 }
+
+// A secret's host an ask rule names gets the secret (the proxy adds it only
+// to what a person allowed), and an ask rule with methods needs the run's
+// CA: its requests are judged inside the tunnel.
+func TestAnAskedHostGetsItsSecretAndAMethodAskGetsTheCA(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t, opsWithoutNetwork+`egress.ask = ["POST api.stripe.com"]
+
+[[egress.secrets]]
+name = "stripe"
+env = "STRIPE_KEY"
+hosts = ["api.stripe.com"]
+
+[[egress.secrets]]
+name = "github"
+env = "GITHUB_TOKEN"
+hosts = ["api.github.com"]
+`)
+	host := facts(t, map[string]string{"CLOUD_KEY": secret, "STRIPE_KEY": "sk_live_runplan", "GITHUB_TOKEN": "ghp_x"})
+	p, err := runplan.Compile(cfg, "ops", "r1", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := p.Egress
+	if len(e.Secrets) != 1 || e.Secrets[0].Name != "stripe" || !slices.Equal(e.Secrets[0].Hosts, []string{"api.stripe.com"}) {
+		t.Fatalf("secrets %+v; want stripe's for its asked host only (no rule names github's)", e.Secrets)
+	}
+	bare := testConfig(t, opsWithoutNetwork+`egress.ask = ["POST api.example.com", "*.asked.example"]`)
+	p, err = runplan.Compile(bare, "ops", "r1", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Egress.CABundle == "" || len(p.Egress.Secrets) != 0 {
+		t.Errorf("a method ask rule's run: CA bundle %q, secrets %+v; want a CA (its https requests are judged inside) and no secret", p.Egress.CABundle, p.Egress.Secrets)
+	}
+	// The control: an ask rule without methods is decided at the CONNECT.
+	p, err = runplan.Compile(testConfig(t, opsWithoutNetwork+`egress.ask = ["*.asked.example"]`), "ops", "r1", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Egress.CABundle != "" {
+		t.Errorf("a run whose ask rules have no methods got a CA: %q", p.Egress.CABundle)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/config"
+	"github.com/berth-dev/berth/internal/egresspolicy"
 	"github.com/berth-dev/berth/isolation"
 	"github.com/berth-dev/berth/isolation/workspace"
 )
@@ -370,7 +371,9 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		}
 		ask = append(ask, r)
 	}
-	secrets := egressSecrets(c, cfg, a, rules, host)
+	// A secret's host an ask rule names gets the secret too: the proxy adds
+	// it to a request only once a person allowed it.
+	secrets := egressSecrets(c, cfg, a, slices.Concat(rules, askReach(ask)), host)
 	git := gitPlan(c, cfg, a, host)
 	secrets = git.withSecrets(c, cfg, secrets, host)
 	if len(endpoints) == 0 && len(rules) == 0 && len(git.rules) == 0 && len(ask) == 0 {
@@ -402,7 +405,8 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 	git.apply(e)
 	// The proxy intercepts the secrets' hosts and the git rules' with the run's CA.
 	// A read-only run's every tunnel is read, so it needs the CA too.
-	if len(secrets) > 0 || len(git.rules) > 0 || (e.ReadOnly && len(rules)+len(ask) > 0) {
+	// Inside ask rules ("POST api.stripe.com") are judged in the tunnel too.
+	if len(secrets) > 0 || len(git.rules) > 0 || (e.ReadOnly && len(rules)+len(ask) > 0) || len(egresspolicy.InsideAskRules(ask)) > 0 {
 		e.Secrets = secrets
 		e.CABundle = filepath.Join(runDir, isolation.EgressCABundleName)
 		e.SandboxCABundle = e.CABundle
@@ -663,4 +667,18 @@ func BackendOf(a config.Agent, forceUnrestricted bool) isolation.BackendKind {
 		return isolation.BackendUnrestricted
 	}
 	return isolation.BackendLandlock
+}
+
+// askReach are the ask rules as the hosts they reach: an inside ask rule
+// ("POST api.stripe.com") reaches its host through the tunnel the proxy
+// opens for it, whatever the method.
+func askReach(ask []isolation.EgressRule) []isolation.EgressRule {
+	out := make([]isolation.EgressRule, 0, len(ask))
+	for _, r := range ask {
+		if len(egresspolicy.InsideAskRules([]isolation.EgressRule{r})) > 0 {
+			r.Methods = nil
+		}
+		out = append(out, r)
+	}
+	return out
 }

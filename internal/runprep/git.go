@@ -20,6 +20,11 @@ func caHosts(e *isolation.EgressPlan) []string {
 			hosts = append(hosts, h)
 		}
 	}
+	for _, h := range egresspolicy.InsideAskHosts(e.Ask) {
+		if !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
 	if e.ReadOnly {
 		// A read-only run's tunnels are all read (docs/adr/0024-usage-and-budgets.md).
 		// An asked host, once approved, is read like an allowed one.

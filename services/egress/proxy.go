@@ -515,6 +515,11 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, d egresspolicy.D
 	d.Host, d.Port = splitHostPort(r.Host, 443)
 	d.Host = egresspolicy.NormalHost(d.Host)
 	ctx, dest, ref := s.destinationAsking(r.Context(), &d)
+	if s.opensForAsks(ctx, ref, d.Host, d.Port) {
+		// Its requests are judged inside, each with its own method.
+		s.intercept(w, r.WithContext(context.WithValue(ctx, askInsideKey{}, true)), d, s.judgeFor(ctx).SecretFor(d.Host, d.Port))
+		return
+	}
 	if ref != nil {
 		s.refusal(w, d, ref)
 		return
