@@ -104,7 +104,7 @@ func MatchTool(rules []ToolRule, tool, command string) (ToolRule, bool) {
 // braces and backquotes), from any of its words on, with quotes and
 // backslashes removed, white space collapsed and a path before the first
 // word dropped. So "git push *" matches "  git  push", "cd x && git push",
-// "FOO=1 /usr/bin/git push origin", "sh -c 'git push'" and "g”it push",
+// "FOO=1 /usr/bin/git push origin", "sh -c 'git push'" and "g'i't push",
 // and "echo git push" too: it asks more rather than less. It cannot see
 // what a command runs without naming it: a script, an alias, a variable
 // ("$G push"), or options before the subcommand ("git -C dir push"). A
