@@ -289,6 +289,10 @@ type ToolCall struct {
 	Args   json.RawMessage `json:"args,omitempty"`
 	Output string          `json:"output,omitempty"`
 	Error  string          `json:"error,omitempty"`
+	// Approval is how a call an [agents.tools] ask rule matched was
+	// allowed ("approved by berthctl:root"); a denied one's Error says who
+	// denied it.
+	Approval string `json:"approval,omitempty"`
 }
 
 // Usage counts what the run consumed.
