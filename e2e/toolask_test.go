@@ -75,7 +75,7 @@ func toolAsksOn(t *testing.T, extra string) {
 	t.Run("allowed", func(t *testing.T) {
 		id := s.mustPost(t, "asker", "/sh touch allowed.txt && echo tool-ran-$((40+2))")
 		ap := s.pendingApproval(t, "touch allowed.txt")
-		if ap.Agent != "asker" || ap.What != "shell: touch allowed.txt && echo tool-ran-$((40+2))" || ap.Rule != "shell: touch *" {
+		if ap.Agent != "asker" || ap.What != "shell: touch allowed.txt && echo tool-ran-$((40+2))" || ap.Rule != "[agents.tools] shell: touch *" {
 			t.Fatalf("pending approval %+v", ap)
 		}
 		question := s.sink.question(t, time.Minute, id)
@@ -104,7 +104,7 @@ func toolAsksOn(t *testing.T, extra string) {
 		// Spaces and a command before it do not get past the pattern.
 		id := s.mustPost(t, "asker", "/sh   true;  touch   denied.txt && echo tool-ran-$((40+3))")
 		ap := s.pendingApproval(t, "denied.txt")
-		if ap.Rule != "shell: touch *" {
+		if ap.Rule != "[agents.tools] shell: touch *" {
 			t.Fatalf("pending approval %+v, want the touch rule", ap)
 		}
 		if out, err := s.berthctl(t, "approvals", "deny", ap.ID); err != nil || !strings.Contains(out, "denied") {

@@ -57,6 +57,11 @@ type ToolRule struct {
 	Pattern string `json:"pattern,omitempty"`
 }
 
+// AskRule is how an Ask names r: apart from every egress ask rule (a host
+// may be called "shell"), so a standing answer or a conversation's grant
+// of one never answers the other.
+func (r ToolRule) AskRule() string { return "[agents.tools] " + r.Raw }
+
 // ParseToolRule parses one [agents.tools] ask entry.
 func ParseToolRule(s string) (ToolRule, error) {
 	tool, pattern, hasPattern := strings.Cut(s, ":")

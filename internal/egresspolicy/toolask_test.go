@@ -146,3 +146,13 @@ func TestAToolAskReadsSafely(t *testing.T) {
 		t.Fatalf("egress What() = %s", got)
 	}
 }
+
+func TestAToolRuleIsAskedApartFromEgressRules(t *testing.T) {
+	t.Parallel()
+	if _, err := ParseRule("shell"); err != nil {
+		t.Skipf("shell is no egress rule here: %v", err)
+	}
+	if got := mustToolRule(t, "shell").AskRule(); got != "[agents.tools] shell" {
+		t.Fatalf("AskRule() = %q, want it apart from the egress rule \"shell\"", got)
+	}
+}

@@ -25,12 +25,12 @@ import (
 type asks struct {
 	mu       sync.Mutex
 	pending  map[string]*heldAsk
-	standing map[string]string // standingKey → who allowed it standing
+	standing map[string]string // ask rule (Raw; a tool rule's AskRule) → who allowed it standing
 	closing  chan struct{}     // closed by Server.Close
 }
 
 type heldAsk struct {
-	rule   string        // standingKey
+	rule   string
 	answer chan answered // one answer, never more
 }
 
@@ -108,9 +108,8 @@ func (s *Server) hold(ctx context.Context, a egresspolicy.Ask) approval {
 	if err != nil {
 		return approval{reason: err.Error()}
 	}
-	key := standingKey(a)
 	s.asks.mu.Lock()
-	if by, ok := s.asks.standing[key]; ok {
+	if by, ok := s.asks.standing[a.Rule]; ok {
 		s.asks.mu.Unlock()
 		return approval{allowed: true, by: by, reason: egresspolicy.ApprovedEarlier(by)}
 	}
@@ -119,7 +118,7 @@ func (s *Server) hold(ctx context.Context, a egresspolicy.Ask) approval {
 		return approval{reason: fmt.Sprintf("ask rule %q matches it, but nobody is asked for this run", a.Rule)}
 	}
 	a.ID = id
-	h := &heldAsk{rule: key, answer: make(chan answered, 1)}
+	h := &heldAsk{rule: a.Rule, answer: make(chan answered, 1)}
 	s.asks.pending[id] = h
 	s.asks.mu.Unlock()
 	defer func() {
@@ -133,15 +132,6 @@ func (s *Server) hold(ctx context.Context, a egresspolicy.Ask) approval {
 		s.opts.OnAskSettled(egresspolicy.Answer{ID: id, Allow: ap.allowed, By: ap.by})
 	}
 	return ap
-}
-
-// standingKey is the key of a's rule among the standing answers: an egress
-// rule's Raw, a tool rule's apart, so neither kind ever answers the other.
-func standingKey(a egresspolicy.Ask) string {
-	if a.Tool != "" {
-		return "[agents.tools] " + a.Rule
-	}
-	return a.Rule
 }
 
 // wait is the answer h gets, or why it got none.

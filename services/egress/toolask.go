@@ -59,6 +59,6 @@ func (s *Server) judgeToolCall(r *http.Request, q egresspolicy.ToolAskRequest) e
 	if n := len(q.Command); n > egresspolicy.MaxToolAskCommand {
 		return egresspolicy.ToolAskAnswer{Rule: rule.Raw, Reason: fmt.Sprintf("the command is %d bytes, more than the %d a person is shown, so nobody was asked; split it into shorter commands", n, egresspolicy.MaxToolAskCommand)}
 	}
-	ap := s.hold(r.Context(), egresspolicy.Ask{Tool: q.Tool, Command: q.Command, Rule: rule.Raw})
+	ap := s.hold(r.Context(), egresspolicy.Ask{Tool: q.Tool, Command: q.Command, Rule: rule.AskRule()})
 	return egresspolicy.ToolAskAnswer{Allow: ap.allowed, By: ap.by, Rule: rule.Raw, Reason: ap.reason}
 }

@@ -81,7 +81,7 @@ func TestAToolCallAnAskRuleMatchesWaitsForAPersonsAnswer(t *testing.T) {
 	t.Run("An_allow_answer_lets_it_run_and_names_the_approver", func(t *testing.T) {
 		got := ap.askTool(t, toolAskAgentToken, "shell", "git push origin main")
 		ask := ap.nextAsk(t)
-		if ask.ID == "" || ask.Tool != "shell" || ask.Command != "git push origin main" || ask.Rule != "shell: git push *" ||
+		if ask.ID == "" || ask.Tool != "shell" || ask.Command != "git push origin main" || ask.Rule != "[agents.tools] shell: git push *" ||
 			ask.Method != "" || ask.Host != "" || ask.What() != "shell: git push origin main" {
 			t.Fatalf("ask = %+v, want the shell command by its rule", ask)
 		}
@@ -98,7 +98,7 @@ func TestAToolCallAnAskRuleMatchesWaitsForAPersonsAnswer(t *testing.T) {
 	t.Run("A_deny_answer_refuses_it_naming_the_decider", func(t *testing.T) {
 		got := ap.askTool(t, toolAskAgentToken, "write_file", `{"path":"a"}`)
 		ask := ap.nextAsk(t)
-		if ask.What() != `write_file: {"path":"a"}` || ask.Rule != "write_file" {
+		if ask.What() != `write_file: {"path":"a"}` || ask.Rule != "[agents.tools] write_file" {
 			t.Fatalf("ask = %+v", ask)
 		}
 		ap.Answer(egresspolicy.Answer{ID: ask.ID, By: "slack:U012345"})
@@ -162,7 +162,7 @@ func TestAToolCallAnAskRuleMatchesWaitsForAPersonsAnswer(t *testing.T) {
 		ap.noAsk(t)
 		other := ap.askTool(t, toolAskAgentToken, "write_file", `{"path":"b"}`)
 		ask = ap.nextAsk(t)
-		if ask.Rule != "write_file" {
+		if ask.Rule != "[agents.tools] write_file" {
 			t.Fatalf("ask = %+v, want write_file asked again", ask)
 		}
 		ap.Answer(egresspolicy.Answer{ID: ask.ID, By: "berthctl:root"})
@@ -183,8 +183,9 @@ func TestAToolCallNobodyAnswersIsDeniedByTheTimeout(t *testing.T) {
 	ap.settledAs(t, egresspolicy.Answer{ID: ask.ID, By: egresspolicy.ByTimeout})
 }
 
-// A standing answer to a tool rule never answers an egress ask whose rule
-// reads the same, nor the other way round.
+// A standing answer to an egress rule never answers a tool call: a tool
+// rule's Ask names it "[agents.tools] …", apart from every egress rule
+// (a host may be called "shell").
 func TestToolAndEgressStandingAnswersStayApart(t *testing.T) {
 	t.Parallel()
 	site, _ := upstream(t)
