@@ -14,10 +14,12 @@ import (
 	"strings"
 
 	"github.com/berth-dev/berth/agent/confine"
+	agentegress "github.com/berth-dev/berth/agent/egress"
 	"github.com/berth-dev/berth/agent/provider"
 	"github.com/berth-dev/berth/agent/skills"
 	"github.com/berth-dev/berth/agent/tools"
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/egresspolicy"
 )
 
 // promptFileLimit caps each workspace file read into the system prompt.
@@ -73,6 +75,11 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 	for _, sk := range active {
 		log.Info("skill active", "skill", sk.Name, "tools", sk.Tools)
 	}
+	asks, err := toolAsks(req)
+	if err != nil {
+		return fail(agentproto.ExitAgentError, "The agent's [agents.tools] ask rules cannot be read.", err)
+	}
+	set = set.Asking(asks, toolAsker(req))
 	specs := set.Specs()
 
 	conv := provider.Conversation{System: systemPrompt(req, all, active, log)}
@@ -112,9 +119,14 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 		for _, call := range turn.ToolCalls {
 			progress.toolStarted(call.Name, call.Args)
 			toolSpan := spans.tool(call.Name)
-			out, err := set.Call(ctx, call.Name, call.Args)
+			// A call an ask rule matches runs only once a person allowed it.
+			approval, err := set.Ask(ctx, call.Name, call.Args)
+			var out string
+			if err == nil {
+				out, err = set.Call(ctx, call.Name, call.Args)
+			}
 			spans.toolDone(toolSpan, err)
-			record := agentproto.ToolCall{Name: call.Name, Args: recordableArgs(call.Args), Output: out}
+			record := agentproto.ToolCall{Name: call.Name, Args: recordableArgs(call.Args), Output: out, Approval: approval}
 			result := provider.Message{Role: provider.RoleTool, ToolCallID: call.ID, ToolName: call.Name, Text: out}
 			if err != nil {
 				record.Error, result.Text, result.IsError = err.Error(), err.Error(), true
@@ -127,6 +139,32 @@ func run(ctx context.Context, req agentproto.Request, launcher *confine.Launcher
 	return fail(agentproto.ExitAgentError,
 		fmt.Sprintf("I stopped after %d steps without reaching an answer.", maxIter),
 		fmt.Errorf("max iterations (%d) reached", maxIter))
+}
+
+// toolAsks are the request's [agents.tools] ask rules, checked when the
+// config was loaded.
+func toolAsks(req agentproto.Request) ([]egresspolicy.ToolRule, error) {
+	var rules []egresspolicy.ToolRule
+	for _, s := range req.Agent.Tools.Ask {
+		r, err := egresspolicy.ParseToolRule(s)
+		if err != nil {
+			return nil, fmt.Errorf("tools.ask %q: %w", s, err)
+		}
+		rules = append(rules, r)
+	}
+	return rules, nil
+}
+
+// toolAsker asks through the run's egress proxy, on the agent's own
+// channel; nil (every asked call denied) for a run without one.
+func toolAsker(req agentproto.Request) tools.AskFunc {
+	if req.Egress == nil {
+		return nil
+	}
+	if ask := agentegress.ToolAsker(*req.Egress); ask != nil {
+		return ask
+	}
+	return nil
 }
 
 // recordableArgs keeps the model's arguments in the response; text that is

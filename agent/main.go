@@ -157,7 +157,7 @@ func deliverable(resp agentproto.Response) agentproto.Response {
 	calls := make([]agentproto.ToolCall, len(resp.ToolCalls))
 	for i, c := range resp.ToolCalls {
 		calls[i] = agentproto.ToolCall{Name: tools.CleanText(c.Name), Args: cleanArgs(c.Args),
-			Output: tools.CleanText(c.Output), Error: tools.CleanText(c.Error)}
+			Output: tools.CleanText(c.Output), Error: tools.CleanText(c.Error), Approval: tools.CleanText(c.Approval)}
 	}
 	if resp.ToolCalls != nil {
 		resp.ToolCalls = calls

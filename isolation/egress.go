@@ -38,10 +38,13 @@ type EgressPlan struct {
 	// Ask are the [agents.egress] ask rules: what no allow rule allows but
 	// one of these matches is held until a person answers, for up to
 	// ApprovalTimeout, then refused.
-	Ask             []EgressRule       `json:"ask,omitempty"`
-	ApprovalTimeout time.Duration      `json:"approval_timeout,omitempty"`
-	Providers       []EgressProvider   `json:"providers,omitempty"`
-	Proxy           EgressProxyProcess `json:"proxy"`
+	Ask             []EgressRule  `json:"ask,omitempty"`
+	ApprovalTimeout time.Duration `json:"approval_timeout,omitempty"`
+	// ToolAsk are the [agents.tools] ask rules the proxy judges berth-agent's
+	// tool asks by, held for up to ApprovalTimeout too.
+	ToolAsk   []egresspolicy.ToolRule `json:"tool_ask,omitempty"`
+	Providers []EgressProvider        `json:"providers,omitempty"`
+	Proxy     EgressProxyProcess      `json:"proxy"`
 	// Secrets are added by the proxy for their hosts, which it intercepts
 	// with a CA made for the run; the sandbox trusts it through the bundle
 	// at SandboxCABundle (CABundle on the host).

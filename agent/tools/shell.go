@@ -45,12 +45,23 @@ func (shell) Spec() provider.Tool {
 	}
 }
 
+// shellArgs are the shell tool's arguments.
+type shellArgs struct {
+	Command string `json:"command"`
+	Timeout int    `json:"timeout"`
+}
+
+// shellArgsOf reads them as Call does: the command a tool ask names is the
+// one the shell runs.
+func shellArgsOf(raw json.RawMessage) (shellArgs, error) {
+	var args shellArgs
+	err := decodeArgs(raw, &args)
+	return args, err
+}
+
 func (s shell) Call(ctx context.Context, raw json.RawMessage) (string, error) {
-	var args struct {
-		Command string `json:"command"`
-		Timeout int    `json:"timeout"`
-	}
-	if err := decodeArgs(raw, &args); err != nil {
+	args, err := shellArgsOf(raw)
+	if err != nil {
 		return "", err
 	}
 	if strings.TrimSpace(args.Command) == "" {
@@ -77,7 +88,7 @@ func (s shell) Call(ctx context.Context, raw json.RawMessage) (string, error) {
 	cmd.Cancel = func() error { return procs.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = shellWaitDelay
 
-	err := procs.Start(cmd)
+	err = procs.Start(cmd)
 	if err == nil {
 		err = cmd.Wait()
 	}

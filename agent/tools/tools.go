@@ -94,6 +94,7 @@ func Builtin(env Env) []Tool {
 // Set is the tools one agent may call.
 type Set struct {
 	tools []Tool
+	asks  toolAsks // Asking
 }
 
 // Filter keeps the tools allow names (all of them when allow is empty),
@@ -115,7 +116,7 @@ func Filter(all []Tool, allow, deny []string) *Set {
 
 // Restrict keeps only the named tools of the set (a skill's tools list).
 func (s *Set) Restrict(names []string) *Set {
-	out := &Set{}
+	out := &Set{asks: s.asks}
 	for _, t := range s.tools {
 		if slices.Contains(names, t.Spec().Name) {
 			out.tools = append(out.tools, t)
@@ -133,7 +134,8 @@ func (s *Set) Specs() []provider.Tool {
 	return specs
 }
 
-// Call runs the named tool; a tool outside the set is an error for the model.
+// Call runs the named tool; a tool outside the set is an error for the
+// model. The caller asks first (Ask).
 func (s *Set) Call(ctx context.Context, name string, args json.RawMessage) (string, error) {
 	i := slices.IndexFunc(s.tools, func(t Tool) bool { return t.Spec().Name == name })
 	if i < 0 {

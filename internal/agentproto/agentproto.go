@@ -146,11 +146,21 @@ type Agent struct {
 	Settings      map[string]string `json:"settings,omitempty"`
 }
 
-// Tools filters the tool set: an empty Allow allows every tool; Deny always wins.
+// Tools filters the tool set: an empty Allow allows every tool; Deny always
+// wins. Ask are the [agents.tools] ask rules (egresspolicy.ParseToolRule):
+// berth-agent asks its run's egress proxy before a call one matches.
 type Tools struct {
 	Allow []string `json:"allow,omitempty"`
 	Deny  []string `json:"deny,omitempty"`
+	Ask   []string `json:"ask,omitempty"`
 }
+
+// BuiltinTools are the names of berth-agent's own tools (agent/tools holds
+// them to this list), which [agents.tools] ask may name; MCP servers' tools
+// are mcp__<server>__<tool>.
+var BuiltinTools = []string{"shell", "read_file", "write_file", "list_dir", "web_fetch",
+	"memory_store", "memory_search", "memory_delete", "memory_note", "memory_read",
+	"soul_read", "soul_edit", "send_file", "web_search"}
 
 // Message is the chat message that started the run.
 type Message struct {
@@ -279,6 +289,10 @@ type ToolCall struct {
 	Args   json.RawMessage `json:"args,omitempty"`
 	Output string          `json:"output,omitempty"`
 	Error  string          `json:"error,omitempty"`
+	// Approval is how a call an [agents.tools] ask rule matched was
+	// allowed ("approved by berthctl:root"); a denied one's Error says who
+	// denied it.
+	Approval string `json:"approval,omitempty"`
 }
 
 // Usage counts what the run consumed.

@@ -25,6 +25,7 @@ workspace_quota = "2g"
 [agents.tools]
 allow = ["read"]
 deny = ["shell"]
+ask = ["write_file"]
 
 [agents.container_mode]
 enabled = true

@@ -327,3 +327,71 @@ func TestEgressAskRulesAndTheirTimeoutAreReadAndChecked(t *testing.T) {
 		})
 	}
 }
+
+func TestToolAskRulesAreReadAndChecked(t *testing.T) {
+	t.Parallel()
+	agent := "[[agents]]\nid = \"ops\"\n[agents.tools]\n"
+	tests := []struct {
+		name    string
+		toml    string
+		wantAsk []string
+		wantErr string
+	}{
+		{
+			name:    "A_tool_name_and_shell_patterns_are_read",
+			toml:    agent + "ask = [\"write_file\", \"shell: git push *\", \"mcp__files__delete\"]\n",
+			wantAsk: []string{"write_file", "shell: git push *", "mcp__files__delete"},
+		},
+		{
+			name:    "Agent_defaults_apply_when_the_agent_sets_none",
+			toml:    "[agent_defaults.tools]\nask = [\"shell\"]\n[[agents]]\nid = \"ops\"\n",
+			wantAsk: []string{"shell"},
+		},
+		{
+			name:    "A_misspelt_tool_is_refused_with_file_line_and_key",
+			toml:    agent + "ask = [\"shell\",\n  \"shel: rm -rf *\"]\n",
+			wantErr: `berth.toml:5: agents[0].tools.ask[1]: "shel: rm -rf *": berth-agent has no tool "shel"`,
+		},
+		{
+			name:    "An_unknown_tool_is_refused",
+			toml:    agent + "ask = [\"shel\"]\n",
+			wantErr: `berth.toml:4: agents[0].tools.ask[0]: "shel": berth-agent has no tool "shel"`,
+		},
+		{
+			name:    "A_pattern_on_another_tool_is_refused",
+			toml:    agent + "ask = [\"write_file: *.go\"]\n",
+			wantErr: `berth.toml:4: agents[0].tools.ask[0]: "write_file: *.go": a pattern matches shell commands only`,
+		},
+		{
+			name:    "A_pattern_that_matches_everything_is_refused_in_the_defaults_too",
+			toml:    "[agent_defaults.tools]\nask = [\"shell: *\"]\n[[agents]]\nid = \"ops\"\n",
+			wantErr: `berth.toml:2: agent_defaults.tools.ask[0]: "shell: *": the pattern matches every command`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			path := writeConfig(t, map[string]string{"berth.toml": tt.toml})
+			cfg, err := config.Load(path)
+			if tt.wantErr != "" {
+				if err == nil {
+					t.Fatalf("loaded; want an error containing %q", tt.wantErr)
+				}
+				if got := strings.Join(errorLines(t, err, path), "\n"); !strings.Contains(got, tt.wantErr) {
+					t.Fatalf("errors = %s\nwant one containing %q", got, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := cfg.Agent("ops")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(a.Tools.Ask, tt.wantAsk) {
+				t.Fatalf("ask = %q, want %q", a.Tools.Ask, tt.wantAsk)
+			}
+		})
+	}
+}

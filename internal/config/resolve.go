@@ -52,6 +52,7 @@ func (c *Config) Agent(id string) (Agent, error) {
 		Tools: ToolsSettings{
 			Allow: firstList(s.Tools.Allow, d.Tools.Allow),
 			Deny:  firstList(s.Tools.Deny, d.Tools.Deny),
+			Ask:   firstList(s.Tools.Ask, d.Tools.Ask),
 		},
 		Container: Container{
 			Enabled:     firstSet(false, sc.Enabled, dc.Enabled),

@@ -159,6 +159,11 @@ type ImageSettings struct {
 type ToolsSettings struct {
 	Allow []string `toml:"allow" berth:"check=nonEmpty"`
 	Deny  []string `toml:"deny" berth:"check=nonEmpty"`
+	// Ask are tool calls a person decides before they run: a tool's name
+	// ("shell": every call) or "shell: PATTERN" (egresspolicy.ParseToolRule),
+	// asked through the run's egress proxy like [agents.egress] ask, within
+	// its approval_timeout.
+	Ask []string `toml:"ask" berth:"check=toolAsk"`
 }
 
 type ContainerSettings struct {

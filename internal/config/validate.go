@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/egresspolicy"
 )
 
@@ -189,6 +190,7 @@ var valueChecks = map[string]any{
 		_, err := egresspolicy.ParseRule(s)
 		return err
 	}),
+	"toolAsk": errorText(checkToolAsk),
 	"approvalTimeout": func(d Duration) string {
 		if d < minApprovalTimeout || d > maxApprovalTimeout {
 			return fmt.Sprintf("must be a length of time from %s to %s, not %s", minApprovalTimeout, maxApprovalTimeout, d)
@@ -278,6 +280,20 @@ var valueChecks = map[string]any{
 
 // errorText turns a check that returns an error into one that returns its
 // text.
+// checkToolAsk checks an [agents.tools] ask entry, and that it names a
+// tool berth-agent has: a misspelt name would ask before nothing.
+func checkToolAsk(s string) error {
+	tool, _, _ := strings.Cut(s, ":")
+	tool = strings.TrimSpace(tool)
+	if tool != "" && !slices.Contains(agentproto.BuiltinTools, tool) && !strings.HasPrefix(tool, "mcp__") {
+		return fmt.Errorf("%q: berth-agent has no tool %q (its tools: %s, and an MCP server's mcp__<server>__<tool>)", s, tool, strings.Join(agentproto.BuiltinTools, ", "))
+	}
+	if _, err := egresspolicy.ParseToolRule(s); err != nil {
+		return fmt.Errorf("%q: %w", s, err)
+	}
+	return nil
+}
+
 func errorText(check func(string) error) func(string) string {
 	return func(s string) string {
 		if err := check(s); err != nil {

@@ -22,10 +22,19 @@ type Ask struct {
 	Path string `json:"path,omitempty"`
 	// Rule is the ask rule that matched, as written in the config.
 	Rule string `json:"rule"`
+	// Tool and Command are a tool call's, held by an [agents.tools] ask
+	// rule (toolask.go); Method, Host and Port are then empty.
+	Tool    string `json:"tool,omitempty"`
+	Command string `json:"command,omitempty"`
 }
 
-// What is the ask as a person reads it: "POST api.stripe.com:443/v1/charges".
+// What is the ask as a person reads it: "POST api.stripe.com:443/v1/charges",
+// or a tool call's "shell: git push origin main" (ShowCommand: a command
+// with control characters reads quoted).
 func (a Ask) What() string {
+	if a.Tool != "" {
+		return a.Tool + ": " + ShowCommand(a.Command)
+	}
 	s := a.Method + " " + a.Host + ":" + strconv.Itoa(a.Port)
 	if a.Path != "" {
 		s += a.Path

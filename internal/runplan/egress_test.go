@@ -294,3 +294,35 @@ hosts = ["api.github.com"]
 		t.Errorf("a run whose ask rules have no methods got a CA: %q", p.Egress.CABundle)
 	}
 }
+
+func TestToolAsksAloneGiveTheRunAProxyThatJudgesThem(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t, "[[agents]]\nid = \"docs\"\n[agents.tools]\nask = [\"shell: git push *\", \"write_file\"]\n[agents.egress]\napproval_timeout = \"90s\"\n")
+	e, err := runplan.Explain(cfg, "docs", facts(t, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eg := e.Plan.Egress
+	if eg == nil || len(eg.ToolAsk) != 2 || eg.ToolAsk[0].Pattern != "git push *" || eg.ToolAsk[1].Tool != "write_file" || eg.ApprovalTimeout != 90*time.Second {
+		t.Fatalf("egress plan %+v, want the two tool rules within 1m30s", eg)
+	}
+	if why := e.Why["egress"]; !strings.Contains(why, "[agents.tools] ask: shell: git push *, write_file") || !strings.Contains(why, "denied after 1m30s") {
+		t.Fatalf("why egress %q, want the tool asks and their timeout", why)
+	}
+	a, _ := cfg.Agent("docs")
+	if tools := runplan.AgentTools(a); !slices.Equal(tools.Ask, []string{"shell: git push *", "write_file"}) {
+		t.Fatalf("the request's tools %+v, want the ask rules as written", tools)
+	}
+}
+
+func TestToolAsksWithoutAProxyAreExplainedAsDenied(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t, "[[agents]]\nid = \"docs\"\n[agents.tools]\nask = [\"shell\"]\n[agents.file_access]\nallow_network = true\n")
+	e, err := runplan.Explain(cfg, "docs", facts(t, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Plan.Egress != nil || !strings.Contains(e.Why["egress"], "no egress proxy to ask through, so every call they match is denied") {
+		t.Fatalf("egress %+v, why %q; want no proxy and the tool asks denied", e.Plan.Egress, e.Why["egress"])
+	}
+}

@@ -334,6 +334,7 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		} else {
 			c.why["egress"] = "none: the run has a direct network (see network); provider keys travel on stdin"
 		}
+		c.why["egress"] += toolAskWhy(a, nil)
 		return
 	}
 	var endpoints []isolation.EgressProvider
@@ -371,12 +372,13 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		}
 		ask = append(ask, r)
 	}
+	toolAsk := toolAskRules(c, a)
 	// A secret's host an ask rule names gets the secret too: the proxy adds
 	// it to a request only once a person allowed it.
 	secrets := egressSecrets(c, cfg, a, slices.Concat(rules, askReach(ask)), host)
 	git := gitPlan(c, cfg, a, host)
 	secrets = git.withSecrets(c, cfg, secrets, host)
-	if len(endpoints) == 0 && len(rules) == 0 && len(git.rules) == 0 && len(ask) == 0 {
+	if len(endpoints) == 0 && len(rules) == 0 && len(git.rules) == 0 && len(ask) == 0 && len(toolAsk) == 0 {
 		c.why["egress"] = "none: the agent calls no remote provider and [agents.egress] allow is empty, so nothing leaves the sandbox"
 		return
 	}
@@ -393,12 +395,13 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 		ProxyAddr: fmt.Sprintf("127.0.0.1:%d", isolation.EgressProxyPort),
 		Allow:     rules,
 		Ask:       ask,
+		ToolAsk:   toolAsk,
 		Providers: endpoints,
 		Proxy:     isolation.EgressProxyProcess{Binary: cfg.Scheduler.EgressBinary},
 		Agent:     a.ID,
 		ReadOnly:  a.EgressReadOnly,
 	}
-	if len(ask) > 0 {
+	if len(ask) > 0 || len(toolAsk) > 0 {
 		e.ApprovalTimeout = a.EgressApprovalTimeout
 	}
 	e.SandboxSocket = e.Socket
@@ -474,7 +477,7 @@ func egressPlan(c *compiled, cfg *config.Config, a config.Agent, host HostFacts)
 			why += fmt.Sprintf(", only on ports %v, for methods %v, under paths %v (empty: any); other requests to its hosts are sent without it", s.Ports, s.Methods, s.Paths)
 		}
 	}
-	c.why["egress"] = why + agentChannelWhy(rules, secrets) + git.why(e)
+	c.why["egress"] = why + toolAskWhy(a, e) + agentChannelWhy(rules, secrets) + git.why(e)
 	if host.EgressUnavailable != nil {
 		if len(endpoints) > 0 {
 			c.problems = append(c.problems, providerNeedsNetwork(a, *p, endpoints[0], host.EgressUnavailable))

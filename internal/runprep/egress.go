@@ -20,7 +20,7 @@ func (p *Preparer) startEgress(ctx context.Context, plan isolation.Plan, host ru
 		return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Err: err}
 	}
 	pol := egress.Policy{RunID: plan.RunID, Agent: plan.AgentID, Token: token, Allow: plan.Egress.Allow,
-		Ask: plan.Egress.Ask, ApprovalTimeout: plan.Egress.ApprovalTimeout}
+		Ask: plan.Egress.Ask, ApprovalTimeout: plan.Egress.ApprovalTimeout, ToolAsk: plan.Egress.ToolAsk}
 	// berth-agent's own channel (ADR 26): the proxy's AgentToken.
 	if pol.AgentToken, err = egress.NewToken(); err != nil {
 		return nil, "", &isolation.RunError{Reason: isolation.ReasonStart, Err: err}

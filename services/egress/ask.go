@@ -25,7 +25,7 @@ import (
 type asks struct {
 	mu       sync.Mutex
 	pending  map[string]*heldAsk
-	standing map[string]string // ask rule (Raw) → who allowed it standing
+	standing map[string]string // ask rule (Raw; a tool rule's AskRule) → who allowed it standing
 	closing  chan struct{}     // closed by Server.Close
 }
 
@@ -115,7 +115,7 @@ func (s *Server) hold(ctx context.Context, a egresspolicy.Ask) approval {
 	}
 	if s.opts.OnAsk == nil {
 		s.asks.mu.Unlock()
-		return approval{reason: fmt.Sprintf("[agents.egress] ask rule %q matches it, but nobody is asked for this run", a.Rule)}
+		return approval{reason: fmt.Sprintf("ask rule %q matches it, but nobody is asked for this run", a.Rule)}
 	}
 	a.ID = id
 	h := &heldAsk{rule: a.Rule, answer: make(chan answered, 1)}

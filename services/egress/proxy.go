@@ -54,6 +54,10 @@ type Policy struct {
 	// (ask.go).
 	Ask             []egresspolicy.Rule
 	ApprovalTimeout time.Duration
+	// ToolAsk are the [agents.tools] ask rules: a tool call berth-agent
+	// asks about on its own channel is held like an asked request when
+	// one of them matches it (toolask.go).
+	ToolAsk []egresspolicy.ToolRule
 	// Secrets are added to requests for their hosts, which the proxy
 	// intercepts with CA (see secrets.go); other hosts are never intercepted.
 	Secrets []Secret
@@ -100,6 +104,7 @@ type wirePolicy struct {
 	Allow     []egresspolicy.Rule     `json:"allow,omitempty"`
 	Ask       []egresspolicy.Rule     `json:"ask,omitempty"`
 	AskWithin time.Duration           `json:"approval_timeout,omitempty"`
+	ToolAsk   []egresspolicy.ToolRule `json:"tool_ask,omitempty"`
 	Secrets   []wireSecret            `json:"secrets,omitempty"`
 	CA        *CA                     `json:"ca,omitempty"`
 	Git       []egresspolicy.GitRule  `json:"git,omitempty"`
@@ -111,7 +116,7 @@ type wirePolicy struct {
 
 // MarshalJSON writes the policy with its keys, for the proxy's stdin only.
 func (p Policy) MarshalJSON() ([]byte, error) {
-	w := wirePolicy{RunID: p.RunID, Agent: p.Agent, Token: p.Token, AgentTok: p.AgentToken, Allow: p.Allow, Ask: p.Ask, AskWithin: p.ApprovalTimeout, CA: p.CA, Git: p.Git, Allowance: p.Allowance, ReadOnly: p.ReadOnly, TraceCtx: p.Traceparent}
+	w := wirePolicy{RunID: p.RunID, Agent: p.Agent, Token: p.Token, AgentTok: p.AgentToken, Allow: p.Allow, Ask: p.Ask, AskWithin: p.ApprovalTimeout, ToolAsk: p.ToolAsk, CA: p.CA, Git: p.Git, Allowance: p.Allowance, ReadOnly: p.ReadOnly, TraceCtx: p.Traceparent}
 	for _, a := range p.GitHubApps {
 		w.Apps = append(w.Apps, wireGitHubApp{GitHubApp: a, PrivateKey: a.PrivateKey})
 	}
@@ -130,7 +135,7 @@ func (p *Policy) UnmarshalJSON(data []byte) error {
 	if err := json.Unmarshal(data, &w); err != nil {
 		return err
 	}
-	*p = Policy{RunID: w.RunID, Agent: w.Agent, Token: w.Token, AgentToken: w.AgentTok, Allow: w.Allow, Ask: w.Ask, ApprovalTimeout: w.AskWithin, CA: w.CA, Git: w.Git, Allowance: w.Allowance, ReadOnly: w.ReadOnly, Traceparent: w.TraceCtx}
+	*p = Policy{RunID: w.RunID, Agent: w.Agent, Token: w.Token, AgentToken: w.AgentTok, Allow: w.Allow, Ask: w.Ask, ApprovalTimeout: w.AskWithin, ToolAsk: w.ToolAsk, CA: w.CA, Git: w.Git, Allowance: w.Allowance, ReadOnly: w.ReadOnly, Traceparent: w.TraceCtx}
 	for _, a := range w.Apps {
 		a.GitHubApp.PrivateKey = a.PrivateKey
 		p.GitHubApps = append(p.GitHubApps, a.GitHubApp)
@@ -474,6 +479,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodConnect:
 		s.tunnel(w, r, d)
+	case !r.URL.IsAbs() && r.URL.Path == egresspolicy.ToolAskPath:
+		s.toolAsk(w, r)
 	case r.URL.IsAbs():
 		s.forward(w, r, d)
 	case strings.HasPrefix(r.URL.Path, egresspolicy.ProvidersPrefix):

@@ -91,7 +91,7 @@ func (s *Service) runRequest(r Run, agent config.Agent, plan isolation.Plan) (re
 			ID:            agent.ID,
 			Name:          agent.Name,
 			MaxIterations: agent.MaxIterations,
-			Tools:         agentproto.Tools{Allow: agent.Tools.Allow, Deny: agent.Tools.Deny},
+			Tools:         runplan.AgentTools(agent),
 		},
 		Message: agentproto.Message{
 			ID:          r.MessageID,

@@ -38,7 +38,7 @@ func (s *Service) ProbeMCP(agent string) ([]agentproto.MCPStatus, error) {
 	req := agentproto.Request{
 		Version:   agentproto.Version,
 		RunID:     runID,
-		Agent:     agentproto.Agent{ID: a.ID, Name: a.Name, MaxIterations: 1, Tools: agentproto.Tools{Allow: a.Tools.Allow, Deny: a.Tools.Deny}},
+		Agent:     agentproto.Agent{ID: a.ID, Name: a.Name, MaxIterations: 1, Tools: runplan.AgentTools(a)},
 		Message:   agentproto.Message{ID: runID, Text: "berthctl sandbox explain --probe", ReceivedAt: now},
 		Provider:  plan.Providers[0],
 		Fallback:  plan.Providers[1:],

@@ -17,6 +17,7 @@ import (
 	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/egresspolicy"
+	"github.com/berth-dev/berth/internal/runplan"
 	"github.com/berth-dev/berth/internal/runprep"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -462,7 +463,7 @@ func (s *Service) startSandbox(ctx context.Context, r Run, cfg *config.Config, s
 	s.sandboxes.mu.Unlock()
 	spec := prep.OpeningSpec(agentproto.Agent{
 		ID: a.ID, Name: a.Name, MaxIterations: a.MaxIterations,
-		Tools: agentproto.Tools{Allow: a.Tools.Allow, Deny: a.Tools.Deny},
+		Tools: runplan.AgentTools(a),
 	}, func(handle string) error {
 		s.sandboxes.mu.Lock()
 		sb.handle = handle

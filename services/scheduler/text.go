@@ -63,6 +63,8 @@ type storedToolCall struct {
 	OutputBytes int             `json:"output_bytes,omitempty"` // the original size, when cut
 	ArgsCut     bool            `json:"args_cut,omitempty"`     // args became a JSON string of their start
 	ArgsBytes   int             `json:"args_bytes,omitempty"`
+	// Approval names who allowed a call an [agents.tools] ask rule matched.
+	Approval string `json:"approval,omitempty"`
 }
 
 // boundToolCalls encodes calls for the run record: each output made valid
@@ -76,7 +78,7 @@ func boundToolCalls(calls []agentproto.ToolCall) (json.RawMessage, error) {
 	out := make([]storedToolCall, 0, len(calls))
 	for _, c := range calls {
 		output := cleanText(c.Output)
-		sc := storedToolCall{Name: cleanText(c.Name), Args: c.Args, Error: cleanText(c.Error)}
+		sc := storedToolCall{Name: cleanText(c.Name), Args: c.Args, Error: cleanText(c.Error), Approval: cleanText(c.Approval)}
 		limit := min(maxToolOutput, budget)
 		sc.Output = cutUTF8(output, limit)
 		if len(sc.Output) < len(output) {
