@@ -169,6 +169,9 @@ type EgressPlan struct {
 	// most ApprovalTimeout ([agents.egress] ask, approval_timeout).
 	Ask             []EgressRule  `json:"ask,omitempty"`
 	ApprovalTimeout time.Duration `json:"approval_timeout,omitempty"`
+	// ToolAsk are the [agents.tools] ask rules: tool calls berth-agent asks
+	// the proxy about before it runs them.
+	ToolAsk []ToolAskRule `json:"tool_ask,omitempty"`
 	// Agent names the agent in git's reasons; Git are its git rules and
 	// GitHubApps the apps they name, without their keys.
 	Agent      string      `json:"agent,omitempty"`
@@ -192,6 +195,14 @@ type GitHubApp struct {
 	AppID          int64  `json:"app_id"`
 	InstallationID int64  `json:"installation_id"`
 	APIBaseURL     string `json:"api_base_url,omitempty"`
+}
+
+// ToolAskRule is one [agents.tools] ask rule: a tool, and for shell a
+// command glob ("" asks for every call).
+type ToolAskRule struct {
+	Raw     string `json:"raw"`
+	Tool    string `json:"tool"`
+	Pattern string `json:"pattern,omitempty"`
 }
 
 // EgressRule is one allow entry, as written (Raw) and as parsed.

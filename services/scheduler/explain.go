@@ -113,6 +113,9 @@ func busPlan(p isolation.Plan) busapi.Plan {
 		for _, r := range e.Ask {
 			be.Ask = append(be.Ask, busapi.EgressRule(r))
 		}
+		for _, r := range e.ToolAsk {
+			be.ToolAsk = append(be.ToolAsk, busapi.ToolAskRule(r))
+		}
 		for _, g := range e.Git {
 			be.Git = append(be.Git, busapi.GitRule(g))
 		}
