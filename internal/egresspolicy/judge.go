@@ -235,6 +235,16 @@ func (j *Judge) Explain(ctx context.Context, q Question) (Verdict, error) {
 		v.Note = joinNote(v.Note, r.Reason+" (now, from the scheduler: the proxy resolves when the request is sent and refuses an internal address unless the rule names the host)")
 		return v, nil
 	}
+	if r != nil && r.Ask == nil && method == http.MethodConnect && r.Code == http.StatusForbidden && j.AsksInside(host, port) {
+		// The tunnel opens for its inside asks: the request's own method
+		// is judged (askinside.go).
+		if ask, ir := j.InsideAsk(v.Method, host, port); ir == nil {
+			r = askRefusal(ask)
+			v.Note = joinNote(v.Note, "TLS intercepted with the run's CA: the request inside is judged with its own method")
+		} else if v.Method != http.MethodConnect {
+			return refuse(ir)
+		}
+	}
 	if r != nil && r.Ask != nil {
 		v.Allowed, v.Rule, v.Reason = false, r.Ask.Raw, r.Reason
 		v.Note = joinNote(v.Note, "held until a person answers (berthctl approvals, or the conversation); refused when nobody does within approval_timeout")
