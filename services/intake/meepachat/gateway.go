@@ -365,18 +365,21 @@ func (c *Connector) message(data json.RawMessage) (connector.Message, bool) {
 		log.Debug("meepachat message from another bot; ignored")
 		return connector.Message{}, false
 	}
-	if strings.TrimSpace(w.Content) == "" {
-		log.Debug("meepachat message without text (attachments only?); ignored")
+	files := c.attachments(w)
+	if strings.TrimSpace(w.Content) == "" && len(files) == 0 {
+		log.Debug("meepachat message without text or files; ignored")
 		return connector.Message{}, false
 	}
 	if c.o.Trigger == TriggerMention && !info.dm && !mentions(w, bot) {
+		// A file alone mentions nobody: in a channel it is for the bot only
+		// with a mention, as text is.
 		log.Debug("meepachat message does not mention the bot; ignored")
 		return connector.Message{}, false
 	}
 	// Like Slack and Discord, the agent gets the text without the bot's
 	// leading mention, so that "@berth /sh ls" is the command "/sh ls".
 	text := stripLeadingMention(w.Content, bot)
-	if text == "" {
+	if text == "" && len(files) == 0 {
 		log.Debug("meepachat message is only a mention of the bot; ignored")
 		return connector.Message{}, false
 	}
@@ -386,7 +389,7 @@ func (c *Connector) message(data json.RawMessage) (connector.Message, bool) {
 	m := connector.Message{
 		Connector: c.id, ID: w.ID, Channel: w.ChannelID, ChannelName: info.name,
 		Server: info.server, Thread: w.ThreadID, Author: w.UserID, Text: text,
-		Meta: map[string]string{},
+		Meta: map[string]string{}, Files: files,
 	}
 	if w.User == nil || !w.User.Bot {
 		m.AuthorID = w.UserID // who decides approvals; never a bot

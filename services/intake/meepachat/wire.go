@@ -46,6 +46,8 @@ type wireMessage struct {
 	Mentions  []struct {
 		ID string `json:"id"`
 	} `json:"mentions"`
+	// Attachments are its files (attachments.go).
+	Attachments []wireAttachment `json:"attachments"`
 }
 
 type subscribeData struct {

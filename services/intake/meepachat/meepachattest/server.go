@@ -85,6 +85,8 @@ type Message struct {
 	UpdatedAt string    `json:"updatedAt"`
 	User      *User     `json:"user,omitempty"`
 	Mentions  []Mention `json:"mentions,omitempty"`
+	// Attachments are the message's files (Store makes them).
+	Attachments []StoredFile `json:"attachments,omitempty"`
 }
 
 // Frame is one gateway frame.
@@ -142,6 +144,8 @@ type Fake struct {
 	changed    chan struct{}
 	reactions  []Reaction         // progress.go
 	uploads    map[string]*upload // files.go
+	stored     map[string][]byte  // stored.go: storedPath → bytes
+	downloads  int
 }
 
 type gwConn struct {
@@ -161,6 +165,7 @@ func New(o Options) *Fake {
 	mux.HandleFunc("POST /api/dms/{channel}/messages", f.post)
 	f.handleReactions(mux)
 	f.handleFiles(mux)
+	mux.HandleFunc("GET /uploads/{id}/{name}", f.storedFile)
 	f.srv = httptest.NewUnstartedServer(mux)
 	// Refused handshakes (an untrusted certificate) are what tests provoke.
 	f.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
