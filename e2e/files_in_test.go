@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/services/intake/meepachat/meepachattest"
 	"github.com/berth-dev/berth/services/intake/slack/slacktest"
 )
 
@@ -144,6 +146,45 @@ func TestPlatformSlackASharedFileReachesTheWorkspace(t *testing.T) {
 		t.Fatalf("reply %q: want the shared file's text, read from the workspace, and the prompt's listing", got)
 	}
 	if n := fake.SharedFetches(); n != 1 {
+		t.Errorf("the file was downloaded with the bot token %d times, want 1", n)
+	}
+}
+
+// A file attached on MeepaChat is downloaded by intake from the instance
+// with the bot token (the fake refuses it without) and reaches the run's
+// workspace.
+func TestPlatformMeepaChatAnAttachedFileReachesTheWorkspace(t *testing.T) {
+	t.Parallel()
+	serverID := "srv1"
+	fake := meepachattest.New(meepachattest.Options{
+		Token: "bot1.e2e-meepa-files-secret",
+		Bot:   meepachattest.User{ID: "bot1", Username: "berth", Bot: true},
+		Servers: []meepachattest.Server{{ID: serverID, Name: "ops", Channels: []meepachattest.Channel{
+			{ID: "chan1", ServerID: &serverID, Name: "general"},
+		}}},
+	})
+	t.Cleanup(fake.Close)
+	startPlatform(t, fmt.Sprintf("[[connectors]]\nid = \"meepa\"\ntype = \"meepachat\"\nbase_url = %q\ntoken = \"$MEEPA_TOKEN\"\ntrigger = \"all\"\n", fake.URL),
+		[]string{"MEEPA_TOKEN=bot1.e2e-meepa-files-secret"}, "e2e-meepa-files-secret")
+	ctx := platformCtx(t)
+	if err := fake.WaitConnections(ctx, 1, "chan1"); err != nil {
+		t.Fatal(err)
+	}
+	f := fake.Store("plan.md", "text/markdown", []byte("# the plan\nship it\n"))
+	alice := &meepachattest.User{ID: "u1", Username: "alice"}
+	m := meepachattest.Message{ID: "m-file", ChannelID: "chan1", UserID: alice.ID, User: alice, Content: "/sh cat inbox/*/plan.md",
+		Attachments: []meepachattest.StoredFile{f}}
+	if n, err := fake.Deliver(ctx, m); err != nil || n != 1 {
+		t.Fatalf("deliver: %d, %v", n, err)
+	}
+	posts, err := fake.WaitPosted(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := posts[len(posts)-1].Content; !strings.Contains(got, "ship it") || !strings.Contains(got, "plan.md (text/markdown, 19 bytes)") {
+		t.Fatalf("reply %q: want the attached file's text, read from the workspace, and the prompt's listing", got)
+	}
+	if n := fake.Downloads(); n != 1 {
 		t.Errorf("the file was downloaded with the bot token %d times, want 1", n)
 	}
 }
