@@ -132,6 +132,7 @@ func (c *Connector) command(w http.ResponseWriter, ctx context.Context, sink con
 	}
 	if user != nil {
 		msg.Author = user.Username
+		msg.AuthorID = personID(user, "")
 		msg.Meta[MetaAuthorID] = user.ID
 	}
 	if in.GuildID == "" {

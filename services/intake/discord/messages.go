@@ -159,6 +159,7 @@ func (c *Connector) toMessage(ctx context.Context, m *discordgo.Message, selfID 
 		Channel:   m.ChannelID,
 		Server:    m.GuildID,
 		Author:    author,
+		AuthorID:  personID(m.Author, m.WebhookID),
 		Text:      text,
 		Meta:      map[string]string{MetaAuthorID: m.Author.ID, MetaReplyChannel: m.ChannelID},
 		Files:     files,
@@ -180,6 +181,16 @@ func (c *Connector) toMessage(ctx context.Context, m *discordgo.Message, selfID 
 		}
 	}
 	return msg, true
+}
+
+// personID is the Message.AuthorID of u: its snowflake, or "" for a bot or
+// a webhook's message (whose author is the webhook, not a person), so
+// that neither can ever be taken for an approver.
+func personID(u *discordgo.User, webhookID string) string {
+	if u == nil || u.Bot || u.System || webhookID != "" {
+		return ""
+	}
+	return u.ID
 }
 
 func mentions(m *discordgo.Message, selfID string) bool {
