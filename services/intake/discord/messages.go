@@ -20,7 +20,13 @@ const (
 	MetaReplyChannel     = "reply_channel" // where the run's typing shows: the thread when there is one
 	MetaInteractionToken = "interaction_token"
 	MetaApplicationID    = "application_id"
+	// MetaReplyTo is the message a click's reply refers to: the question.
+	MetaReplyTo = "reply_to"
 )
+
+// interactionIDPrefix starts the Message.ID of a button's click, which is
+// an interaction and no message: "interaction:" + the interaction's id.
+const interactionIDPrefix = "interaction:"
 
 // ContentWarning is Status.Warning when messages arrive without content.
 const ContentWarning = "messages arrive without content: the MESSAGE_CONTENT intent is not granted; enable MESSAGE CONTENT INTENT under Bot → Privileged Gateway Intents in the Developer Portal"
