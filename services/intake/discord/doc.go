@@ -38,6 +38,18 @@
 //     (type 1), APPLICATION_COMMAND (type 2) → DEFERRED_CHANNEL_MESSAGE_WITH_SOURCE
 //     (type 5) once the sink stored it; the run's reply is posted later as
 //     follow-up messages with the interaction token kept in Message.Meta.
+//   - Approvals (buttons.go, clicks.go; interactions/message-components.mdx):
+//     a reply with a Question carries one action row of buttons below its
+//     last chunk (custom_id connector.ChoiceValue, at most 100 characters);
+//     a click, MESSAGE_COMPONENT (type 3) over the Interactions endpoint or
+//     as INTERACTION_CREATE over the Gateway (sent there when the
+//     application has no Interactions Endpoint URL; answered with POST
+//     /interactions/{id}/{token}/callback within 3 s), becomes a Message
+//     with ID "interaction:"+id, a Decision and AuthorID member.user.id (a
+//     guild) or user.id (a DM). Only a button berth made (ParseChoice, and on
+//     the clicked message as Discord sent it) clicked by a person decides;
+//     it is acknowledged with DEFERRED_UPDATE_MESSAGE (type 6) once
+//     sink.Accept returned nil, anything else gets an ephemeral note.
 //
 // # Why discordgo gives the types and not the session
 //

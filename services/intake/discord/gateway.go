@@ -290,6 +290,8 @@ func (c *Connector) dispatch(ctx context.Context, sink connector.Sink, sess *ses
 		c.log.Info("resumed the discord gateway session")
 	case "MESSAGE_CREATE":
 		return c.onMessage(ctx, sink, p.D, sess.selfID)
+	case "INTERACTION_CREATE":
+		c.onInteraction(ctx, sink, p.D)
 	case "GUILD_CREATE":
 		var g discordgo.Guild
 		if err := json.Unmarshal(p.D, &g); err != nil {

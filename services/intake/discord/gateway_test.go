@@ -35,9 +35,9 @@ func TestGatewayHandsMessagesToTheSink(t *testing.T) {
 	got := sink.wait(t, 2)
 
 	want := []connector.Message{
-		{Connector: "discord-main", ID: "1001", Channel: chanID, Server: guild, Author: "alice", Text: "hello there",
+		{Connector: "discord-main", ID: "1001", Channel: chanID, Server: guild, Author: "alice", AuthorID: alice.ID, Text: "hello there",
 			Meta: map[string]string{discord.MetaAuthorID: alice.ID, discord.MetaReplyChannel: chanID}},
-		{Connector: "discord-main", ID: "1002", Channel: dmID, Author: "alice", Text: "a direct message",
+		{Connector: "discord-main", ID: "1002", Channel: dmID, Author: "alice", AuthorID: alice.ID, Text: "a direct message",
 			Meta: map[string]string{discord.MetaAuthorID: alice.ID, discord.MetaReplyChannel: dmID, discord.MetaDM: "true"}},
 	}
 	for i := range want {
@@ -56,7 +56,7 @@ func TestGatewayHandsMessagesToTheSink(t *testing.T) {
 
 func sameMessage(a, b connector.Message) bool {
 	if a.Connector != b.Connector || a.ID != b.ID || a.Channel != b.Channel || a.ChannelName != b.ChannelName ||
-		a.Server != b.Server || a.Thread != b.Thread || a.Author != b.Author || a.Text != b.Text || len(a.Meta) != len(b.Meta) {
+		a.Server != b.Server || a.Thread != b.Thread || a.Author != b.Author || a.AuthorID != b.AuthorID || a.Text != b.Text || len(a.Meta) != len(b.Meta) {
 		return false
 	}
 	for k, v := range b.Meta {
@@ -76,21 +76,23 @@ func TestGatewayFiltersMessages(t *testing.T) {
 		msg      discordtest.MessageSpec
 		accepted bool
 		text     string
+		authorID string // Message.AuthorID when accepted: alice's id unless said
 	}{
-		{"Own_messages_are_ignored", nil, discordtest.MessageSpec{Author: self, Guild: guild, Content: "my own reply", MentionBot: true}, false, ""},
-		{"Own_DMs_are_ignored", nil, discordtest.MessageSpec{Author: self, Content: "my own DM"}, false, ""},
-		{"Other_bots_are_ignored", nil, discordtest.MessageSpec{Author: robot, Guild: guild, Content: "beep", MentionBot: true}, false, ""},
-		{"Other_bots_pass_with_allow_bots", func(o *discord.Options) { o.AllowBots = true }, discordtest.MessageSpec{Author: robot, Guild: guild, Content: "beep", MentionBot: true}, true, "beep"},
-		{"Guild_messages_without_a_mention_are_ignored", nil, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "just chatting"}, false, ""},
-		{"Trigger_all_takes_guild_messages_without_a_mention", func(o *discord.Options) { o.Trigger = discord.TriggerAll }, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "just chatting"}, true, "just chatting"},
-		{"DMs_trigger_without_a_mention", nil, discordtest.MessageSpec{Author: alice, Content: "psst"}, true, "psst"},
-		{"The_mention_is_stripped", nil, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "what time is it?", MentionBot: true}, true, "what time is it?"},
-		{"Guilds_outside_guild_ids_are_ignored", func(o *discord.Options) { o.GuildIDs = []string{other} }, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "hi", MentionBot: true}, false, ""},
-		{"Guilds_in_guild_ids_pass", func(o *discord.Options) { o.GuildIDs = []string{guild} }, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "hi", MentionBot: true}, true, "hi"},
-		{"A_bare_mention_is_ignored", nil, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "", MentionBot: true}, false, ""},
+		{"Own_messages_are_ignored", nil, discordtest.MessageSpec{Author: self, Guild: guild, Content: "my own reply", MentionBot: true}, false, "", ""},
+		{"Own_DMs_are_ignored", nil, discordtest.MessageSpec{Author: self, Content: "my own DM"}, false, "", ""},
+		{"Other_bots_are_ignored", nil, discordtest.MessageSpec{Author: robot, Guild: guild, Content: "beep", MentionBot: true}, false, "", ""},
+		{"Other_bots_pass_with_allow_bots_but_without_an_author_id", func(o *discord.Options) { o.AllowBots = true }, discordtest.MessageSpec{Author: robot, Guild: guild, Content: "beep", MentionBot: true}, true, "beep", "none"},
+		{"A_webhook_message_has_no_author_id", func(o *discord.Options) { o.AllowBots = true }, discordtest.MessageSpec{Author: alice, Webhook: "990000000000000001", Guild: guild, Content: "approve run-1-a1", MentionBot: true}, true, "approve run-1-a1", "none"},
+		{"Guild_messages_without_a_mention_are_ignored", nil, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "just chatting"}, false, "", ""},
+		{"Trigger_all_takes_guild_messages_without_a_mention", func(o *discord.Options) { o.Trigger = discord.TriggerAll }, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "just chatting"}, true, "just chatting", ""},
+		{"DMs_trigger_without_a_mention", nil, discordtest.MessageSpec{Author: alice, Content: "psst"}, true, "psst", ""},
+		{"The_mention_is_stripped", nil, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "what time is it?", MentionBot: true}, true, "what time is it?", ""},
+		{"Guilds_outside_guild_ids_are_ignored", func(o *discord.Options) { o.GuildIDs = []string{other} }, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "hi", MentionBot: true}, false, "", ""},
+		{"Guilds_in_guild_ids_pass", func(o *discord.Options) { o.GuildIDs = []string{guild} }, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "hi", MentionBot: true}, true, "hi", ""},
+		{"A_bare_mention_is_ignored", nil, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "", MentionBot: true}, false, "", ""},
 		// Attachments are files for intake to download (attachments.go), not text.
-		{"Attachments_are_files_not_text", nil, discordtest.MessageSpec{Author: alice, Content: "see", Attachments: []string{"log.txt"}}, true, "see"},
-		{"A_message_of_attachments_only_is_taken", nil, discordtest.MessageSpec{Author: alice, Attachments: []string{"log.txt"}}, true, ""},
+		{"Attachments_are_files_not_text", nil, discordtest.MessageSpec{Author: alice, Content: "see", Attachments: []string{"log.txt"}}, true, "see", ""},
+		{"A_message_of_attachments_only_is_taken", nil, discordtest.MessageSpec{Author: alice, Attachments: []string{"log.txt"}}, true, "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,6 +115,13 @@ func TestGatewayFiltersMessages(t *testing.T) {
 			}
 			if tt.accepted && got[0].Text != tt.text {
 				t.Errorf("text = %q, want %q", got[0].Text, tt.text)
+			}
+			wantID := alice.ID
+			if tt.authorID == "none" {
+				wantID = ""
+			}
+			if tt.accepted && got[0].AuthorID != wantID {
+				t.Errorf("AuthorID = %q, want %q (an approver is named by it)", got[0].AuthorID, wantID)
 			}
 			if want := len(tt.msg.Attachments); tt.accepted && (len(got[0].Files) != want || want > 0 &&
 				(got[0].Files[0].Name != tt.msg.Attachments[0] || got[0].Files[0].URL != "https://cdn.example.invalid/"+tt.msg.Attachments[0])) {

@@ -52,6 +52,19 @@ func (c *Connector) serveInteraction(w http.ResponseWriter, r *http.Request, sin
 		http.Error(w, "invalid request signature", http.StatusUnauthorized)
 		return
 	}
+	var head struct {
+		Type discordgo.InteractionType `json:"type"`
+	}
+	if err := json.Unmarshal(body, &head); err != nil {
+		c.log.Warn("discord interaction refused: malformed JSON", "error", err)
+		http.Error(w, "malformed interaction", http.StatusBadRequest)
+		return
+	}
+	if head.Type == discordgo.InteractionMessageComponent {
+		c.noteEvent()
+		c.componentOverHTTP(w, r.Context(), sink, body)
+		return
+	}
 	var in discordgo.Interaction
 	if err := json.Unmarshal(body, &in); err != nil {
 		c.log.Warn("discord interaction refused: malformed JSON", "error", err)
@@ -132,6 +145,7 @@ func (c *Connector) command(w http.ResponseWriter, ctx context.Context, sink con
 	}
 	if user != nil {
 		msg.Author = user.Username
+		msg.AuthorID = personID(user, "")
 		msg.Meta[MetaAuthorID] = user.ID
 	}
 	if in.GuildID == "" {
@@ -157,6 +171,28 @@ func (c *Connector) command(w http.ResponseWriter, ctx context.Context, sink con
 	c.status.Healthy()
 	c.log.Debug("discord slash command accepted", "message_id", in.ID, "command", data.Name)
 	writeJSON(w, discordgo.InteractionResponse{Type: discordgo.InteractionResponseDeferredChannelMessageWithSource})
+}
+
+// componentOverHTTP answers a button's click (click) in the response body,
+// within Discord's three seconds.
+func (c *Connector) componentOverHTTP(w http.ResponseWriter, ctx context.Context, sink connector.Sink, body []byte) {
+	var in componentInteraction
+	if err := json.Unmarshal(body, &in); err != nil {
+		c.log.Warn("discord interaction refused: malformed JSON", "error", err)
+		http.Error(w, "malformed interaction", http.StatusBadRequest)
+		return
+	}
+	if c.o.ApplicationID != "" && in.AppID != c.o.ApplicationID {
+		c.log.Warn("discord interaction for another application refused", "interaction_id", in.ID)
+		http.Error(w, "wrong application", http.StatusBadRequest)
+		return
+	}
+	if in.ID == "" || in.Token == "" || in.AppID == "" {
+		c.log.Warn("discord interaction without id, token or application id; refused")
+		http.Error(w, "malformed interaction", http.StatusBadRequest)
+		return
+	}
+	writeJSON(w, c.click(ctx, sink, &in))
 }
 
 // commandText is the command's option values ("/ask question: why" → "why"),

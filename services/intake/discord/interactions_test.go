@@ -140,7 +140,7 @@ func TestASlashCommandIsDeferredThenAnsweredByFollowUps(t *testing.T) {
 		t.Fatalf("sink got %d messages, want the command", len(m))
 	}
 	got := m[0]
-	if got.ID != "1701" || got.Text != "is it DNS?" || got.Server != guild || got.Channel != chanID || got.Thread != thread || got.Author != "alice" {
+	if got.ID != "1701" || got.Text != "is it DNS?" || got.Server != guild || got.Channel != chanID || got.Thread != thread || got.Author != "alice" || got.AuthorID != alice.ID {
 		t.Errorf("command message = %+v", got)
 	}
 	if got.Meta[discord.MetaInteractionToken] != token || got.Meta[discord.MetaApplicationID] != fake.AppID {

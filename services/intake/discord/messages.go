@@ -20,7 +20,13 @@ const (
 	MetaReplyChannel     = "reply_channel" // where the run's typing shows: the thread when there is one
 	MetaInteractionToken = "interaction_token"
 	MetaApplicationID    = "application_id"
+	// MetaReplyTo is the message a click's reply refers to: the question.
+	MetaReplyTo = "reply_to"
 )
+
+// interactionIDPrefix starts the Message.ID of a button's click, which is
+// an interaction and no message: "interaction:" + the interaction's id.
+const interactionIDPrefix = "interaction:"
 
 // ContentWarning is Status.Warning when messages arrive without content.
 const ContentWarning = "messages arrive without content: the MESSAGE_CONTENT intent is not granted; enable MESSAGE CONTENT INTENT under Bot → Privileged Gateway Intents in the Developer Portal"
@@ -159,6 +165,7 @@ func (c *Connector) toMessage(ctx context.Context, m *discordgo.Message, selfID 
 		Channel:   m.ChannelID,
 		Server:    m.GuildID,
 		Author:    author,
+		AuthorID:  personID(m.Author, m.WebhookID),
 		Text:      text,
 		Meta:      map[string]string{MetaAuthorID: m.Author.ID, MetaReplyChannel: m.ChannelID},
 		Files:     files,
@@ -180,6 +187,16 @@ func (c *Connector) toMessage(ctx context.Context, m *discordgo.Message, selfID 
 		}
 	}
 	return msg, true
+}
+
+// personID is the Message.AuthorID of u: its snowflake, or "" for a bot or
+// a webhook's message (whose author is the webhook, not a person), so
+// that neither can ever be taken for an approver.
+func personID(u *discordgo.User, webhookID string) string {
+	if u == nil || u.Bot || u.System || webhookID != "" {
+		return ""
+	}
+	return u.ID
 }
 
 func mentions(m *discordgo.Message, selfID string) bool {

@@ -105,8 +105,8 @@ func (c *Connector) React(ctx context.Context, r connector.Reaction) error {
 	if !ok {
 		return errors.New("unknown reaction status " + r.Status)
 	}
-	if r.Meta[MetaInteractionToken] != "" {
-		return nil // a slash command is no message to react to
+	if r.Meta[MetaInteractionToken] != "" || strings.HasPrefix(r.MessageID, interactionIDPrefix) {
+		return nil // a slash command or a click is no message to react to
 	}
 	channel := r.Meta[MetaReplyChannel]
 	if channel == "" {

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -245,20 +246,26 @@ func (c *Connector) Send(ctx context.Context, r connector.Reply) error {
 	if token == "" && target == "" {
 		return &connector.PermanentError{Reason: "the reply names no Discord channel"}
 	}
+	// A question's buttons go below its last chunk of text.
+	buttons := c.questionComponents(r.Question)
 	// The chunks, then one message per batch of files; done counts both.
 	for i := done; i < len(chunks)+len(batches); i++ {
+		var rows []actionRow
+		if i == len(chunks)-1 {
+			rows = buttons
+		}
 		var err error
 		switch {
 		case i >= len(chunks):
 			err = c.postFiles(ctx, target, r.Meta[MetaApplicationID], token, r.MessageID, batches[i-len(chunks)], replyNonce(r.RunID, i))
 		case token != "":
-			err = c.postFollowup(ctx, r.Meta[MetaApplicationID], token, r.MessageID, chunks[i])
+			err = c.postFollowup(ctx, r.Meta[MetaApplicationID], token, r.MessageID, chunks[i], rows)
 		default:
 			ref := ""
 			if i == 0 {
-				ref = r.MessageID
+				ref = replyReference(r)
 			}
-			err = c.postMessage(ctx, target, chunks[i], ref, replyNonce(r.RunID, i))
+			err = c.postMessage(ctx, target, chunks[i], ref, replyNonce(r.RunID, i), rows)
 		}
 		c.mu.Lock()
 		if err == nil {
@@ -308,8 +315,20 @@ func replyNonce(runID string, chunk int) string {
 	return hex.EncodeToString(sum[:])[:nonceLimit]
 }
 
-func (c *Connector) postMessage(ctx context.Context, channel, content, replyTo, nonce string) error {
+// replyReference is the message a reply answers on Discord: the message
+// itself, or for a click (which is no message) the question it clicked on.
+func replyReference(r connector.Reply) string {
+	if strings.HasPrefix(r.MessageID, interactionIDPrefix) {
+		return r.Meta[MetaReplyTo]
+	}
+	return r.MessageID
+}
+
+func (c *Connector) postMessage(ctx context.Context, channel, content, replyTo, nonce string, rows []actionRow) error {
 	body := map[string]any{"content": content, "allowed_mentions": noMentions}
+	if len(rows) > 0 {
+		body["components"] = rows
+	}
 	if nonce != "" {
 		// Discord keeps a nonce for a few minutes: a retry after longer than
 		// that posts again.
@@ -323,7 +342,7 @@ func (c *Connector) postMessage(ctx context.Context, channel, content, replyTo, 
 	return err
 }
 
-func (c *Connector) postFollowup(ctx context.Context, app, token, interactionID, content string) error {
+func (c *Connector) postFollowup(ctx context.Context, app, token, interactionID, content string, rows []actionRow) error {
 	if app == "" {
 		app = c.o.ApplicationID
 	}
@@ -333,7 +352,11 @@ func (c *Connector) postFollowup(ctx context.Context, app, token, interactionID,
 	// The route names the interaction, never its token.
 	route := "POST /webhooks/" + app + "/(interaction " + interactionID + ")"
 	path := "/webhooks/" + url.PathEscape(app) + "/" + url.PathEscape(token)
-	_, err := c.call(ctx, http.MethodPost, route, path, map[string]any{"content": content, "allowed_mentions": noMentions}, false, token)
+	body := map[string]any{"content": content, "allowed_mentions": noMentions}
+	if len(rows) > 0 {
+		body["components"] = rows
+	}
+	_, err := c.call(ctx, http.MethodPost, route, path, body, false, token)
 	return err
 }
 

@@ -30,6 +30,9 @@ type MessageSpec struct {
 	Content            string
 	MentionBot         bool // adds the bot to mentions and <@bot> to the content
 	Attachments        []string
+	// Webhook makes it a message a webhook posted (webhook_id set); Author
+	// is then the name and id the poster chose.
+	Webhook string
 }
 
 // Message is the MESSAGE_CREATE payload of spec (resources/message.mdx).
@@ -54,6 +57,9 @@ func (s *Server) Message(m MessageSpec) map[string]any {
 	}
 	if m.Guild != "" {
 		d["guild_id"] = m.Guild
+	}
+	if m.Webhook != "" {
+		d["webhook_id"] = m.Webhook
 	}
 	return d
 }

@@ -5,8 +5,11 @@
 // REST routes berth uses (GET /api/v10/gateway/bot, GET
 // /api/v10/channels/{id}, POST /api/v10/channels/{id}/messages with nonce and
 // enforce_nonce, POST /api/v10/channels/{id}/typing, POST
-// /api/v10/webhooks/{app}/{token}) with rate-limit headers and 429s, and
-// Ed25519-signed interaction requests.
+// /api/v10/webhooks/{app}/{token}, POST
+// /api/v10/interactions/{id}/{token}/callback) with rate-limit headers and
+// 429s, message components checked against Discord's limits
+// (components.go), and Ed25519-signed interaction requests, button clicks
+// over HTTP or the Gateway among them (interactions.go).
 // It follows discord/discord-api-docs (developers/events/gateway.mdx,
 // gateway-events.mdx, topics/rate-limits.mdx, interactions/receiving-and-responding.mdx).
 package discordtest
@@ -74,7 +77,9 @@ type Server struct {
 	postRequests      int
 	loseResponses     int
 	nonceWindow       time.Duration
-	progress          progressState // progress.go
+	progress          progressState                 // progress.go
+	interactions      map[string]*issuedInteraction // "{id}/{token}" (interactions.go)
+	callbacks         []Callback
 }
 
 // sentNonce is a message created with enforce_nonce, kept for the window in
@@ -103,6 +108,7 @@ type Handshake struct {
 
 // Post is one message berth posted.
 type Post struct {
+	ID      string // the message id the fake gave it
 	Channel string // channel (or thread) id; "" for a follow-up
 	Webhook string // "{app}/{token}" for an interaction follow-up
 	Content string
@@ -115,6 +121,8 @@ type Post struct {
 	Authority    string // the Authorization header
 	// Files are the message's attachments, uploaded with it (files.go).
 	Files []File
+	// Components are the message's action rows (components.go).
+	Components []Row
 }
 
 // Limit makes the next REST POST answer 429 (Global: the global limit), or,
@@ -155,6 +163,7 @@ func New(t testing.TB) *Server {
 		channels:          map[string]map[string]any{},
 		nonces:            map[string]sentNonce{},
 		nonceWindow:       5 * time.Minute,
+		interactions:      map[string]*issuedInteraction{},
 	}
 	mux := http.NewServeMux()
 	s.handleProgress(mux)
@@ -163,6 +172,7 @@ func New(t testing.TB) *Server {
 	mux.HandleFunc("POST /api/v10/channels/{channel}/typing", s.channelTyping)
 	mux.HandleFunc("GET /api/v10/channels/{channel}", s.getChannel)
 	mux.HandleFunc("POST /api/v10/webhooks/{app}/{token}", s.followup)
+	mux.HandleFunc("POST /api/v10/interactions/{id}/{token}/callback", s.interactionCallback)
 	mux.HandleFunc("GET /gateway", func(w http.ResponseWriter, r *http.Request) { s.gateway(w, r, "/gateway") })
 	mux.HandleFunc("GET /resume", func(w http.ResponseWriter, r *http.Request) { s.gateway(w, r, "/resume") })
 	s.srv = httptest.NewServer(mux)
@@ -700,7 +710,9 @@ type messageBody struct {
 		Filename    string      `json:"filename"`
 		Description string      `json:"description"`
 	} `json:"attachments"`
-	files []File // from the files[n] parts (files.go)
+	Components json.RawMessage `json:"components"`
+	files      []File          // from the files[n] parts (files.go)
+	rows       []Row           // Components, checked (components.go)
 }
 
 func (s *Server) readMessage(w http.ResponseWriter, r *http.Request) (messageBody, bool) {
@@ -713,7 +725,12 @@ func (s *Server) readMessage(w http.ResponseWriter, r *http.Request) (messageBod
 		reply(w, http.StatusBadRequest, map[string]any{"message": "400: Bad Request", "code": 50109})
 		return b, false
 	}
-	if b.Content == "" && len(b.files) == 0 {
+	rows, ok := readComponents(w, b.Components)
+	if !ok {
+		return b, false
+	}
+	b.rows = rows
+	if b.Content == "" && len(b.files) == 0 && len(b.rows) == 0 {
 		reply(w, http.StatusBadRequest, map[string]any{"message": "Cannot send an empty message", "code": 50006})
 		return b, false
 	}
@@ -745,7 +762,7 @@ func (s *Server) channelMessage(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	p := Post{Channel: ch, Content: b.Content, Mentions: b.AllowedMentions, Authority: r.Header.Get("Authorization"), Nonce: nonce, EnforceNonce: b.EnforceNonce, Files: b.files}
+	p := Post{Channel: ch, Content: b.Content, Mentions: b.AllowedMentions, Authority: r.Header.Get("Authorization"), Nonce: nonce, EnforceNonce: b.EnforceNonce, Files: b.files, Components: b.rows}
 	if b.MessageReference != nil {
 		p.ReplyTo = b.MessageReference.MessageID
 	}
@@ -858,7 +875,7 @@ func (s *Server) followup(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	id := s.addPost(Post{Webhook: app + "/" + r.PathValue("token"), Content: b.Content, Mentions: b.AllowedMentions, Authority: r.Header.Get("Authorization"), Files: b.files})
+	id := s.addPost(Post{Webhook: app + "/" + r.PathValue("token"), Content: b.Content, Mentions: b.AllowedMentions, Authority: r.Header.Get("Authorization"), Files: b.files, Components: b.rows})
 	reply(w, http.StatusOK, map[string]any{"id": id, "content": b.Content, "type": 0, "webhook_id": app})
 }
 
@@ -876,9 +893,10 @@ func (s *Server) channelTyping(w http.ResponseWriter, r *http.Request) {
 func (s *Server) addPost(p Post) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	p.ID = strconv.Itoa(900000000000000000 + len(s.posts) + 1)
 	s.posts = append(s.posts, p)
 	s.notify()
-	return strconv.Itoa(900000000000000000 + len(s.posts))
+	return p.ID
 }
 
 func reply(w http.ResponseWriter, status int, v any) {
