@@ -1,0 +1,112 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/berth-dev/berth/internal/testkit/testdocker"
+	"github.com/berth-dev/berth/internal/testkit/testenv"
+	"github.com/berth-dev/berth/services/intake/connector"
+	"github.com/berth-dev/berth/services/intake/discord/discordtest"
+)
+
+// On Discord, with a container agent: the question's buttons arrive on the
+// bot's post; a click over the gateway by someone not named is refused
+// with a note and nothing reaches the host; the approver's "Deny" gets the
+// tool berth's 403 naming them, and the run record says so.
+func TestPlatformDiscordApprovalButtonsOnlyTheApproverDecides(t *testing.T) {
+	t.Parallel()
+	testenv.NeedRoot(t)
+	testdocker.Engine(t)
+	if buildErr != nil {
+		t.Fatalf("cannot build berth: %v", buildErr)
+	}
+	var hits atomic.Int32
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		fmt.Fprint(w, "the-upstream-answered")
+	}))
+	t.Cleanup(upstream.Close)
+	host := strings.TrimPrefix(upstream.URL, "http://")
+	fake := discordtest.New(t)
+	const guild, channel = "300000000000000101", "300000000000000102"
+	approver := discordtest.User{ID: "400000000000000777", Username: "approver"}
+	mallory := discordtest.User{ID: "400000000000000666", Username: "approver-lookalike"}
+	cfg := fmt.Sprintf(`[providers]
+primary = "local"
+
+[[agents]]
+id = "ops"
+max_iterations = 4
+[agents.egress]
+ask = [%q]
+%s
+
+[intake]
+default_agent = "ops"
+
+[[connectors]]
+id = "dc"
+type = "discord"
+base_url = %q
+token = "$DISCORD_TOKEN"
+trigger = "all"
+
+[[approvers]]
+agent = "*"
+users = ["discord:%s"]
+
+[scheduler]
+max_concurrent_runs = 4
+default_timeout_seconds = 60
+run_as = "nobody"
+egress_user = "daemon"
+agent_binary = %q
+`, "GET "+host, containerAgent, fake.URL, approver.ID, filepath.Join(binDir, "berth-agent"))
+	s := launch(t, nil, cfg, []string{"DISCORD_TOKEN=" + fake.Token}, fake.Token)
+	fake.WaitHandshakes(t, 1)
+	fake.GuildCreate(guild, discordtest.Channel{ID: channel, Name: "general"})
+	fake.MessageCreate(discordtest.MessageSpec{ID: "500000000000000101", Channel: channel, Guild: guild,
+		Author: discordtest.User{ID: "400000000000000001", Username: "alice"}, Content: fmt.Sprintf(`/tool web_fetch {"url":"http://%s/purge"}`, host)})
+	ap := s.pendingApproval(t, host)
+	question := fake.WaitPosts(t, 1)[0]
+	if len(question.Buttons()) != 3 || !strings.Contains(question.Content, ap.What) {
+		t.Fatalf("the question post: %+v", question)
+	}
+	deny := connector.ChoiceValue(ap.ID, connector.DecideDeny)
+
+	fake.Click(discordtest.ClickSpec{ID: "600000000000000001", Channel: channel, Guild: guild, User: mallory, On: question, CustomID: deny})
+	note := fake.WaitPosts(t, 2)[1]
+	if !strings.Contains(note.Content, "discord:"+mallory.ID+" is not one of agent ops's approvers") {
+		t.Fatalf("the refused click's note: %q", note.Content)
+	}
+	if still := s.pendingApproval(t, host); still.ID != ap.ID {
+		t.Fatalf("after a refused click the pending approval is %+v", still)
+	}
+
+	fake.Click(discordtest.ClickSpec{ID: "600000000000000002", Channel: channel, Guild: guild, User: approver, On: question, CustomID: deny})
+	posts := fake.WaitPosts(t, 4)[2:]
+	var decided, reply string
+	for _, p := range posts {
+		switch {
+		case strings.Contains(p.Content, "Denied by discord:"+approver.ID):
+			decided = p.Content
+		case strings.Contains(p.Content, "403"):
+			reply = p.Content
+		}
+	}
+	if decided == "" || !strings.Contains(reply, "denied by discord:"+approver.ID) {
+		t.Fatalf("after the approver's deny the channel got %+v", posts)
+	}
+	if hits.Load() != 0 {
+		t.Errorf("a denied request reached the upstream (%d)", hits.Load())
+	}
+	if rec := s.getRun(t, ap.RunID).Egress.Text; !strings.Contains(rec, "denied by discord:"+approver.ID) {
+		t.Errorf("the run record does not name the approver: %s", rec)
+	}
+}
