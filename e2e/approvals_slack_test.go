@@ -7,15 +7,18 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
+	"github.com/berth-dev/berth/internal/bus"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 	"github.com/berth-dev/berth/services/intake/connector"
 	"github.com/berth-dev/berth/services/intake/slack/slacktest"
 )
 
 // On Slack an approval is asked with buttons: another user's click is
-// refused with a note in the thread and changes nothing; the named
+// refused with a note in the thread and changes nothing; intake SIGKILLed
+// while the run waits loses nothing; the named
 // approver's "Allow once" lets the tool's request reach the host, and the
 // run record names the approver by their Slack user id.
 func TestPlatformSlackApprovalButtonsOnlyTheApproverDecides(t *testing.T) {
@@ -98,6 +101,18 @@ agent_binary = %q
 	}
 	if still := s.pendingApproval(t, host); still.ID != ap.ID || hits.Load() != 0 {
 		t.Fatalf("after a refused click: pending %+v, upstream hits %d", still, hits.Load())
+	}
+
+	// Intake SIGKILLed while the run waits: the next intake (D-Bus
+	// activated) connects again, and the approver's click still decides.
+	if err := s.KillService(bus.IntakeName, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.conn(t).Object(bus.IntakeName, bus.IntakePath).Call("org.freedesktop.DBus.Peer.Ping", 0).Err; err != nil {
+		t.Fatalf("cannot activate intake again: %v", err)
+	}
+	if err := fake.WaitConnections(ctx, 2); err != nil {
+		t.Fatal(err)
 	}
 
 	// The approver's click.
