@@ -81,7 +81,7 @@ var errDecided = errors.New("a decision on an approval, answered by the schedule
 func (s *Service) forwardDecision(ctx context.Context, sub Submitter, m inboxEntry, lane *forwardLane, attempts int) bool {
 	d, ok := sub.(Decider)
 	if !ok {
-		return s.answerDecision(m, lane, attempts, "Sorry, this berth's scheduler takes no decisions in the chat; an admin decides with berthctl approvals.")
+		return s.answerDecision(m, lane, attempts, "Sorry, this berth's scheduler takes no decisions in the chat; an admin decides with berthctl approvals.", false)
 	}
 	approver := s.approverOf(m)
 	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callTimeout)
@@ -96,10 +96,10 @@ func (s *Service) forwardDecision(ctx context.Context, sub Submitter, m inboxEnt
 	}
 	if err != nil {
 		log.Info("decision refused", "err", dbusErrorText(err))
-		return s.answerDecision(m, lane, attempts, "Not decided: "+dbusErrorText(err))
+		return s.answerDecision(m, lane, attempts, "Not decided: "+dbusErrorText(err), false)
 	}
 	log.Info("decision made", "state", ap.State, "run_id", ap.RunID)
-	return s.answerDecision(m, lane, attempts, decidedText(ap))
+	return s.answerDecision(m, lane, attempts, decidedText(ap), true)
 }
 
 // decisionRefused reports whether the scheduler refused a decision for
@@ -128,9 +128,17 @@ func decidedText(ap busapi.Approval) string {
 }
 
 // answerDecision records that m was answered, not run, and queues text as
-// its reply, in one commit.
-func (s *Service) answerDecision(m inboxEntry, lane *forwardLane, attempts int, text string) bool {
+// its reply, in one commit; decided says the scheduler made the decision
+// (connector.MetaDecided).
+func (s *Service) answerDecision(m inboxEntry, lane *forwardLane, attempts int, text string, decided bool) bool {
 	key, now := m.Key(), s.clock.Now()
+	meta := replyMeta(m)
+	if decided {
+		if meta == nil {
+			meta = map[string]string{}
+		}
+		meta[connector.MetaDecided] = "true"
+	}
 	reply := outboxEntry{
 		RunID:     "decided-" + key,
 		MessageID: m.ID,
@@ -138,7 +146,7 @@ func (s *Service) answerDecision(m inboxEntry, lane *forwardLane, attempts int, 
 		Agent:     m.Agent,
 		Channel:   m.Channel,
 		Thread:    m.Thread,
-		Meta:      replyMeta(m),
+		Meta:      meta,
 		RunState:  "succeeded",
 		Text:      bus.Text(strings.TrimSpace(text)),
 	}

@@ -113,3 +113,15 @@ func ParseDecision(text string) (Decision, bool) {
 	}
 	return d, true
 }
+
+// Reply.Meta keys of a decision's reply (intake sets MetaDecided; a
+// platform package sets MetaQuestion on the click): a platform that can
+// edit its messages turns the question into the decision, without its
+// buttons, instead of posting the decision beside it.
+const (
+	// MetaQuestion is the platform's id of the question message clicked.
+	MetaQuestion = "question_message"
+	// MetaDecided is "true" on the reply of a decision the scheduler made
+	// (not on a refusal: the question keeps its buttons then).
+	MetaDecided = "decided"
+)

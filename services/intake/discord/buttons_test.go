@@ -122,3 +122,47 @@ func TestASlashCommandsQuestionCarriesButtonsOnItsFollowUp(t *testing.T) {
 		t.Errorf("follow-up %+v, want the interaction's follow-up with three buttons", p)
 	}
 }
+
+// A decision's reply turns the question into the decision, without its
+// buttons, instead of a message of its own; a refusal's reply is posted
+// and leaves the buttons; a question that is gone gets the decision posted.
+func TestADecisionTakesThePlaceOfItsQuestion(t *testing.T) {
+	t.Parallel()
+	fake := discordtest.New(t)
+	c, _ := newConnector(t, fake, nil)
+	ctx := context.Background()
+	q := &connector.Question{ID: approvalID, What: "POST api.stripe.com:443/v1/charges", Choices: allChoices}
+	if err := c.Send(ctx, connector.Reply{RunID: "ask-1", MessageID: "1001", Channel: chanID, Text: "Allow?", Question: q}); err != nil {
+		t.Fatal(err)
+	}
+	question := fake.Posts()[0]
+	meta := func(decided bool, id string) map[string]string {
+		m := map[string]string{connector.MetaQuestion: id, discord.MetaReplyChannel: chanID, discord.MetaReplyTo: id}
+		if decided {
+			m[connector.MetaDecided] = "true"
+		}
+		return m
+	}
+	refusal := connector.Reply{RunID: "decided-1", MessageID: "interaction:1", Channel: chanID, Text: "Not decided: discord:2 is not an approver", Meta: meta(false, question.ID)}
+	if err := c.Send(ctx, refusal); err != nil {
+		t.Fatal(err)
+	}
+	if posts := fake.Posts(); len(posts) != 2 || len(posts[0].Buttons()) != 3 || posts[1].Content != refusal.Text {
+		t.Fatalf("after a refusal: %+v", posts)
+	}
+	decided := connector.Reply{RunID: "decided-2", MessageID: "interaction:2", Channel: chanID, Text: "Denied by discord:1: POST api.stripe.com:443/v1/charges (agent ops).", Meta: meta(true, question.ID)}
+	if err := c.Send(ctx, decided); err != nil {
+		t.Fatal(err)
+	}
+	if posts := fake.Posts(); len(posts) != 2 || posts[0].Content != decided.Text || len(posts[0].Buttons()) != 0 {
+		t.Fatalf("after the decision: %+v, want the question turned into it without buttons", posts)
+	}
+	gone := decided
+	gone.RunID, gone.Meta = "decided-3", meta(true, "999999999999999999")
+	if err := c.Send(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	if posts := fake.Posts(); len(posts) != 3 || posts[2].Content != decided.Text {
+		t.Fatalf("with the question gone: %+v, want the decision posted", posts)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+	"unicode/utf8"
 
 	"github.com/bwmarrin/discordgo"
 
@@ -136,6 +137,8 @@ func (c *Connector) click(ctx context.Context, sink connector.Sink, in *componen
 			MetaAuthorID:     user.ID,
 			MetaReplyChannel: in.ChannelID,
 			MetaReplyTo:      in.Message.ID,
+			// The question the decision's reply takes the place of.
+			connector.MetaQuestion: in.Message.ID,
 		},
 	}
 	if in.GuildID == "" {
@@ -212,4 +215,26 @@ func (c *Connector) answerInteraction(ctx context.Context, id, token string, res
 	path := "/interactions/" + url.PathEscape(id) + "/" + url.PathEscape(token) + "/callback"
 	_, err := c.call(ctx, http.MethodPost, "POST /interactions/"+id+"/callback", path, resp, false, token)
 	return err
+}
+
+// decideQuestion turns the question a decision answers into the decision
+// (its text, no buttons) and reports whether it did; where it cannot (the
+// question is gone, or this is no decision's reply) the reply is posted as
+// any other.
+func (c *Connector) decideQuestion(ctx context.Context, r connector.Reply) bool {
+	id, channel := r.Meta[connector.MetaQuestion], r.Meta[MetaReplyChannel]
+	if r.Meta[connector.MetaDecided] != "true" || id == "" || channel == "" || len(r.Files) > 0 {
+		return false
+	}
+	text := r.Text
+	if utf8.RuneCountInString(text) > MessageLimit {
+		text = string([]rune(text)[:MessageLimit-1]) + "…"
+	}
+	body := map[string]any{"content": text, "components": []any{}, "allowed_mentions": noMentions}
+	if _, err := c.call(ctx, http.MethodPatch, "PATCH /channels/"+channel+"/messages",
+		"/channels/"+url.PathEscape(channel)+"/messages/"+url.PathEscape(id), body, true); err != nil {
+		c.log.Info("cannot turn the question into its decision; the decision is posted instead", "run_id", r.RunID, "error", err)
+		return false
+	}
+	return true
 }

@@ -246,6 +246,9 @@ func (c *Connector) Send(ctx context.Context, r connector.Reply) error {
 	if token == "" && target == "" {
 		return &connector.PermanentError{Reason: "the reply names no Discord channel"}
 	}
+	if token == "" && c.decideQuestion(ctx, r) {
+		return nil
+	}
 	// A question's buttons go below its last chunk of text.
 	buttons := c.questionComponents(r.Question)
 	// The chunks, then one message per batch of files; done counts both.

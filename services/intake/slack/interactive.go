@@ -103,6 +103,8 @@ func (c *Connector) interaction(ctx context.Context, sink connector.Sink, payloa
 		AuthorID: ic.User.ID, // from Slack's signed (or socket) payload only
 		Decision: &d,
 		Text:     d.Decision + " " + d.ApprovalID,
+		// The question the decision's reply takes the place of.
+		Meta: map[string]string{connector.MetaQuestion: ic.Container.MessageTs},
 	}
 	if err := sink.Accept(ctx, m); err != nil {
 		c.log.Warn("intake did not accept a Slack button click; Slack will deliver it again", "approval_id", d.ApprovalID, "error", c.errText(err))
@@ -111,4 +113,26 @@ func (c *Connector) interaction(ctx context.Context, sink connector.Sink, payloa
 	c.status.Healthy()
 	c.log.Info("accepted a Slack approval click", "approval_id", d.ApprovalID, "decision", d.Decision, "user", ic.User.ID, "via", via)
 	return nil
+}
+
+// decideQuestion turns the question a decision answers into the decision
+// (chat.update: its text, no buttons) and reports whether it did; where it
+// cannot (the question is gone, or this is no decision's reply) the reply
+// is posted as any other.
+func (c *Connector) decideQuestion(ctx context.Context, r connector.Reply) bool {
+	ts := r.Meta[connector.MetaQuestion]
+	if r.Meta[connector.MetaDecided] != "true" || ts == "" || len(r.Files) > 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.o.RequestTimeout)
+	defer cancel()
+	text := r.Text
+	if len([]rune(text)) > MessageLimit {
+		text = string([]rune(text)[:MessageLimit-1]) + "…"
+	}
+	if _, _, _, err := c.api.UpdateMessageContext(ctx, r.Channel, ts, slackapi.MsgOptionText(text, false), slackapi.MsgOptionBlocks()); err != nil {
+		c.log.Info("cannot turn the question into its decision; the decision is posted instead", "run_id", r.RunID, "error", c.errText(err))
+		return false
+	}
+	return true
 }

@@ -132,3 +132,44 @@ func TestAnInteractivityRequestIsSignedLikeEvents(t *testing.T) {
 		t.Fatalf("the click became %+v", got)
 	}
 }
+
+// A decision's reply turns the question into the decision, without its
+// buttons, instead of a post of its own; a refusal's reply is posted and
+// leaves the question's buttons.
+func TestADecisionTakesThePlaceOfItsQuestion(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	fake := slacktest.New(t, slacktest.Options{})
+	c, _ := startSocket(t, fake, newSink(), nil)
+	if err := c.Send(ctx, connector.Reply{RunID: "ask-1", MessageID: "C0CHAN:1.1", Channel: "C0CHAN", Thread: "1.1", Text: "may it?", Question: testQuestion}); err != nil {
+		t.Fatal(err)
+	}
+	q := fake.Posts()[0]
+	refusal := connector.Reply{RunID: "decided-1", MessageID: "action:1", Channel: "C0CHAN", Thread: "1.1", Text: "Not decided: slack:U2 is not one of agent ops's approvers",
+		Meta: map[string]string{connector.MetaQuestion: q.TS}}
+	if err := c.Send(ctx, refusal); err != nil {
+		t.Fatal(err)
+	}
+	posts := fake.Posts()
+	if len(posts) != 2 || len(posts[0].Buttons()) != 3 || posts[1].Text != refusal.Text {
+		t.Fatalf("after a refusal: %+v, want the note posted and the question's buttons kept", posts)
+	}
+	decided := connector.Reply{RunID: "decided-2", MessageID: "action:2", Channel: "C0CHAN", Thread: "1.1", Text: "Allowed once by slack:U1: POST api.stripe.com:443/v1/charges (agent ops).",
+		Meta: map[string]string{connector.MetaQuestion: q.TS, connector.MetaDecided: "true"}}
+	if err := c.Send(ctx, decided); err != nil {
+		t.Fatal(err)
+	}
+	posts = fake.Posts()
+	if len(posts) != 2 || posts[0].TS != q.TS || posts[0].Text != decided.Text || len(posts[0].Buttons()) != 0 {
+		t.Fatalf("after the decision: %+v, want the question turned into the decision without buttons", posts)
+	}
+	// The control: a question that is gone gets the decision posted.
+	gone := decided
+	gone.RunID, gone.Meta = "decided-3", map[string]string{connector.MetaQuestion: "9.999", connector.MetaDecided: "true"}
+	if err := c.Send(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	if posts = fake.Posts(); len(posts) != 3 || posts[2].Text != decided.Text {
+		t.Fatalf("with the question gone: %+v, want the decision posted", posts)
+	}
+}

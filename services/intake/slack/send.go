@@ -78,6 +78,9 @@ func (c *Connector) send(ctx context.Context, r connector.Reply) error {
 	if r.Channel == "" {
 		return &connector.PermanentError{Reason: "the reply has no Slack channel"}
 	}
+	if c.decideQuestion(ctx, r) {
+		return nil
+	}
 	files, notes := connector.FitFiles(r.Files, fileLimits)
 	chunks := connector.Split(connector.WithNotes(r.Text, notes), MessageLimit)
 	if len(chunks) == 0 {

@@ -162,6 +162,8 @@ func (s *Server) editMessage(w http.ResponseWriter, r *http.Request) {
 	ch, id := r.PathValue("channel"), r.PathValue("message")
 	var b struct {
 		Content string `json:"content"`
+		// Components, when present, replace the message's ([] removes them).
+		Components json.RawMessage `json:"components"`
 	}
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&b); err != nil {
 		reply(w, http.StatusBadRequest, map[string]any{"message": "400: Bad Request", "code": 50109})
@@ -169,6 +171,10 @@ func (s *Server) editMessage(w http.ResponseWriter, r *http.Request) {
 	}
 	if utf8.RuneCountInString(b.Content) > 2000 {
 		reply(w, http.StatusBadRequest, map[string]any{"message": "Invalid Form Body", "code": 50035})
+		return
+	}
+	rows, ok := readComponents(w, b.Components)
+	if !ok {
 		return
 	}
 	s.mu.Lock()
@@ -183,6 +189,14 @@ func (s *Server) editMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.progress.edits = append(s.progress.edits, Edit{Channel: ch, Message: id, Content: b.Content, At: s.progress.now()})
+	for i := range s.posts {
+		if s.posts[i].Channel == ch && s.posts[i].ID == id {
+			s.posts[i].Content = b.Content
+			if b.Components != nil {
+				s.posts[i].Components = rows
+			}
+		}
+	}
 	s.notify()
 	reply(w, http.StatusOK, map[string]any{"id": id, "channel_id": ch, "content": b.Content, "type": 0})
 }

@@ -155,10 +155,22 @@ func (s *Server) chatUpdate(w http.ResponseWriter, r *http.Request) {
 		refuse(w, "message_not_found")
 		return
 	}
+	raw, hasBlocks := r.PostForm["blocks"]
+	var blocks []Block
+	if hasBlocks && len(raw) > 0 && raw[0] != "[]" {
+		var bad string
+		if blocks, bad = parseBlocks(raw[0]); bad != "" {
+			refuse(w, bad)
+			return
+		}
+	}
 	s.progress.edits = append(s.progress.edits, Edit{Channel: channel, TS: ts, Text: text, At: s.progress.now()})
 	for i := range s.posts {
 		if s.posts[i].Channel == channel && s.posts[i].TS == ts {
 			s.posts[i].Text = text
+			if hasBlocks {
+				s.posts[i].Blocks = blocks
+			}
 		}
 	}
 	s.notify()
