@@ -16,8 +16,9 @@ import (
 	"github.com/berth-dev/berth/services/intake/discord/discordtest"
 )
 
-// On Discord, with a container agent: the question's buttons arrive on the
-// bot's post; a click over the gateway by someone not named is refused
+// On Discord, with a container agent and a role as approver: the
+// question's buttons arrive on the bot's post; a click over the gateway by
+// someone without the role is refused
 // with a note and nothing reaches the host; the approver's "Deny" turns
 // the question into the decision and gets the tool berth's 403 naming
 // them, and the run record says so.
@@ -39,6 +40,7 @@ func TestPlatformDiscordApprovalButtonsOnlyTheApproverDecides(t *testing.T) {
 	const guild, channel = "300000000000000101", "300000000000000102"
 	approver := discordtest.User{ID: "400000000000000777", Username: "approver"}
 	mallory := discordtest.User{ID: "400000000000000666", Username: "approver-lookalike"}
+	const opsRole = "700000000000000042" // [[approvers]] name the role; the approver is in it
 	cfg := fmt.Sprintf(`[providers]
 primary = "local"
 
@@ -61,7 +63,7 @@ trigger = "all"
 
 [[approvers]]
 agent = "*"
-users = ["discord:%s"]
+users = ["discord:role:%s"]
 
 [scheduler]
 max_concurrent_runs = 4
@@ -69,7 +71,7 @@ default_timeout_seconds = 60
 run_as = "nobody"
 egress_user = "daemon"
 agent_binary = %q
-`, "GET "+host, containerAgent, fake.URL, approver.ID, filepath.Join(binDir, "berth-agent"))
+`, "GET "+host, containerAgent, fake.URL, opsRole, filepath.Join(binDir, "berth-agent"))
 	s := launch(t, nil, cfg, []string{"DISCORD_TOKEN=" + fake.Token}, fake.Token)
 	fake.WaitHandshakes(t, 1)
 	fake.GuildCreate(guild, discordtest.Channel{ID: channel, Name: "general"})
@@ -83,7 +85,8 @@ agent_binary = %q
 	deny := connector.ChoiceValue(ap.ID, connector.DecideDeny)
 	deadline := time.Now().Add(time.Minute)
 
-	fake.Click(discordtest.ClickSpec{ID: "600000000000000001", Channel: channel, Guild: guild, User: mallory, On: question, CustomID: deny})
+	fake.Click(discordtest.ClickSpec{ID: "600000000000000001", Channel: channel, Guild: guild, User: mallory, On: question, CustomID: deny,
+		Roles: []string{"700000000000000043"}})
 	note := fake.WaitPosts(t, 2)[1]
 	if !strings.Contains(note.Content, "discord:"+mallory.ID+" is not one of agent ops's approvers") {
 		t.Fatalf("the refused click's note: %q", note.Content)
@@ -92,7 +95,8 @@ agent_binary = %q
 		t.Fatalf("after a refused click the pending approval is %+v", still)
 	}
 
-	fake.Click(discordtest.ClickSpec{ID: "600000000000000002", Channel: channel, Guild: guild, User: approver, On: question, CustomID: deny})
+	fake.Click(discordtest.ClickSpec{ID: "600000000000000002", Channel: channel, Guild: guild, User: approver, On: question, CustomID: deny,
+		Roles: []string{"700000000000000043", opsRole}})
 	// The decision takes the place of the question (no buttons left); the
 	// run's reply, the proxy's 403, follows in either order.
 	reply := fake.WaitPosts(t, 3)[2]

@@ -116,12 +116,16 @@ func (s Scheduler) DecideApproval(ctx context.Context, id, decision string) (App
 
 // DecideApprovalFor answers a pending approval for a person in the chat:
 // approver is the platform-prefixed user id ("slack:U012345") intake read
-// from the platform's signed event. The scheduler decides only if approver
-// is one of the approval's agent's [[approvers]] (ErrNotApprover's D-Bus
-// name, bus.ErrAccessDenied, otherwise). Intake's user only.
-func (s Scheduler) DecideApprovalFor(ctx context.Context, id, decision, approver string) (Approval, error) {
+// from the platform's signed event, groups the groups the same event puts
+// them in ("discord:role:<id>"). The scheduler decides only if approver or
+// one of groups is one of the approval's agent's [[approvers]]
+// (bus.ErrAccessDenied otherwise). Intake's user only.
+func (s Scheduler) DecideApprovalFor(ctx context.Context, id, decision, approver string, groups []string) (Approval, error) {
 	var raw map[string]dbus.Variant
-	if err := s.call(ctx, "DecideApprovalFor", []any{id, decision, approver}, &raw); err != nil {
+	if groups == nil {
+		groups = []string{}
+	}
+	if err := s.call(ctx, "DecideApprovalFor", []any{id, decision, approver, groups}, &raw); err != nil {
 		return Approval{}, err
 	}
 	return ApprovalFromWire(raw)

@@ -24,12 +24,12 @@ import (
 
 // Decider is a Submitter that also takes decisions (BusSubmitter is one).
 type Decider interface {
-	DecideApprovalFor(ctx context.Context, id, decision, approver string) (busapi.Approval, error)
+	DecideApprovalFor(ctx context.Context, id, decision, approver string, groups []string) (busapi.Approval, error)
 }
 
 // DecideApprovalFor implements Decider.
-func (b BusSubmitter) DecideApprovalFor(ctx context.Context, id, decision, approver string) (busapi.Approval, error) {
-	ap, err := busapi.NewScheduler(b.Conn).DecideApprovalFor(ctx, id, decision, approver)
+func (b BusSubmitter) DecideApprovalFor(ctx context.Context, id, decision, approver string, groups []string) (busapi.Approval, error) {
+	ap, err := busapi.NewScheduler(b.Conn).DecideApprovalFor(ctx, id, decision, approver, groups)
 	if err != nil {
 		return busapi.Approval{}, fmt.Errorf("cannot decide at %s: %w", bus.SchedulerName, err)
 	}
@@ -57,17 +57,22 @@ func decisionOf(m connector.Message) *decisionEntry {
 }
 
 // approverOf is who made m's decision as [[approvers]] name people: the
-// connector's type and the platform's user id of its author; "" when the
-// platform named nobody (a bot).
-func (s *Service) approverOf(m inboxEntry) string {
+// connector's type and the platform's user id of its author ("" when the
+// platform named nobody: a bot), and the author's groups as
+// "<type>:role:<id>".
+func (s *Service) approverOf(m inboxEntry) (string, []string) {
 	if m.AuthorID == "" {
-		return ""
+		return "", nil
 	}
 	c, ok := s.config().Connector(m.Connector)
 	if !ok {
-		return ""
+		return "", nil
 	}
-	return c.Type + ":" + m.AuthorID
+	var groups []string
+	for _, g := range m.AuthorGroups {
+		groups = append(groups, c.Type+":role:"+g)
+	}
+	return c.Type + ":" + m.AuthorID, groups
 }
 
 // errDecided is the cause recorded for a decision message: it was
@@ -83,10 +88,10 @@ func (s *Service) forwardDecision(ctx context.Context, sub Submitter, m inboxEnt
 	if !ok {
 		return s.answerDecision(m, lane, attempts, "Sorry, this berth's scheduler takes no decisions in the chat; an admin decides with berthctl approvals.", false)
 	}
-	approver := s.approverOf(m)
+	approver, groups := s.approverOf(m)
 	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.callTimeout)
 	defer cancel()
-	ap, err := d.DecideApprovalFor(callCtx, m.Decision.ApprovalID, m.Decision.Decision, approver)
+	ap, err := d.DecideApprovalFor(callCtx, m.Decision.ApprovalID, m.Decision.Decision, approver, groups)
 	log := s.log.With("connector", m.Connector, "message_id", m.ID, "approval_id", m.Decision.ApprovalID, "decision", m.Decision.Decision, "approver", approver)
 	if err != nil && !decisionRefused(err) {
 		delay := s.retryDelay.Delay(attempts)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -59,19 +60,20 @@ func (s *Service) Accept(ctx context.Context, m connector.Message) error {
 		return nil
 	}
 	entry := inboxEntry{
-		Connector:   m.Connector,
-		ID:          m.ID,
-		Channel:     m.Channel,
-		ChannelName: m.ChannelName,
-		Server:      m.Server,
-		Thread:      m.Thread,
-		Author:      m.Author,
-		AuthorID:    m.AuthorID,
-		Text:        m.Text,
-		Meta:        maps.Clone(m.Meta),
-		Agent:       agent,
-		ReceivedAt:  s.clock.Now().UTC(),
-		Decision:    decisionOf(m),
+		Connector:    m.Connector,
+		ID:           m.ID,
+		Channel:      m.Channel,
+		ChannelName:  m.ChannelName,
+		Server:       m.Server,
+		Thread:       m.Thread,
+		Author:       m.Author,
+		AuthorID:     m.AuthorID,
+		AuthorGroups: slices.Clone(m.AuthorGroups),
+		Text:         m.Text,
+		Meta:         maps.Clone(m.Meta),
+		Agent:        agent,
+		ReceivedAt:   s.clock.Now().UTC(),
+		Decision:     decisionOf(m),
 	}
 	log = log.With("agent", agent)
 	if entry.Decision != nil {

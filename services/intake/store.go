@@ -49,17 +49,19 @@ type inboxEntry struct {
 	Author      string `json:"author"`
 	// AuthorID is the platform's stable id of the author ("" for a bot):
 	// who decides, for a Decision.
-	AuthorID   string            `json:"author_id,omitempty"`
-	Text       string            `json:"text"`
-	Meta       map[string]string `json:"meta,omitempty"`
-	Agent      string            `json:"agent"`
-	ReceivedAt time.Time         `json:"received_at"`
-	State      string            `json:"state"`
-	RunID      string            `json:"run_id,omitempty"`
-	Attempts   int               `json:"attempts,omitempty"`
-	LastError  string            `json:"last_error,omitempty"`
-	DoneAt     time.Time         `json:"done_at,omitzero"`
-	Seq        uint64            `json:"seq"`
+	AuthorID string `json:"author_id,omitempty"`
+	// AuthorGroups are the platform's ids of the author's groups.
+	AuthorGroups []string          `json:"author_groups,omitempty"`
+	Text         string            `json:"text"`
+	Meta         map[string]string `json:"meta,omitempty"`
+	Agent        string            `json:"agent"`
+	ReceivedAt   time.Time         `json:"received_at"`
+	State        string            `json:"state"`
+	RunID        string            `json:"run_id,omitempty"`
+	Attempts     int               `json:"attempts,omitempty"`
+	LastError    string            `json:"last_error,omitempty"`
+	DoneAt       time.Time         `json:"done_at,omitzero"`
+	Seq          uint64            `json:"seq"`
 	// ProgressMessage is the platform id of the run's progress message
 	// (progress.go), deleted once the reply is posted.
 	ProgressMessage string `json:"progress_message,omitempty"`

@@ -216,8 +216,10 @@ func (s *Service) DecideApproval(id string, allow, standing bool, by string) (Ap
 
 // DecideApprovalFor answers a pending approval for a person in the chat
 // (approver: "slack:U012345", as intake read it from the platform's
-// signed event): only one of the approval's agent's [[approvers]] may.
-func (s *Service) DecideApprovalFor(id string, d decision, approver string) (Approval, error) {
+// signed event; groups: the groups the same event puts them in,
+// "discord:role:<id>"): only one of the approval's agent's [[approvers]]
+// may, by their id or a group. The decider is named by their id.
+func (s *Service) DecideApprovalFor(id string, d decision, approver string, groups ...string) (Approval, error) {
 	ap, ok, err := s.getApproval(id)
 	if err != nil {
 		return Approval{}, err
@@ -225,7 +227,7 @@ func (s *Service) DecideApprovalFor(id string, d decision, approver string) (App
 	if !ok {
 		return Approval{}, fmt.Errorf("%w: no approval %q", ErrNotFound, id)
 	}
-	if cfg := s.cfg.Load(); cfg == nil || !cfg.MayApprove(ap.Agent, approver) {
+	if cfg := s.cfg.Load(); cfg == nil || !mayApprove(cfg, ap.Agent, approver, groups) {
 		s.log.Warn("approval decision refused: not an approver", "approval_id", id, "agent", ap.Agent, "user", approver)
 		return ap, fmt.Errorf("%w: %s is not one of agent %s's approvers ([[approvers]]); approval %s is unchanged", ErrNotApprover, cmp.Or(approver, "an unknown user"), ap.Agent, id)
 	}
@@ -477,4 +479,24 @@ func (s *Service) putGrant(ap Approval) error {
 		}
 		return b.Put(grantKey(ap.Agent, ap.Connector, ap.Channel, ap.Thread, ap.Rule), v)
 	})
+}
+
+// mayApprove reports whether approver, or one of their groups, is one of
+// agent's [[approvers]]. A group counts only for a person the platform
+// named (approver set), and only as a group of that platform
+// ("<platform>:role:<id>"), so that a group id never passes for a user id.
+func mayApprove(cfg *config.Config, agent, approver string, groups []string) bool {
+	platform, id, _ := strings.Cut(approver, ":")
+	if id == "" || strings.HasPrefix(id, "role:") {
+		return false // nobody, or a user id shaped as a group's
+	}
+	if cfg.MayApprove(agent, approver) {
+		return true
+	}
+	for _, g := range groups {
+		if strings.HasPrefix(g, platform+":role:") && cfg.MayApprove(agent, g) {
+			return true
+		}
+	}
+	return false
 }

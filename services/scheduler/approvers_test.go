@@ -146,3 +146,36 @@ func waitFor(t *testing.T, ok func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A Discord role named in [[approvers]] lets its members decide; another
+// role, a role of another platform, or a user id shaped as a role do not.
+func TestARoleNamedAsApproverLetsItsMembersDecide(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(1)
+	cfg.Approvers = config.Approvers{"alpha": {"discord:role:700"}}
+	s := newTestService(t, cfg, "", newGateBackend("landlock"), nil, withClock(clockwork.NewFakeClock()))
+	proxy := make(proxyAnswers, 4)
+	askIn(s, "run1", "C1", "", proxy, stripe)
+	waitApproval(t, s, "run1-a1")
+	for _, c := range []struct {
+		approver string
+		groups   []string
+	}{
+		{"discord:900", []string{"discord:role:701"}},       // another role
+		{"discord:900", []string{"slack:role:700"}},         // another platform's
+		{"discord:role:700", nil},                           // a user id shaped as the role
+		{"", []string{"discord:role:700"}},                  // nobody named
+		{"discord:900", []string{"discord:role:700x", "x"}}, // near misses
+	} {
+		if ap, err := s.DecideApprovalFor("run1-a1", decision{allow: true}, c.approver, c.groups...); !errors.Is(err, ErrNotApprover) || ap.State != ApprovalPending {
+			t.Fatalf("%q in %v decided: %+v, %v", c.approver, c.groups, ap, err)
+		}
+	}
+	ap, err := s.DecideApprovalFor("run1-a1", decision{allow: true}, "discord:900", "discord:role:12", "discord:role:700")
+	if err != nil || ap.State != ApprovalAllowed || ap.By != "discord:900" {
+		t.Fatalf("a member of the role: %+v, %v", ap, err)
+	}
+	if a := proxy.next(t); !a.Allow || a.By != "discord:900" {
+		t.Fatalf("the proxy got %+v", a)
+	}
+}

@@ -253,7 +253,7 @@ func (o *schedulerObject) DecideApproval(sender dbus.Sender, id, decision string
 // DecideApprovalFor is a person's decision in the chat, as intake read it
 // from the platform: only intake may say who clicked, and the scheduler
 // decides only for the agent's [[approvers]].
-func (o *schedulerObject) DecideApprovalFor(sender dbus.Sender, id, decision, approver string) (map[string]dbus.Variant, *dbus.Error) {
+func (o *schedulerObject) DecideApprovalFor(sender dbus.Sender, id, decision, approver string, groups []string) (map[string]dbus.Variant, *dbus.Error) {
 	if derr := o.submitters.check(o.conn, sender, o.s.clock.Now()); derr != nil {
 		return nil, derr
 	}
@@ -261,7 +261,7 @@ func (o *schedulerObject) DecideApprovalFor(sender dbus.Sender, id, decision, ap
 	if err != nil {
 		return nil, dbusError(err)
 	}
-	ap, err := o.s.DecideApprovalFor(id, d, approver)
+	ap, err := o.s.DecideApprovalFor(id, d, approver, groups...)
 	if err != nil {
 		return nil, dbusError(err)
 	}

@@ -35,7 +35,11 @@ type Message struct {
 	// (Slack U…, Discord's snowflake, MeepaChat's usr-…), never a name a
 	// user can change, and "" for a bot: [[approvers]] name people by it.
 	AuthorID string
-	Text     string
+	// AuthorGroups are the platform's ids of groups the author is in, as
+	// the same event names them (Discord role ids); [[approvers]] may name
+	// a group ("discord:role:<id>").
+	AuthorGroups []string
+	Text         string
 	// Decision, when set, makes the message a person's answer to an
 	// approval (a button's click or a keyword, approvals.go) from AuthorID:
 	// it runs nothing, the scheduler decides and its answer is the reply.

@@ -48,7 +48,8 @@ type componentInteraction struct {
 	// Member is set in a guild, User in a DM: who clicked, as Discord
 	// signed it.
 	Member *struct {
-		User *discordgo.User `json:"user"`
+		User  *discordgo.User `json:"user"`
+		Roles []string        `json:"roles"`
 	} `json:"member"`
 	User *discordgo.User `json:"user"`
 	Data struct {
@@ -133,6 +134,8 @@ func (c *Connector) click(ctx context.Context, sink connector.Sink, in *componen
 		Author:    cmpOr(user.Username, user.ID),
 		AuthorID:  user.ID,
 		Decision:  &decision,
+		// The clicker's roles, from the same signed interaction.
+		AuthorGroups: in.roles(),
 		Meta: map[string]string{
 			MetaAuthorID:     user.ID,
 			MetaReplyChannel: in.ChannelID,
@@ -237,4 +240,22 @@ func (c *Connector) decideQuestion(ctx context.Context, r connector.Reply) bool 
 		return false
 	}
 	return true
+}
+
+// roles are the clicking member's role ids, from the signed interaction;
+// none in a DM.
+func (in *componentInteraction) roles() []string {
+	if in.GuildID == "" || in.Member == nil {
+		return nil
+	}
+	return memberRoles(in.GuildID, &discordgo.Member{Roles: in.Member.Roles})
+}
+
+// memberRoles are a guild member's role ids ([[approvers]] name them as
+// "discord:role:<id>"); none outside a guild.
+func memberRoles(guild string, m *discordgo.Member) []string {
+	if guild == "" || m == nil || len(m.Roles) == 0 {
+		return nil
+	}
+	return append([]string(nil), m.Roles...)
 }

@@ -302,3 +302,29 @@ func (s *hookSink) Accept(ctx context.Context, m connector.Message) error {
 	s.hook(m)
 	return s.recordingSink.Accept(ctx, m)
 }
+
+// A guild click carries the clicker's roles from the signed interaction
+// (approvers may name a role); a DM click has none.
+func TestAClickCarriesTheClickersRoles(t *testing.T) {
+	t.Parallel()
+	fake := discordtest.New(t)
+	c, _ := newConnector(t, fake, nil)
+	question := askQuestion(t, fake, c)
+	spec := clickSpec(question, "3171")
+	spec.Roles = []string{"700000000000000001", "700000000000000002"}
+	body, _ := fake.ClickInteraction(spec)
+	sink := newSink()
+	if status, answer := serve(c.Handler(sink), fake.SignedRequest("/hooks/discord-main", body)); status != 200 || answer != `{"type":6}` {
+		t.Fatalf("click answered %d %s", status, answer)
+	}
+	dm := clickSpec(question, "3172")
+	dm.Guild, dm.Channel, dm.Roles = "", dmID, []string{"700000000000000001"}
+	body, _ = fake.ClickInteraction(dm)
+	if status, _ := serve(c.Handler(sink), fake.SignedRequest("/hooks/discord-main", body)); status != 200 {
+		t.Fatalf("DM click answered %d", status)
+	}
+	m := sink.messages()
+	if len(m) != 2 || strings.Join(m[0].AuthorGroups, ",") != "700000000000000001,700000000000000002" || len(m[1].AuthorGroups) != 0 {
+		t.Fatalf("groups: %+v / %+v, want the guild click's roles and none in a DM", m[0].AuthorGroups, m[1].AuthorGroups)
+	}
+}

@@ -170,6 +170,9 @@ func (c *Connector) toMessage(ctx context.Context, m *discordgo.Message, selfID 
 		Meta:      map[string]string{MetaAuthorID: m.Author.ID, MetaReplyChannel: m.ChannelID},
 		Files:     files,
 	}
+	if msg.AuthorID != "" {
+		msg.AuthorGroups = memberRoles(m.GuildID, m.Member)
+	}
 	if dm {
 		msg.Meta[MetaDM] = "true"
 	}

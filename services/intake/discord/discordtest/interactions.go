@@ -36,6 +36,8 @@ type ClickSpec struct {
 	// MessageUser is the user whose command the message answered
 	// (interaction_metadata.user): not the clicker.
 	MessageUser *User
+	// Roles are the clicking member's role ids (guild only).
+	Roles []string
 }
 
 // Callback is one interaction response berth sent.
@@ -84,7 +86,11 @@ func (s *Server) ClickInteraction(c ClickSpec) (body []byte, token string) {
 	}
 	if c.Guild != "" {
 		in["guild_id"] = c.Guild
-		in["member"] = map[string]any{"user": user, "roles": []any{}}
+		roles := c.Roles
+		if roles == nil {
+			roles = []string{}
+		}
+		in["member"] = map[string]any{"user": user, "roles": roles}
 	} else {
 		in["user"] = user
 	}
