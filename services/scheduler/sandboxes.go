@@ -677,18 +677,19 @@ func (s *Service) deleteSandbox(id string) {
 
 // SandboxInfo is one live sandbox as ListSandboxes shows it.
 type SandboxInfo struct {
-	ID           string
-	Agent        string
-	Connector    string
-	Channel      string
-	Thread       string
-	Backend      string
-	StartedAt    time.Time
-	LastActivity time.Time
-	IdleFor      time.Duration
-	Busy         bool
-	Runs         int
-	MemoryBytes  int64 // -1 when it cannot be measured
+	ID            string
+	Agent         string
+	Connector     string
+	Channel       string
+	Thread        string
+	Backend       string
+	StartedAt     time.Time
+	LastActivity  time.Time
+	IdleFor       time.Duration
+	Busy          bool
+	Runs          int
+	MemoryBytes   int64  // -1 when it cannot be measured
+	MemoryUnknown string // why MemoryBytes is -1
 }
 
 // ListSandboxes returns the live sandboxes of agent ("" for all), oldest
@@ -723,6 +724,7 @@ func (s *Service) ListSandboxes(ctx context.Context, agent string) []SandboxInfo
 		cancel()
 		if err != nil {
 			mem = -1
+			e.info.MemoryUnknown = err.Error()
 		}
 		e.info.MemoryBytes = mem
 		out[i] = e.info
