@@ -677,18 +677,19 @@ func (s *Service) deleteSandbox(id string) {
 
 // SandboxInfo is one live sandbox as ListSandboxes shows it.
 type SandboxInfo struct {
-	ID            string
-	Agent         string
-	Connector     string
-	Channel       string
-	Thread        string
-	Backend       string
-	StartedAt     time.Time
-	LastActivity  time.Time
-	IdleFor       time.Duration
-	Busy          bool
-	Runs          int
-	MemoryBytes   int64  // -1 when it cannot be measured
+	ID           string
+	Agent        string
+	Connector    string
+	Channel      string
+	Thread       string
+	Backend      string
+	StartedAt    time.Time
+	LastActivity time.Time
+	IdleFor      time.Duration
+	Busy         bool
+	Runs         int
+	MemoryBytes  int64 // -1 when it cannot be measured
+
 	MemoryUnknown string // why MemoryBytes is -1
 }
 
