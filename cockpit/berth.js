@@ -1124,7 +1124,8 @@
             h("td", { "data-label": "Last activity" }, fmtTime(sb.last_activity_usec)),
             h("td", { "data-label": "Idle for" }, sb.busy ? stateLabel("running") : fmtDuration(Number(sb.idle_usec || 0) / 1000)),
             h("td", { "data-label": "Runs" }, String(sb.runs ?? "—")),
-            h("td", { "data-label": "Memory" }, memory >= 0 ? fmtBytes(memory) : "—"),
+            h("td", { "data-label": "Memory" }, memory >= 0 ? fmtBytes(memory)
+                : h("span", { class: "berth-muted", title: sb.memory_unknown || "" }, "unknown")),
             h("td", { class: "berth-actions" }, adminButton("Stop", "pf-m-secondary pf-m-small", "sandboxes",
                 ev => stopSandbox(sb.id, ev.currentTarget), { "data-stop": sb.id })));
     }

@@ -32,21 +32,26 @@
 #              later messages in its live sandbox beside scope "message",
 #              Landlock and container (POST → reply, the run), idle memory,
 #              per-message runs beside 50 idle sandboxes
+#   kubernetes go test -bench Kubernetes in e2e, on the test cluster when it
+#              is up (scripts/kube-cluster.sh; this script never starts it):
+#              POST → reply through the real daemons from a warm pod and from
+#              a cold one, and a hardened pod's create → running
 #
 #   scripts/bench.sh [container] [scheduler] [intake] [beside] [e2e] [ownimage]
-#                    [egress] [sandboxes]     (as root; default: all)
+#                    [egress] [sandboxes] [kubernetes]   (as root; default: all)
 #
 # Finishes within 10 minutes on a 2-core machine without beside and ownimage
 # (each of those two builds a suite and has a box of 10 minutes of its own,
 # 3–5 minutes when the build cache is warm): each part has a time box
 # (BENCH_CONTAINER_RUNS, default 20 runs per variant; BENCH_REPS, default 3
 # repetitions of each intake figure, medians reported; BENCH_E2E_RUNS,
-# default 60 messages per figure of the whole path).
+# default 60 messages per figure of the whole path; BENCH_KUBE_RUNS, default
+# 10 messages per Kubernetes figure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(container scheduler intake beside e2e ownimage egress sandboxes)
+[ ${#parts[@]} -gt 0 ] || parts=(container scheduler intake beside e2e ownimage egress sandboxes kubernetes)
 has() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 
 out=$(mktemp -d)
@@ -217,6 +222,24 @@ if has sandboxes; then
 			"without them, same run: $(sbx $b msg_reply_p50_ms) ms" "no degradation"
 	else
 		row "sandboxes" "did not run: $(grep -m1 -E 'FAIL|panic|cannot|did not' "$out/sandboxes" || tail -n1 "$out/sandboxes")" "" ""
+	fi
+fi
+
+if has kubernetes; then
+	echo "== kubernetes (go test ./e2e -bench Kubernetes -benchtime ${BENCH_KUBE_RUNS:-10}x)" >&2
+	kubeenv=${KUBECONFIG:+KUBECONFIG=$KUBECONFIG}
+	[ -n "$kubeenv" ] || ! scripts/kube-cluster.sh status >/dev/null 2>&1 || kubeenv=$(scripts/kube-cluster.sh env)
+	if [ -z "$kubeenv" ]; then
+		row "kubernetes" "did not run: no cluster (KUBECONFIG unset and scripts/kube-cluster.sh is not up)" "" ""
+	elif env "$kubeenv" timeout 480 go test ./e2e -run '^$' -bench '^BenchmarkKubernetes(PodCreateToReady|ReplyFromAWarmPod|ReplyFromAColdPod)$' \
+		-benchtime "${BENCH_KUBE_RUNS:-10}x" -count 1 -timeout 8m >"$out/kubernetes" 2>&1; then
+		k() { bench_metric "$out/kubernetes" "$1" "$2"; }
+		row "kubernetes, warm pod (\`warm = 1\`): POST → reply (p50)" "$(k BenchmarkKubernetesReplyFromAWarmPod p50-ms) ms (p95 $(k BenchmarkKubernetesReplyFromAWarmPod p95-ms) ms)" \
+			"cold pod, same stack: $(k BenchmarkKubernetesReplyFromAColdPod p50-ms) ms" "target p50 ≤ 100 ms"
+		row "kubernetes, cold pod (one per message): POST → reply (p50)" "$(k BenchmarkKubernetesReplyFromAColdPod p50-ms) ms (p95 $(k BenchmarkKubernetesReplyFromAColdPod p95-ms) ms)" \
+			"a hardened pod's create → running: $(k BenchmarkKubernetesPodCreateToReady p50-ms) ms (p95 $(k BenchmarkKubernetesPodCreateToReady p95-ms) ms)" "target p50 ≤ 3 s"
+	else
+		row "kubernetes" "did not run: $(grep -m1 -E 'FAIL|panic|cannot|did not' "$out/kubernetes" || tail -n1 "$out/kubernetes")" "" ""
 	fi
 fi
 

@@ -9,6 +9,8 @@
 #   scripts/kube-cluster.sh status   say whether it is up
 #   scripts/kube-cluster.sh down     stop it and leave the host as it was
 #   scripts/kube-cluster.sh check    up, down, and compare links, mounts, sysctls
+#   scripts/kube-cluster.sh pause    rebuild the pause image and load it into the
+#                                    running cluster (pods made after run it)
 #
 # Pods reach nothing but this machine's bridge address (KUBE_BRIDGE_IP): the
 # CNI bridge has no masquerade and pods get no default route.
@@ -79,7 +81,6 @@ cmd_build() {
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet
     nice -n 10 go build -p "$GOMAXPROCS" -trimpath -ldflags "-s -w" -o "$tmp/bin/etcd" go.etcd.io/etcd/server/v3
-    nice -n 10 go build -trimpath -ldflags "-s -w" -o "$tmp/bin/pause" ./pause
   ) || { rm -rf "$tmp"; die "build failed"; }
   touch "$tmp/bin/.complete"
   mkdir -p "$(dirname "$BIN_DIR")"
@@ -213,13 +214,29 @@ KC
 
 # ---- the pause image -----------------------------------------------------------
 
+# pause_binary prints the path of the pause binary, built when its source
+# changed: it is cached by the hash of its source (and Go's version), apart
+# from the Kubernetes binaries, so a fix to it is never hidden by their cache.
+pause_binary() {
+  local src=scripts/kube/build/pause sum bin
+  sum=$(cat "$src/go.mod" "$src/main.go" | sha256sum | cut -c1-16)
+  bin=$CACHE_BASE/pause-$sum-$GO_VERSION/pause
+  if [ ! -x "$bin" ]; then
+    mkdir -p "$(dirname "$bin")"
+    (cd "$src" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -ldflags "-s -w" -o "$bin.tmp" .) || die "cannot build pause"
+    mv "$bin.tmp" "$bin"
+  fi
+  echo "$bin"
+}
+
 # A docker-archive tar (manifest.json, config, one layer holding /pause) that
 # ctr imports as the sandbox image: no registry is reachable here.
 pause_archive() { # pause_archive OUT.tar
-  local dir
+  local dir bin
+  bin=$(pause_binary)
   dir=$(mktemp -d)
   mkdir -p "$dir/rootfs"
-  cp "$BIN_DIR/pause" "$dir/rootfs/pause"
+  cp "$bin" "$dir/rootfs/pause"
   tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$dir/rootfs" -cf "$dir/layer.tar" pause
   local diff
   diff=$(sha256sum "$dir/layer.tar" | cut -d' ' -f1)
@@ -314,9 +331,7 @@ cmd_up() {
     --unsafe-no-fsync --log-level warn
 
   wait_for 30 "containerd answers" CTR version
-  pause_archive "$RUN_DIR/pause.tar"
-  CTR images import "$RUN_DIR/pause.tar" >/dev/null
-  rm -f "$RUN_DIR/pause.tar"
+  load_pause
 
   start_daemon kube-apiserver "$BIN_DIR/kube-apiserver" \
     --bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" --advertise-address 127.0.0.1 \
@@ -530,6 +545,20 @@ cmd_check() {
   fi
 }
 
+# load_pause imports the pause image into the cluster's containerd under the
+# sandbox image's name; pod sandboxes made after use it, running ones keep theirs.
+load_pause() {
+  pause_archive "$RUN_DIR/pause.tar"
+  CTR images import "$RUN_DIR/pause.tar" >/dev/null
+  rm -f "$RUN_DIR/pause.tar"
+}
+
+cmd_pause() {
+  is_up || die "not up (scripts/kube-cluster.sh up)"
+  load_pause
+  log "loaded $PAUSE_IMAGE from $(pause_binary); pods made from now on run it"
+}
+
 main() {
   local cmd=${1:-}
   case $cmd in
@@ -539,7 +568,8 @@ main() {
     env) cmd_env ;;
     status) cmd_status ;;
     check) cmd_check ;;
-    *) echo "usage: $0 build|up|down|env|status|check" >&2; exit 2 ;;
+    pause) cmd_pause ;;
+    *) echo "usage: $0 build|up|down|env|status|check|pause" >&2; exit 2 ;;
   esac
 }
 

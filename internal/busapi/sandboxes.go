@@ -27,6 +27,8 @@ type Sandbox struct {
 	// MemoryBytes is what every process of it uses now; -1 when it cannot
 	// be measured.
 	MemoryBytes int64 `json:"memory_bytes"`
+	// MemoryUnknown is why MemoryBytes is -1 (the backend's error).
+	MemoryUnknown string `json:"memory_unknown,omitempty"`
 }
 
 // Wire is the sandbox as an a{sv} entry of ListSandboxes.
@@ -44,6 +46,7 @@ func (s Sandbox) Wire() map[string]dbus.Variant {
 		"busy":               dbus.MakeVariant(s.Busy),
 		"runs":               dbus.MakeVariant(s.Runs),
 		"memory_bytes":       dbus.MakeVariant(s.MemoryBytes),
+		"memory_unknown":     dbus.MakeVariant(s.MemoryUnknown),
 	}
 }
 
@@ -66,6 +69,7 @@ func SandboxFromWire(m map[string]dbus.Variant) (Sandbox, error) {
 	f.u32("runs", &s.Runs)
 	s.MemoryBytes = -1
 	f.get("memory_bytes", &s.MemoryBytes)
+	f.str("memory_unknown", &s.MemoryUnknown)
 	if f.err == nil && s.ID == "" {
 		return Sandbox{}, invalid("a sandbox without an id")
 	}

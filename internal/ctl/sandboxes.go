@@ -59,12 +59,20 @@ func writeSandboxList(w io.Writer, list []busapi.Sandbox) error {
 		if sb.Busy {
 			idle = "busy"
 		}
-		mem := "?"
+		mem := "unknown"
 		if sb.MemoryBytes >= 0 {
 			mem = fmt.Sprintf("%.1f MiB", float64(sb.MemoryBytes)/(1<<20))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.Agent, strconv.Quote(sb.Connector), strconv.Quote(sb.Channel), strconv.Quote(sb.Thread),
 			sb.Backend, localTime(sb.Started), localTime(sb.LastActivity), idle, strconv.FormatUint(uint64(sb.Runs), 10), mem)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, sb := range list {
+		if sb.MemoryBytes < 0 && sb.MemoryUnknown != "" {
+			fmt.Fprintf(w, "memory of %s: %s\n", sb.ID, sb.MemoryUnknown)
+		}
+	}
+	return nil
 }

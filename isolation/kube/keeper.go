@@ -2,7 +2,6 @@ package kube
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -220,52 +219,9 @@ func (k *keptPod) Kill(ctx context.Context) error { return k.s.Kill(ctx) }
 
 func (k *keptPod) OOMKilled(ctx context.Context) bool { return k.s.Inspect(ctx, true) }
 
-// Memory is the agent container's working set as its node's kubelet
-// reports it (stats/summary through the API server's node proxy, which
-// needs get on nodes/proxy).
+// Memory is the agent container's working set (memory.go).
 func (k *keptPod) Memory(ctx context.Context) (int64, error) {
-	s := k.s
-	ctx, cancel := s.b.call(ctx)
-	defer cancel()
-	pod, err := s.b.cs.CoreV1().Pods(s.ns).Get(ctx, s.name, metav1.GetOptions{})
-	if err != nil {
-		return 0, fmt.Errorf("cannot read pod %s/%s: %w", s.ns, s.name, err)
-	}
-	if pod.Spec.NodeName == "" {
-		return 0, fmt.Errorf("pod %s/%s has no node", s.ns, s.name)
-	}
-	data, err := s.b.cs.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", pod.Spec.NodeName, "proxy", "stats", "summary").DoRaw(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("cannot read the memory of pod %s/%s from node %s's kubelet: %w", s.ns, s.name, pod.Spec.NodeName, err)
-	}
-	var summary struct {
-		Pods []struct {
-			PodRef struct {
-				Name      string `json:"name"`
-				Namespace string `json:"namespace"`
-			} `json:"podRef"`
-			Containers []struct {
-				Name   string `json:"name"`
-				Memory *struct {
-					WorkingSetBytes *uint64 `json:"workingSetBytes"`
-				} `json:"memory"`
-			} `json:"containers"`
-		} `json:"pods"`
-	}
-	if err := json.Unmarshal(data, &summary); err != nil {
-		return 0, fmt.Errorf("cannot read node %s's stats summary: %w", pod.Spec.NodeName, err)
-	}
-	for _, p := range summary.Pods {
-		if p.PodRef.Name != s.name || p.PodRef.Namespace != s.ns {
-			continue
-		}
-		for _, c := range p.Containers {
-			if c.Name == agentContainer && c.Memory != nil && c.Memory.WorkingSetBytes != nil {
-				return int64(*c.Memory.WorkingSetBytes), nil
-			}
-		}
-	}
-	return 0, fmt.Errorf("node %s's kubelet reports no memory of pod %s/%s yet", pod.Spec.NodeName, s.ns, s.name)
+	return k.s.b.podMemory(ctx, k.s.ns, k.s.name)
 }
 
 // Release ends the attach stream and the watch and deletes the pod before

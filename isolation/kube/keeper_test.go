@@ -109,16 +109,9 @@ func TestKubernetesConversationPodServesItsMessagesAndStops(t *testing.T) {
 		t.Fatalf("another conversation's message ran in the first one's pod or sees its /tmp:\n%q", got)
 	}
 
-	// The test cluster's API server has no client certificate for the
-	// kubelet, so its node proxy may refuse stats/summary: then the error
-	// must say where the memory was asked for.
-	if mem, err := k.Memory(context.Background()); err != nil {
-		if !strings.Contains(err.Error(), "kubelet") || !strings.Contains(err.Error(), k.Handle()) && !strings.Contains(err.Error(), "berth-kept-") {
-			t.Errorf("Memory failed without naming the pod and the kubelet: %v", err)
-		}
-		t.Logf("this cluster's node proxy does not serve the kubelet's stats: %v", err)
-	} else if mem <= 0 {
-		t.Errorf("Memory = %d; want the pod's working set", mem)
+	// memory_test.go proves what it measures.
+	if mem, err := k.Memory(context.Background()); err != nil || mem <= 0 {
+		t.Errorf("Memory = %d, %v; want the pod's working set", mem, err)
 	}
 	if err := k.Stop(context.Background(), 20*time.Second); err != nil {
 		t.Fatalf("Stop: %v", err)

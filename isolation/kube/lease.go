@@ -172,6 +172,7 @@ func (b *Backend) tryAcquire(ctx context.Context, l *lease) error {
 		b.leases.mu.Lock()
 		l.held = false
 		b.leases.mu.Unlock()
+		b.leaseMoved(l.agent) // warm pods follow the lease
 		return &isolation.RunError{Reason: isolation.ReasonStart, Err: ErrLeaseHeld,
 			Detail: fmt.Sprintf("agent %s is served by berth host %s, which holds Lease %s/%s (renewed %s); this host (%s) refuses its runs so that two hosts never serve one agent: configure the agent on one host only (ADR 28), or stop that host's scheduler and the lease passes here",
 				l.agent, old.HolderIdentity, l.ns, l.name, old.RenewTime.UTC().Format(time.RFC3339), me)}
@@ -192,7 +193,11 @@ func (b *Backend) tryAcquire(ctx context.Context, l *lease) error {
 func (b *Backend) took(l *lease, at time.Time) {
 	b.leases.mu.Lock()
 	defer b.leases.mu.Unlock()
+	wasHeld := l.held
 	l.held, l.renewed, l.holder = true, at, b.Identity()
+	if !wasHeld {
+		go b.leaseMoved(l.agent) // warm pods follow the lease; not under leases.mu
+	}
 	if l.stopRenew != nil {
 		return
 	}

@@ -23,6 +23,8 @@ type pool struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 	done    chan struct{}
+	// leaseAsked: the pool asked for the agent's lease (warmlease.go).
+	leaseAsked bool
 }
 
 // Warm sets the warm pools: one per spec whose Kube.Warm is above zero and
@@ -181,6 +183,10 @@ func (b *Backend) fill(pl *pool) {
 
 // fillOnce replaces stale members and starts missing ones.
 func (b *Backend) fillOnce(pl *pool) error {
+	if ok, err := b.mayWarm(pl); !ok { // warmlease.go
+		b.emptyPool(pl)
+		return err
+	}
 	b.mu.Lock()
 	spec := pl.spec
 	b.mu.Unlock()

@@ -689,6 +689,8 @@ type SandboxInfo struct {
 	Busy         bool
 	Runs         int
 	MemoryBytes  int64 // -1 when it cannot be measured
+
+	MemoryUnknown string // why MemoryBytes is -1
 }
 
 // ListSandboxes returns the live sandboxes of agent ("" for all), oldest
@@ -723,6 +725,7 @@ func (s *Service) ListSandboxes(ctx context.Context, agent string) []SandboxInfo
 		cancel()
 		if err != nil {
 			mem = -1
+			e.info.MemoryUnknown = err.Error()
 		}
 		e.info.MemoryBytes = mem
 		out[i] = e.info

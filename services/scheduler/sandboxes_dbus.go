@@ -43,5 +43,5 @@ func (o *schedulerObject) StopSandbox(sender dbus.Sender, id string) *dbus.Error
 func (i SandboxInfo) bus() busapi.Sandbox {
 	return busapi.Sandbox{ID: i.ID, Agent: i.Agent, Connector: i.Connector, Channel: i.Channel, Thread: i.Thread,
 		Backend: i.Backend, Started: i.StartedAt, LastActivity: i.LastActivity, IdleFor: i.IdleFor, Busy: i.Busy,
-		Runs: uint32(i.Runs), MemoryBytes: i.MemoryBytes}
+		Runs: uint32(i.Runs), MemoryBytes: i.MemoryBytes, MemoryUnknown: i.MemoryUnknown}
 }

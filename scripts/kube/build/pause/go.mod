@@ -1,0 +1,3 @@
+module berth.local/pause
+
+go 1.26.0
