@@ -97,7 +97,11 @@ func (b *Backend) Start(ctx context.Context, spec isolation.Spec) (isolation.Kep
 	body.stopWatch = stopWatch
 	go body.attach(stdinR, out.Stdout(), out.Stderr())
 	go body.watch(watchCtx)
-	return isolation.OpenKept(ctx, spec, body, stdinW, out)
+	k, err := isolation.OpenKept(ctx, spec, body, stdinW, out)
+	if err != nil {
+		return nil, err
+	}
+	return filesKept{Kept: k, s: s}, nil // files.go
 }
 
 // keptPod is a kept sandbox's pod.
