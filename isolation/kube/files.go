@@ -25,7 +25,7 @@ import (
 	"github.com/berth-dev/berth/isolation"
 )
 
-// A run's files in a pod (ADR 29). Every pod has a second container,
+// A run's files in a pod (ADR 29). A one-shot or warm pod has a second container,
 // "files": berth-agent in files-wait mode, the agent's hardening and uid,
 // the workspace mounted and nothing else. It lives as long as the pod, so
 // the workspace is reachable before the agent has its request and after
@@ -97,10 +97,24 @@ func (b *Backend) filesDeadline(n int64) time.Duration {
 	return b.apiTimeout + time.Duration(n/minFilesRate+1)*time.Second
 }
 
-// execFiles runs berth-agent with args in the pod's files container.
-func (b *Backend) execFiles(ctx context.Context, ns, name string, args []string, stdin io.Reader, stdout io.Writer) error {
+// filesContainerOf is the container of pod that files go through: its
+// files container, else (a kept pod) the agent's.
+func filesContainerOf(pod *corev1.Pod) string {
+	for _, c := range pod.Spec.Containers {
+		if c.Name == filesContainer {
+			return filesContainer
+		}
+	}
+	return agentContainer
+}
+
+// execFiles runs berth-agent with args in container of the pod.
+func (b *Backend) execFiles(ctx context.Context, ns, name, container string, args []string, stdin io.Reader, stdout io.Writer) error {
+	if container == "" {
+		container = filesContainer
+	}
 	req := b.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: filesContainer, Command: append([]string{agentBinary}, args...),
+		VersionedParams(&corev1.PodExecOptions{Container: container, Command: append([]string{agentBinary}, args...),
 			Stdin: stdin != nil, Stdout: stdout != nil, Stderr: true}, scheme.ParameterCodec)
 	ws, err := remotecommand.NewWebSocketExecutor(b.rest, "GET", req.URL().String())
 	if err != nil {
@@ -153,7 +167,7 @@ func (s *session) putFiles(ctx context.Context, files *isolation.RunFiles) error
 	defer cancel()
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(writeInbox(pw, files.In)) }()
-	err := s.b.execFiles(ctx, s.ns, s.name, []string{agentproto.FilesInArg, isolation.ContainerWorkspace, files.InDir}, pr, nil)
+	err := s.b.execFiles(ctx, s.ns, s.name, s.filesIn, []string{agentproto.FilesInArg, isolation.ContainerWorkspace, files.InDir}, pr, nil)
 	pr.CloseWithError(errors.New("the exec ended"))
 	if err != nil {
 		return &isolation.RunError{Reason: isolation.ReasonStart,
@@ -215,7 +229,7 @@ func (s *session) takeFiles(ctx context.Context, want []agentproto.OutFile, caps
 	pr, pw := io.Pipe()
 	execErr := make(chan error, 1)
 	go func() {
-		err := s.b.execFiles(ctx, s.ns, s.name, []string{agentproto.FilesOutArg, isolation.ContainerWorkspace}, bytes.NewReader(req), pw)
+		err := s.b.execFiles(ctx, s.ns, s.name, s.filesIn, []string{agentproto.FilesOutArg, isolation.ContainerWorkspace}, bytes.NewReader(req), pw)
 		pw.CloseWithError(err)
 		execErr <- err
 	}()

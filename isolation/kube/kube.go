@@ -488,6 +488,7 @@ func (b *Backend) createAndWait(ctx context.Context, pod *corev1.Pod, p isolatio
 		return nil, err
 	}
 	s := newSession(b, pod.Namespace, pod.Name)
+	s.filesIn = filesContainerOf(pod)
 	if err := b.waitRunning(ctx, s, p); err != nil {
 		b.deletePod(pod.Namespace, pod.Name)
 		return nil, err
@@ -679,6 +680,9 @@ type session struct {
 	killed     atomic.Bool // Kill deleted the pod: its deletion is no fault
 	agentEnded atomic.Bool // Wait saw the agent container end
 	hold       *filesHold  // the reply's files are read before the pod goes (files.go)
+	// filesIn is the container files are moved in and out through: the
+	// files container, or a kept pod's agent container (files.go).
+	filesIn string
 }
 
 func newSession(b *Backend, ns, name string) *session {
