@@ -44,6 +44,9 @@ type Result struct {
 	// Usage is what the run's provider calls spent, as its egress proxy
 	// read it from each answer (docs/adr/0024-usage-and-budgets.md).
 	Usage egresspolicy.Usage
+	// ReplyFiles are the reply's files a backend read from a sandbox whose
+	// workspace is not on the scheduler's host (Spec.Files.Out).
+	ReplyFiles []SandboxFile
 }
 
 // Backend runs agent requests in one kind of sandbox.

@@ -255,6 +255,9 @@ type Spec struct {
 	// EgressAgentToken opens berth-agent's own channel at the proxy
 	// (docs/adr/0026-agent-own-egress-channel.md); on stdin only, like EgressToken.
 	EgressAgentToken string
+	// Files are the run's files for a backend whose workspace is not on
+	// the scheduler's host (RunFiles); nil for the others.
+	Files *RunFiles
 }
 
 // throughEgress is a provider as an agent behind the egress proxy calls it:

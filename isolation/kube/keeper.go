@@ -59,6 +59,10 @@ func KeptPodFor(spec isolation.Spec, instance string) (*corev1.Pod, error) {
 	// Its life is the scheduler's to end (idle stop, max lifetime), and
 	// it ends by itself when the scheduler is gone (stdinOnce).
 	pod.Spec.ActiveDeadlineSeconds = nil
+	// No files container: the agent's serves between requests, so files
+	// go in and out through it (files.go), and a container that outlived
+	// it would keep the pod of a dead scheduler from ending.
+	pod.Spec.Containers = pod.Spec.Containers[:1]
 	c := &pod.Spec.Containers[0]
 	c.Args = []string{agentproto.ServeArg, agentproto.ServePIDNamespaceArg}
 	c.Stdin, c.StdinOnce = true, true
@@ -96,7 +100,11 @@ func (b *Backend) Start(ctx context.Context, spec isolation.Spec) (isolation.Kep
 	body.stopWatch = stopWatch
 	go body.attach(stdinR, out.Stdout(), out.Stderr())
 	go body.watch(watchCtx)
-	return isolation.OpenKept(ctx, spec, body, stdinW, out)
+	k, err := isolation.OpenKept(ctx, spec, body, stdinW, out)
+	if err != nil {
+		return nil, err
+	}
+	return filesKept{Kept: k, s: s}, nil // files.go
 }
 
 // keptPod is a kept sandbox's pod.

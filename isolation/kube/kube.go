@@ -244,7 +244,7 @@ func isUnreachable(err error) bool {
 // isolation.Supervise hand it the request, wait for the response, kill and
 // drain it; the pod is deleted whatever happened.
 func (b *Backend) Run(ctx context.Context, spec isolation.Spec) (isolation.Result, error) {
-	return isolation.Supervise(ctx, spec, b.startRun)
+	return b.superviseWithFiles(ctx, spec) // files.go
 }
 
 // Environment is the complete environment of a pod's agent. It holds no
@@ -382,6 +382,7 @@ func PodFor(p isolation.Plan, instance string) (pod *corev1.Pod, hash string, er
 		},
 	}
 	caVolumeFor(pod, p)
+	withFilesContainer(pod) // files.go, ADR 29
 	if usesClaim(p) {
 		// A volume that supports it is made the group's: the run user
 		// writes a fresh claim the provisioner made root's.
@@ -452,6 +453,11 @@ func (b *Backend) startRun(ctx context.Context, spec isolation.Spec, input []byt
 		}
 	}
 	s.runID = spec.RunID
+	if err := s.putFiles(ctx, spec.Files); err != nil { // files.go
+		s.Release()
+		return nil, err
+	}
+	s.holdForFiles(spec.Files)
 	s.attach(input, stdout, stderr)
 	b.log.Debug("pod has its request", "run_id", spec.RunID, "pod", s.name, "warm", warm, "total_ms", float64(time.Since(began).Microseconds())/1000)
 	return endingLater{s}, nil
@@ -482,6 +488,7 @@ func (b *Backend) createAndWait(ctx context.Context, pod *corev1.Pod, p isolatio
 		return nil, err
 	}
 	s := newSession(b, pod.Namespace, pod.Name)
+	s.filesIn = filesContainerOf(pod)
 	if err := b.waitRunning(ctx, s, p); err != nil {
 		b.deletePod(pod.Namespace, pod.Name)
 		return nil, err
@@ -501,7 +508,7 @@ func (b *Backend) waitRunning(ctx context.Context, s *session, p isolation.Plan)
 	var last *corev1.Pod
 	_, err := b.watchPod(ctx, s.ns, s.name, func(pod *corev1.Pod) (bool, error) {
 		last = pod
-		return started(pod, p)
+		return filesStarted(pod, p)
 	})
 	if err == nil {
 		return nil
@@ -671,6 +678,11 @@ type session struct {
 	attachErr  error         // set before copied closes
 	released   sync.Once
 	killed     atomic.Bool // Kill deleted the pod: its deletion is no fault
+	agentEnded atomic.Bool // Wait saw the agent container end
+	hold       *filesHold  // the reply's files are read before the pod goes (files.go)
+	// filesIn is the container files are moved in and out through: the
+	// files container, or a kept pod's agent container (files.go).
+	filesIn string
 }
 
 func newSession(b *Backend, ns, name string) *session {
@@ -730,6 +742,7 @@ func (s *session) Wait(ctx context.Context) (isolation.Exit, error) {
 		for _, cs := range pod.Status.ContainerStatuses {
 			if t := cs.State.Terminated; cs.Name == agentContainer && t != nil {
 				exit = isolation.Exit{Code: int(t.ExitCode), OOM: t.Reason == "OOMKilled"}
+				s.agentEnded.Store(true)
 				return true, nil
 			}
 		}
@@ -782,6 +795,9 @@ func (s *session) Wait(ctx context.Context) (isolation.Exit, error) {
 
 // Kill deletes the pod now.
 func (s *session) Kill(ctx context.Context) error {
+	if s.heldAfterExit() {
+		return nil // Release deletes it once the reply's files are read
+	}
 	s.killed.Store(true)
 	return s.b.deletePod(s.ns, s.name)
 }
@@ -811,6 +827,7 @@ func (s *session) Release() {
 		s.stopStream()
 		s.b.own(s.name)
 		s.b.removals.Go(func() {
+			s.waitFiles()
 			if err := s.b.deletePod(s.ns, s.name); err != nil {
 				s.b.log.Error("cannot delete a run's pod; the next scheduler start removes it", "pod", s.name, "err", err)
 			}
@@ -827,6 +844,7 @@ var _ isolation.BackgroundEnder = endingLater{}
 func (s endingLater) EndsInBackground(teardown func() error) {
 	s.b.own(s.name)
 	s.b.removals.Go(func() {
+		s.waitFiles()
 		if err := teardown(); err != nil {
 			s.b.log.Warn("the pod of an answered run did not end cleanly", "run_id", s.runID, "pod", s.name, "err", err)
 		}

@@ -190,8 +190,10 @@ func mountsOnly(t *testing.T, pod corev1.Pod, agent string) {
 			t.Errorf("pod %s has volume %s: %s", pod.Name, v.Name, data)
 		}
 	}
-	if ms := pod.Spec.Containers[0].VolumeMounts; len(ms) != 2 || len(pod.Spec.Containers) != 1 || len(pod.Spec.InitContainers) != 0 {
-		t.Errorf("pod %s mounts %+v in %d containers, want /workspace and /tmp in one", pod.Name, ms, len(pod.Spec.Containers))
+	if ms := pod.Spec.Containers[0].VolumeMounts; len(ms) != 2 || len(pod.Spec.Containers) != 2 || len(pod.Spec.InitContainers) != 0 {
+		t.Errorf("pod %s mounts %+v in %d containers, want /workspace and /tmp in the agent's, beside the files container", pod.Name, ms, len(pod.Spec.Containers))
+	} else if fm := pod.Spec.Containers[1].VolumeMounts; pod.Spec.Containers[1].Name != "files" || len(fm) != 1 || fm[0].Name != "workspace" {
+		t.Errorf("pod %s's second container is %s mounting %+v, want files with the workspace only", pod.Name, pod.Spec.Containers[1].Name, fm)
 	}
 }
 

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/agentproto"
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/durable"
 	"github.com/berth-dev/berth/isolation"
 )
@@ -154,14 +156,14 @@ func inboxName(r Run) string {
 // agent reads them and cannot change them), and returns them as the
 // agent's prompt lists them. The workspace is the agent's: it is entered
 // through os.Root, so a symlink the agent left there cannot send the copy
-// outside it. A backend that cannot take files fails the run with a reason.
+// outside it. A pod's workspace is not on this host: its backend places
+// the files (podFiles), and placeFiles only lists them.
 func (s *Service) placeFiles(r Run, plan isolation.Plan) ([]agentproto.MessageFile, error) {
 	if len(r.Files) == 0 {
 		return nil, nil
 	}
 	if plan.Backend == isolation.BackendKubernetes {
-		return nil, &isolation.RunError{Reason: isolation.ReasonStart,
-			Detail: "a message's files cannot be placed in a kubernetes pod's workspace yet; the run is refused rather than run without them"}
+		return listFiles(r, plan), nil
 	}
 	ws, err := os.OpenRoot(plan.Workspace)
 	if err != nil {
@@ -194,6 +196,42 @@ func (s *Service) placeFiles(r Run, plan isolation.Plan) ([]agentproto.MessageFi
 		return nil, placeError(err)
 	}
 	return out, nil
+}
+
+// listFiles is the prompt's listing of run r's files under inbox/<message id>/.
+func listFiles(r Run, plan isolation.Plan) []agentproto.MessageFile {
+	dir := filepath.Join("inbox", inboxName(r))
+	out := make([]agentproto.MessageFile, 0, len(r.Files))
+	for _, f := range r.Files {
+		out = append(out, agentproto.MessageFile{Path: filepath.Join(plan.SandboxWorkspace, dir, f.Name), Name: f.Name, Type: f.Type, Size: f.Size})
+	}
+	return out
+}
+
+// podFiles are the files a kubernetes run's backend moves (ADR 29): the
+// message's staged files, which it places in the pod's workspace before
+// the request, and the caps of the reply's files it reads back after the
+// response (none when no connector waits for the reply). Other backends
+// get nil: the scheduler reaches their workspace itself.
+func (s *Service) podFiles(cfg *config.Config, r Run, plan isolation.Plan) (*isolation.RunFiles, error) {
+	if plan.Backend != isolation.BackendKubernetes {
+		return nil, nil
+	}
+	files := &isolation.RunFiles{InDir: filepath.Join("inbox", inboxName(r))}
+	if r.Connector != "" {
+		files.Out = replyCaps(cfg)
+	}
+	staged := s.inboxDir(r.MessageID)
+	for _, f := range r.Files {
+		p := filepath.Join(staged, f.Name)
+		if fi, err := os.Stat(p); err != nil {
+			return nil, placeError(fmt.Errorf("file %s: %w", f.Name, err))
+		} else if fi.Size() != f.Size {
+			return nil, placeError(fmt.Errorf("file %s: the staged copy has %d bytes, not %d", f.Name, fi.Size(), f.Size))
+		}
+		files.In = append(files.In, isolation.InFile{Name: f.Name, Size: f.Size, Path: p})
+	}
+	return files, nil
 }
 
 func placeOne(ws *os.Root, src, dst string, size int64) error {
@@ -233,4 +271,25 @@ func (s *Service) dropStaged(keys []string) {
 			s.log.Warn("cannot delete a pruned run's staged files", "message_id", k, "err", err)
 		}
 	}
+}
+
+// runKept runs req in a kept sandbox, handing a pod's backend the run's
+// files (podFiles); a kept pod that cannot take them fails the run.
+func (s *Service) runKept(ctx context.Context, cfg *config.Config, r Run, kept isolation.Kept, plan isolation.Plan, req agentproto.Request) (isolation.Result, error) {
+	files, err := s.podFiles(cfg, r, plan)
+	if err != nil || files == nil {
+		if err != nil {
+			return isolation.Result{}, err
+		}
+		return kept.Run(ctx, req)
+	}
+	fk, ok := kept.(isolation.FilesKeeper)
+	if !ok {
+		if len(files.In) > 0 {
+			return isolation.Result{}, &isolation.RunError{Reason: isolation.ReasonStart,
+				Detail: "this conversation's sandbox cannot take the message's files; the run is refused rather than run without them"}
+		}
+		return kept.Run(ctx, req)
+	}
+	return fk.RunWithFiles(ctx, req, files)
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/berth-dev/berth/internal/busapi"
@@ -55,6 +54,9 @@ func TestStageFilesRefusesAWrongSizeAndLeavesNothing(t *testing.T) {
 // file it planted under the message's directory is replaced.
 func TestPlaceFilesStaysInsideTheWorkspace(t *testing.T) {
 	s := stagedService(t)
+	if err := s.stageFiles("hooks/m1", []busapi.File{fileOf(t, "a.txt", "hello")}); err != nil {
+		t.Fatal(err)
+	}
 	r := Run{ID: "r1", MessageID: "hooks/m1", Connector: "hooks", Files: []RunFile{{Name: "a.txt", Size: 5}}}
 	if err := s.stageFiles(r.MessageID, []busapi.File{fileOf(t, "a.txt", "hello")}); err != nil {
 		t.Fatal(err)
@@ -106,13 +108,29 @@ func TestPlaceFilesStaysInsideTheWorkspace(t *testing.T) {
 	}
 }
 
-// A kubernetes run with files fails with a reason rather than run without
-// them.
-func TestPlaceFilesRefusesKubernetes(t *testing.T) {
+// A kubernetes run's files are listed for its prompt and handed to its
+// backend (podFiles), never placed in a host directory: the workspace is
+// the pod's.
+func TestPlaceFilesLeavesAKubernetesRunsFilesToItsBackend(t *testing.T) {
 	s := stagedService(t)
-	r := Run{ID: "r1", MessageID: "hooks/m1", Files: []RunFile{{Name: "a.txt", Size: 5}}}
-	_, err := s.placeFiles(r, isolation.Plan{Backend: isolation.BackendKubernetes, Workspace: t.TempDir()})
-	if err == nil || !strings.Contains(err.Error(), "kubernetes") {
-		t.Fatalf("placeFiles = %v, want a refusal naming kubernetes", err)
+	if err := s.stageFiles("hooks/m1", []busapi.File{fileOf(t, "a.txt", "hello")}); err != nil {
+		t.Fatal(err)
+	}
+	r := Run{ID: "r1", MessageID: "hooks/m1", Connector: "hooks", Files: []RunFile{{Name: "a.txt", Size: 5}}}
+	ws := t.TempDir()
+	plan := isolation.Plan{Backend: isolation.BackendKubernetes, Workspace: ws, SandboxWorkspace: "/workspace"}
+	got, err := s.placeFiles(r, plan)
+	if err != nil || len(got) != 1 || got[0].Path != "/workspace/inbox/m1/a.txt" {
+		t.Fatalf("placeFiles = %+v, %v; want the listing of /workspace/inbox/m1/a.txt", got, err)
+	}
+	if ents, _ := os.ReadDir(ws); len(ents) != 0 {
+		t.Errorf("placeFiles wrote %v into a host directory for a kubernetes run", ents)
+	}
+	files, err := s.podFiles(s.cfg.Load(), r, plan)
+	if err != nil || files == nil || files.InDir != "inbox/m1" || len(files.In) != 1 || files.In[0].Size != 5 || files.Out.File <= 0 {
+		t.Fatalf("podFiles = %+v, %v; want a.txt's staged copy under inbox/m1 and the reply caps", files, err)
+	}
+	if data, err := os.ReadFile(files.In[0].Path); err != nil || len(data) != 5 {
+		t.Errorf("the staged copy %s: %q, %v", files.In[0].Path, data, err)
 	}
 }

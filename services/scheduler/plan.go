@@ -59,6 +59,10 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res r
 	if req.Message.Files, err = s.placeFiles(r, prep.Plan); err != nil {
 		return res, backend, err
 	}
+	podFiles, err := s.podFiles(cfg, r, prep.Plan)
+	if err != nil {
+		return res, backend, err
+	}
 	started := sandboxStart(ctx)
 	spec := prep.Spec(req, func(handle string) error {
 		started(nil)
@@ -69,11 +73,12 @@ func (s *Service) runOnce(ctx context.Context, r Run, cfg *config.Config) (res r
 		s.hold(ctx, HoldBeforeAnswer, r)
 		return nil
 	})
+	spec.Files = podFiles
 	res.Result, err = prep.Backend.Run(ctx, spec)
 	started(err)
 	res.Response.MCP = append(refusedMCP, res.Response.MCP...)
 	if err == nil && res.Response.Error == "" {
-		res.files = s.takeReplyFiles(cfg, r, prep.Plan, isolation.KnownSecrets(spec), res.Response)
+		res.files = s.takeReplyFiles(cfg, r, prep.Plan, isolation.KnownSecrets(spec), res.Result)
 	}
 	return res, backend, err
 }

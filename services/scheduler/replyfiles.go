@@ -2,9 +2,7 @@ package scheduler
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"net/http"
 	"os"
@@ -20,6 +18,7 @@ import (
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/durable"
+	"github.com/berth-dev/berth/internal/workspacefile"
 	"github.com/berth-dev/berth/isolation"
 )
 
@@ -33,14 +32,11 @@ import (
 // Run.ReplyFiles lists them (name, type, caption, size); the directory goes
 // once intake has its own copy (DeliverFiles returned), or with the run.
 //
-// The agent controls the workspace, so every path is opened beneath it with
-// openat2(RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS|
-// RESOLVE_NO_XDEV) and O_PATH first: no symlink anywhere on the path is
-// followed, nothing outside the workspace is reached, and nothing but a
-// regular file is ever opened for reading (a FIFO would block, a device
-// could act on the open). A file with more than one hard link is refused: the
-// agent's uid can link a file it cannot read only where
-// fs.protected_hardlinks is off, but then the link would carry root's read.
+// The agent controls the workspace, so every path is read as package
+// workspacefile reads it (beneath, no symlink, regular files only, one hard
+// link); a kubernetes run's files were read that way by berth-agent's
+// files-out helper in the pod, and only their bytes and refusal codes came
+// back (ADR 29).
 const replyFilesDir = "reply-files"
 
 // ReplyFile is one file of a run's reply as the record keeps it.
@@ -49,11 +45,6 @@ type ReplyFile struct {
 	Type    string `json:"type"`
 	Caption string `json:"caption,omitempty"`
 	Size    int64  `json:"size"`
-}
-
-// replyFileCaps bound what one reply carries.
-type replyFileCaps struct {
-	file, total int64
 }
 
 // takenFiles is what collectReplyFiles kept of a reply's files, and a note
@@ -72,23 +63,27 @@ type runOutcome struct {
 
 // takeReplyFiles copies the files a succeeded run's reply carries into the
 // scheduler's state (collectReplyFiles). A run no connector asked for has
-// no one to send them to; a run whose workspace is not on this host
-// (kubernetes) cannot send them yet, and says so in its reply.
-func (s *Service) takeReplyFiles(cfg *config.Config, r Run, plan isolation.Plan, secrets []string, resp agentproto.Response) takenFiles {
+// no one to send them to. A kubernetes run's workspace is not on this
+// host: its backend read the files from the pod (res.ReplyFiles, ADR 29)
+// and they pass the same caps and redaction here.
+func (s *Service) takeReplyFiles(cfg *config.Config, r Run, plan isolation.Plan, secrets []string, res isolation.Result) takenFiles {
+	resp := res.Response
 	if len(resp.Files) == 0 || resp.Error != "" || r.Connector == "" {
 		return takenFiles{}
 	}
+	var src replySource
 	if plan.Backend == isolation.BackendKubernetes {
-		return takenFiles{notes: []string{"the files were not sent: a Kubernetes run's workspace is not on the scheduler's host"}}
+		src = podSource(res.ReplyFiles)
+	} else {
+		ws, err := workspacefile.Open(plan.Workspace)
+		if err != nil {
+			s.runLog(r).Error("cannot take the reply's files; the reply goes without them", "err", err)
+			return takenFiles{notes: []string{"the files were not sent: the scheduler could not open the workspace"}}
+		}
+		defer unix.Close(ws)
+		src = hostSource(ws)
 	}
-	caps := replyFileCaps{file: cfg.Scheduler.MaxReplyFileBytes, total: cfg.Scheduler.MaxReplyFilesBytes}
-	if caps.file <= 0 {
-		caps.file = config.DefaultMaxReplyFileBytes
-	}
-	if caps.total <= 0 {
-		caps.total = config.DefaultMaxReplyFilesBytes
-	}
-	taken, err := collectReplyFiles(plan.Workspace, resp.Files, secrets, caps, s.replyFilesPath(r.ID))
+	taken, err := collectReplyFiles(src, resp.Files, secrets, replyCaps(cfg), s.replyFilesPath(r.ID))
 	if err != nil {
 		s.runLog(r).Error("cannot take the reply's files; the reply goes without them", "err", err)
 		return takenFiles{notes: []string{"the files were not sent: the scheduler could not store them"}}
@@ -98,6 +93,67 @@ func (s *Service) takeReplyFiles(cfg *config.Config, r Run, plan isolation.Plan,
 	}
 	return taken
 }
+
+// replyCaps are [scheduler] max_reply_file_bytes and max_reply_files_bytes.
+func replyCaps(cfg *config.Config) isolation.FileCaps {
+	caps := isolation.FileCaps{File: cfg.Scheduler.MaxReplyFileBytes, Total: cfg.Scheduler.MaxReplyFilesBytes}
+	if caps.File <= 0 {
+		caps.File = config.DefaultMaxReplyFileBytes
+	}
+	if caps.Total <= 0 {
+		caps.Total = config.DefaultMaxReplyFilesBytes
+	}
+	return caps
+}
+
+// replySource is where a reply's files are read: a workspace on this host,
+// or what a pod's files-out helper sent (ADR 29).
+type replySource interface {
+	// read is rel's bytes, at most limit, or why not.
+	read(rel string, limit int64) ([]byte, *workspacefile.Refusal, string)
+	// taken says rel was read: a file directly in outbox/ goes out once.
+	taken(rel string)
+}
+
+// hostSource reads beneath a workspace directory on this host.
+type hostSource int
+
+func (ws hostSource) read(rel string, limit int64) ([]byte, *workspacefile.Refusal, string) {
+	data, refused := workspacefile.Read(int(ws), rel, limit)
+	return data, refused, ""
+}
+
+func (ws hostSource) taken(rel string) {
+	if name, ok := workspacefile.OutboxName(rel); ok {
+		workspacefile.RemoveFromOutbox(int(ws), name)
+	}
+}
+
+// podSource is what the backend read from a pod: the helper already
+// removed what it sent from outbox/. Nothing it says is taken on trust: a
+// refusal is decoded from its code, a file is held to the caps again.
+type podSource []isolation.SandboxFile
+
+func (p podSource) read(rel string, limit int64) ([]byte, *workspacefile.Refusal, string) {
+	for _, f := range p {
+		if path.Clean(f.Path) != rel {
+			continue
+		}
+		switch {
+		case f.Failed != "":
+			return nil, nil, f.Failed
+		case f.Refusal != "":
+			r := workspacefile.Decode(f.Refusal)
+			return nil, &r, ""
+		case int64(len(f.Data)) > limit:
+			return nil, &workspacefile.Refusal{Why: workspacefile.TooLarge, Size: int64(len(f.Data)), Limit: limit}, ""
+		}
+		return f.Data, nil, ""
+	}
+	return nil, nil, "the pod was not asked for it"
+}
+
+func (podSource) taken(string) {}
 
 // removeReplyFiles deletes run id's stored files: intake has them, or the
 // run is gone.
@@ -115,12 +171,12 @@ func (s *Service) replyFilesPath(runID string) string {
 	return filepath.Join(s.stateDir, replyFilesDir, runID)
 }
 
-// collectReplyFiles copies the files of a reply from workspace (the host
-// path of the run's workspace) into dest, redacting secrets in text files,
-// within caps, and removes the files it read from the workspace's outbox/.
-// A file it cannot or may not take gets a note; an error means dest could
-// not be written (the run keeps its reply without files).
-func collectReplyFiles(workspace string, want []agentproto.OutFile, secrets []string, caps replyFileCaps, dest string) (taken takenFiles, err error) {
+// collectReplyFiles copies the files of a reply from src into dest,
+// redacting secrets in text files, within caps, and removes the files it
+// read from the workspace's outbox/. A file it cannot or may not take gets
+// a note; an error means dest could not be written (the run keeps its reply
+// without files).
+func collectReplyFiles(src replySource, want []agentproto.OutFile, secrets []string, caps isolation.FileCaps, dest string) (taken takenFiles, err error) {
 	if err := os.RemoveAll(dest); err != nil {
 		return takenFiles{}, fmt.Errorf("cannot clear the reply's files: %w", err)
 	}
@@ -130,11 +186,6 @@ func collectReplyFiles(workspace string, want []agentproto.OutFile, secrets []st
 	if err := os.MkdirAll(dest, 0o700); err != nil {
 		return takenFiles{}, fmt.Errorf("cannot store the reply's files: %w", err)
 	}
-	ws, err := unix.Open(workspace, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return takenFiles{}, fmt.Errorf("cannot open the workspace %s: %w", workspace, err)
-	}
-	defer unix.Close(ws)
 	var total int64
 	seen := map[string]bool{}
 	for i, f := range want {
@@ -151,19 +202,22 @@ func collectReplyFiles(workspace string, want []agentproto.OutFile, secrets []st
 		if nerr != nil {
 			name = "file"
 		}
-		data, note := readWorkspaceFile(ws, rel, caps.file)
-		if strings.HasPrefix(rel, agentproto.OutboxDir+"/") && !strings.Contains(strings.TrimPrefix(rel, agentproto.OutboxDir+"/"), "/") {
-			removeFromOutbox(ws, path.Base(rel))
-		}
-		if note != "" {
-			taken.notes = append(taken.notes, name+" was not sent: "+note)
+		data, refused, failed := src.read(rel, caps.File)
+		src.taken(rel)
+		switch {
+		case failed != "":
+			taken.notes = append(taken.notes, name+" was not sent: "+failed)
+			continue
+		case refused != nil:
+			taken.notes = append(taken.notes, name+" was not sent: "+refused.Note())
 			continue
 		}
-		if total+int64(len(data)) > caps.total {
-			taken.notes = append(taken.notes, fmt.Sprintf("%s was not sent: the reply's files would pass the %s all of them may have (max_reply_files_bytes)", name, humanBytes(caps.total)))
+		if total+int64(len(data)) > caps.Total {
+			taken.notes = append(taken.notes, name+" was not sent: "+workspacefile.Refusal{Why: workspacefile.OverTotal, Limit: caps.Total}.Note())
 			continue
 		}
 		typ := mediaType(name, data)
+		var note string
 		if data, note = redactFile(data, secrets); note != "" {
 			taken.notes = append(taken.notes, name+" was not sent: "+note)
 			continue
@@ -178,71 +232,6 @@ func collectReplyFiles(workspace string, want []agentproto.OutFile, secrets []st
 		return takenFiles{}, err
 	}
 	return taken, nil
-}
-
-// readWorkspaceFile reads rel beneath the workspace ws, at most limit bytes;
-// note says why it was not read.
-func readWorkspaceFile(ws int, rel string, limit int64) ([]byte, string) {
-	if rel == "." || rel == ".." || strings.HasPrefix(rel, "../") || path.IsAbs(rel) {
-		return nil, "its path is not inside the workspace"
-	}
-	fd, err := unix.Openat2(ws, rel, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
-	})
-	switch {
-	case errors.Is(err, unix.ENOENT):
-		return nil, "it does not exist"
-	case errors.Is(err, unix.ELOOP):
-		return nil, "it is a symbolic link, or its path goes through one"
-	case errors.Is(err, unix.EXDEV):
-		return nil, "its path leaves the workspace"
-	case err != nil:
-		return nil, fmt.Sprintf("it cannot be opened (%v)", err)
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Sprintf("it cannot be read (%v)", err)
-	}
-	switch {
-	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
-		return nil, "it is a symbolic link, or its path goes through one"
-	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		return nil, "it is not a regular file"
-	case st.Nlink > 1:
-		return nil, "it has more than one hard link"
-	case st.Size > limit:
-		return nil, fmt.Sprintf("it is %s, more than the %s a file may have (max_reply_file_bytes)", humanBytes(st.Size), humanBytes(limit))
-	}
-	// Reopening the O_PATH descriptor reads the very inode just checked.
-	f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, fmt.Sprintf("it cannot be read (%v)", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, fmt.Sprintf("it cannot be read (%v)", err)
-	}
-	if int64(len(data)) > limit {
-		return nil, fmt.Sprintf("it grew past the %s a file may have (max_reply_file_bytes)", humanBytes(limit))
-	}
-	return data, ""
-}
-
-// removeFromOutbox unlinks name in the workspace's outbox/ (never following
-// a symlink): a file left there goes out with one reply only.
-func removeFromOutbox(ws int, name string) {
-	dir, err := unix.Openat2(ws, agentproto.OutboxDir, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
-	})
-	if err != nil {
-		return
-	}
-	defer unix.Close(dir)
-	_ = unix.Unlinkat(dir, name, 0)
 }
 
 // redactFile replaces every known secret in a text file (valid UTF-8

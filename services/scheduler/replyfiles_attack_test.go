@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/berth-dev/berth/internal/agentproto"
+	"github.com/berth-dev/berth/internal/workspacefile"
+	"github.com/berth-dev/berth/isolation"
 )
 
 // The agent controls its workspace; the scheduler, as root, reads the files
@@ -16,7 +18,7 @@ import (
 func TestCollectReplyFilesTakesOnlyRegularWorkspaceFilesWithinTheCaps(t *testing.T) {
 	t.Parallel()
 	const secret = "sk-live-0123456789abcdef"
-	caps := replyFileCaps{file: 1 << 10, total: 1 << 10}
+	caps := isolation.FileCaps{File: 1 << 10, Total: 1 << 10}
 	tests := []struct {
 		name     string
 		make     func(t *testing.T, ws string)
@@ -65,7 +67,7 @@ func TestCollectReplyFilesTakesOnlyRegularWorkspaceFilesWithinTheCaps(t *testing
 			ws := t.TempDir()
 			tc.make(t, ws)
 			dest := filepath.Join(t.TempDir(), "run-1")
-			taken, err := collectReplyFiles(ws, []agentproto.OutFile{{Path: tc.path, Caption: "c"}}, []string{secret}, caps, dest)
+			taken, err := collectFromHost(t, ws, []agentproto.OutFile{{Path: tc.path, Caption: "c"}}, []string{secret}, caps, dest)
 			if err != nil {
 				t.Fatalf("collectReplyFiles: %v", err)
 			}
@@ -98,7 +100,7 @@ func TestCollectReplyFilesEmptiesOutboxButLeavesSentFilesAndKeepsToTheTotal(t *t
 	symlink(t, "/etc/shadow", ws, "outbox/shadow")
 	dest := filepath.Join(t.TempDir(), "run-2")
 	want := []agentproto.OutFile{{Path: "report.csv"}, {Path: "outbox/one.txt"}, {Path: "outbox/two.txt"}, {Path: "outbox/shadow"}}
-	taken, err := collectReplyFiles(ws, want, nil, replyFileCaps{file: 1 << 10, total: 1 << 10}, dest)
+	taken, err := collectFromHost(t, ws, want, nil, isolation.FileCaps{File: 1 << 10, Total: 1 << 10}, dest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,4 +145,15 @@ func symlink(t *testing.T, target, ws, rel string) {
 	if err := os.Symlink(target, filepath.Join(ws, rel)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// collectFromHost is collectReplyFiles beneath the workspace directory ws.
+func collectFromHost(t *testing.T, ws string, want []agentproto.OutFile, secrets []string, caps isolation.FileCaps, dest string) (takenFiles, error) {
+	t.Helper()
+	fd, err := workspacefile.Open(ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	return collectReplyFiles(hostSource(fd), want, secrets, caps, dest)
 }

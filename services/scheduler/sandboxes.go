@@ -373,12 +373,12 @@ func (s *Service) runInSandbox(ctx context.Context, r Run, cfg *config.Config, c
 	s.newSpendRun(sb.spend) // cost_per_run starts again for this run
 	sb.current.Store(&r)
 	if req.Message.Files, err = s.placeFiles(r, prep.Plan); err == nil {
-		res.Result, err = kept.Run(ctx, req)
+		res.Result, err = s.runKept(ctx, cfg, r, kept, prep.Plan, req)
 	}
 	s.endApprovals(r.ID)
 	res.Response.MCP = append(refusedMCP, res.Response.MCP...)
 	if err == nil && res.Response.Error == "" {
-		res.files = s.takeReplyFiles(cfg, r, prep.Plan, isolation.KnownSecrets(prep.OpeningSpec(req.Agent, nil)), res.Response)
+		res.files = s.takeReplyFiles(cfg, r, prep.Plan, isolation.KnownSecrets(prep.OpeningSpec(req.Agent, nil)), res.Result)
 	}
 	rec := prep.CutEgress()
 	res.Egress, res.EgressDropped, res.EgressCounts = rec.Decisions, rec.Dropped, rec.Counts
