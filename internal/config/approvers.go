@@ -11,8 +11,8 @@ import (
 // in the chat, what the agent's runs ask (issue 26). Users are
 // platform-prefixed user ids as the platform's signed events name them:
 // "slack:U012345", "discord:812345678901234567", "meepachat:usr-…",
-// "webhook:<author>"; or a group the platform names in the same event:
-// "discord:role:<role id>". Agent is an agent id, or "*" for every agent. An agent
+// "webhook:<author>"; or a group: "discord:role:<role id>",
+// "slack:usergroup:<id>". Agent is an agent id, or "*" for every agent. An agent
 // no entry names has no approvers in the chat: only admins decide
 // (berthctl approvals, Cockpit). Several entries for one agent add up.
 type ApproverSettings struct {

@@ -59,7 +59,7 @@ func decisionOf(m connector.Message) *decisionEntry {
 // approverOf is who made m's decision as [[approvers]] name people: the
 // connector's type and the platform's user id of its author ("" when the
 // platform named nobody: a bot), and the author's groups as
-// "<type>:role:<id>".
+// "<type>:<kind>:<id>" ("discord:role:…", "slack:usergroup:…").
 func (s *Service) approverOf(m inboxEntry) (string, []string) {
 	if m.AuthorID == "" {
 		return "", nil
@@ -70,7 +70,7 @@ func (s *Service) approverOf(m inboxEntry) (string, []string) {
 	}
 	var groups []string
 	for _, g := range m.AuthorGroups {
-		groups = append(groups, c.Type+":role:"+g)
+		groups = append(groups, c.Type+":"+g)
 	}
 	return c.Type + ":" + m.AuthorID, groups
 }

@@ -484,19 +484,27 @@ func (s *Service) putGrant(ap Approval) error {
 // mayApprove reports whether approver, or one of their groups, is one of
 // agent's [[approvers]]. A group counts only for a person the platform
 // named (approver set), and only as a group of that platform
-// ("<platform>:role:<id>"), so that a group id never passes for a user id.
+// ("discord:role:<id>", "slack:usergroup:<id>"), so that a group id never
+// passes for a user id.
 func mayApprove(cfg *config.Config, agent, approver string, groups []string) bool {
 	platform, id, _ := strings.Cut(approver, ":")
-	if id == "" || strings.HasPrefix(id, "role:") {
+	if id == "" || isGroup(id) {
 		return false // nobody, or a user id shaped as a group's
 	}
 	if cfg.MayApprove(agent, approver) {
 		return true
 	}
 	for _, g := range groups {
-		if strings.HasPrefix(g, platform+":role:") && cfg.MayApprove(agent, g) {
+		p, gid, _ := strings.Cut(g, ":")
+		if p == platform && isGroup(gid) && cfg.MayApprove(agent, g) {
 			return true
 		}
 	}
 	return false
+}
+
+// isGroup reports whether a platform id names a group ("role:<id>",
+// "usergroup:<id>"), as no user id does.
+func isGroup(id string) bool {
+	return strings.HasPrefix(id, "role:") || strings.HasPrefix(id, "usergroup:")
 }

@@ -179,3 +179,30 @@ func TestARoleNamedAsApproverLetsItsMembersDecide(t *testing.T) {
 		t.Fatalf("the proxy got %+v", a)
 	}
 }
+
+// A Slack user group named in [[approvers]] lets its members decide, and
+// only as a Slack group.
+func TestAUserGroupNamedAsApproverLetsItsMembersDecide(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(1)
+	cfg.Approvers = config.Approvers{"alpha": {"slack:usergroup:S0OPS"}}
+	s := newTestService(t, cfg, "", newGateBackend("landlock"), nil, withClock(clockwork.NewFakeClock()))
+	proxy := make(proxyAnswers, 4)
+	askIn(s, "run1", "C1", "", proxy, stripe)
+	waitApproval(t, s, "run1-a1")
+	for _, c := range []struct {
+		approver string
+		groups   []string
+	}{
+		{"discord:900", []string{"slack:usergroup:S0OPS"}}, // a Discord user with a Slack group
+		{"slack:usergroup:S0OPS", nil},                     // a user id shaped as the group
+		{"slack:U2", []string{"slack:usergroup:S0DEV"}},    // another group
+	} {
+		if _, err := s.DecideApprovalFor("run1-a1", decision{allow: true}, c.approver, c.groups...); !errors.Is(err, ErrNotApprover) {
+			t.Fatalf("%q in %v: %v, want refused", c.approver, c.groups, err)
+		}
+	}
+	if ap, err := s.DecideApprovalFor("run1-a1", decision{}, "slack:U2", "slack:usergroup:S0OPS"); err != nil || ap.State != ApprovalDenied || ap.By != "slack:U2" {
+		t.Fatalf("a member of the group: %+v, %v", ap, err)
+	}
+}

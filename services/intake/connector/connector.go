@@ -35,9 +35,10 @@ type Message struct {
 	// (Slack U…, Discord's snowflake, MeepaChat's usr-…), never a name a
 	// user can change, and "" for a bot: [[approvers]] name people by it.
 	AuthorID string
-	// AuthorGroups are the platform's ids of groups the author is in, as
-	// the same event names them (Discord role ids); [[approvers]] may name
-	// a group ("discord:role:<id>").
+	// AuthorGroups are the groups the author is in, as the platform says
+	// (a Discord click's roles, "role:<id>"; Slack user groups,
+	// "usergroup:<id>"); [[approvers]] may name one with its platform's
+	// prefix ("discord:role:<id>", "slack:usergroup:<id>").
 	AuthorGroups []string
 	Text         string
 	// Decision, when set, makes the message a person's answer to an

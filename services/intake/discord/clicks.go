@@ -251,11 +251,15 @@ func (in *componentInteraction) roles() []string {
 	return memberRoles(in.GuildID, &discordgo.Member{Roles: in.Member.Roles})
 }
 
-// memberRoles are a guild member's role ids ([[approvers]] name them as
-// "discord:role:<id>"); none outside a guild.
+// memberRoles are a guild member's roles as AuthorGroups name them,
+// "role:<id>" ([[approvers]]: "discord:role:<id>"); none outside a guild.
 func memberRoles(guild string, m *discordgo.Member) []string {
 	if guild == "" || m == nil || len(m.Roles) == 0 {
 		return nil
 	}
-	return append([]string(nil), m.Roles...)
+	out := make([]string, len(m.Roles))
+	for i, r := range m.Roles {
+		out[i] = "role:" + r
+	}
+	return out
 }

@@ -324,7 +324,7 @@ func TestAClickCarriesTheClickersRoles(t *testing.T) {
 		t.Fatalf("DM click answered %d", status)
 	}
 	m := sink.messages()
-	if len(m) != 2 || strings.Join(m[0].AuthorGroups, ",") != "700000000000000001,700000000000000002" || len(m[1].AuthorGroups) != 0 {
+	if len(m) != 2 || strings.Join(m[0].AuthorGroups, ",") != "role:700000000000000001,role:700000000000000002" || len(m[1].AuthorGroups) != 0 {
 		t.Fatalf("groups: %+v / %+v, want the guild click's roles and none in a DM", m[0].AuthorGroups, m[1].AuthorGroups)
 	}
 }

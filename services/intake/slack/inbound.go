@@ -79,6 +79,10 @@ func (c *Connector) deliver(ctx context.Context, sink connector.Sink, cb callbac
 	if m.Meta["channel_type"] != "im" && !strings.HasPrefix(m.Channel, "D") {
 		m.ChannelName = c.channelName(ctx, m.Channel)
 	}
+	if _, ok := connector.ParseDecision(m.Text); ok && m.AuthorID != "" {
+		// A typed decision: its author's groups count as a click's do.
+		m.AuthorGroups = c.userGroups(ctx, m.AuthorID)
+	}
 	if err := sink.Accept(ctx, m); err != nil {
 		c.log.Warn("intake did not accept the Slack message; Slack will deliver it again",
 			"message_id", m.ID, "error", c.errText(err))

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"sync"
+	"time"
 
 	slackapi "github.com/slack-go/slack"
 
@@ -101,8 +104,10 @@ func (c *Connector) interaction(ctx context.Context, sink connector.Sink, payloa
 		Thread:   thread,
 		Author:   author,
 		AuthorID: ic.User.ID, // from Slack's signed (or socket) payload only
-		Decision: &d,
-		Text:     d.Decision + " " + d.ApprovalID,
+		// The user groups Slack says the clicker is in.
+		AuthorGroups: c.userGroups(ctx, ic.User.ID),
+		Decision:     &d,
+		Text:         d.Decision + " " + d.ApprovalID,
 		// The question the decision's reply takes the place of.
 		Meta: map[string]string{connector.MetaQuestion: ic.Container.MessageTs},
 	}
@@ -135,4 +140,48 @@ func (c *Connector) decideQuestion(ctx context.Context, r connector.Reply) bool 
 		return false
 	}
 	return true
+}
+
+// User groups as approvers: [[approvers]] may name a Slack user group
+// ("slack:usergroup:S0123ABC"). No event says which groups a user is in;
+// usergroups.list with include_users does (scope usergroups:read), one
+// call for the workspace, kept userGroupsFresh. Without the scope, or when
+// Slack fails, the decision goes on with no groups: only user ids count.
+
+// userGroupsFresh is how long a read of the workspace's groups is used.
+const userGroupsFresh = time.Minute
+
+type userGroupCache struct {
+	mu     sync.Mutex
+	at     time.Time
+	byUser map[string][]string
+}
+
+// userGroups are the user groups user is in, as "usergroup:<id>".
+func (c *Connector) userGroups(ctx context.Context, user string) []string {
+	now := c.clock.Now()
+	c.groups.mu.Lock()
+	if c.groups.byUser != nil && now.Sub(c.groups.at) <= userGroupsFresh {
+		defer c.groups.mu.Unlock()
+		return slices.Clone(c.groups.byUser[user])
+	}
+	c.groups.mu.Unlock()
+	// Not under the lock: two clicks at once may both ask.
+	ctx, cancel := context.WithTimeout(ctx, c.o.RequestTimeout)
+	groups, err := c.api.GetUserGroupsContext(ctx, slackapi.GetUserGroupsOptionIncludeUsers(true))
+	cancel()
+	if err != nil {
+		c.log.Warn("cannot read the workspace's user groups (scope usergroups:read?): only user ids decide approvals", "error", c.errText(err))
+		return nil
+	}
+	byUser := map[string][]string{}
+	for _, g := range groups {
+		for _, u := range g.Users {
+			byUser[u] = append(byUser[u], "usergroup:"+g.ID)
+		}
+	}
+	c.groups.mu.Lock()
+	c.groups.byUser, c.groups.at = byUser, now
+	c.groups.mu.Unlock()
+	return slices.Clone(byUser[user])
 }

@@ -173,3 +173,51 @@ func TestADecisionTakesThePlaceOfItsQuestion(t *testing.T) {
 		t.Fatalf("with the question gone: %+v, want the decision posted", posts)
 	}
 }
+
+// A click carries the user groups Slack lists the clicker in (one read of
+// the workspace's groups a minute); without the scope it carries none and
+// is still the clicker's decision.
+func TestAClickCarriesTheClickersUserGroups(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	fake := slacktest.New(t, slacktest.Options{})
+	fake.SetUserGroups(slacktest.UserGroup{ID: "S0OPS", Handle: "ops", Users: []string{"U0BOB", "U0CAROL"}},
+		slacktest.UserGroup{ID: "S0DEV", Handle: "dev", Users: []string{"U0CAROL"}})
+	sink := newSink()
+	c, _ := startSocket(t, fake, sink, nil)
+	if err := c.Send(ctx, connector.Reply{RunID: "ask-1", MessageID: "C0CHAN:1.1", Channel: "C0CHAN", Thread: "1.1", Text: "may it?", Question: testQuestion}); err != nil {
+		t.Fatal(err)
+	}
+	post := fake.Posts()[0]
+	allow := connector.ChoiceValue(testApprovalID, connector.DecideAllowOnce)
+	for _, u := range []string{"U0BOB", "U0CAROL", "U0EVE"} {
+		if _, err := fake.Click(ctx, u, post, allow); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := sink.wait(ctx, t, 3)
+	got := map[string]string{}
+	for _, m := range calls {
+		got[m.AuthorID] = strings.Join(m.AuthorGroups, ",")
+	}
+	if got["U0BOB"] != "usergroup:S0OPS" || got["U0CAROL"] != "usergroup:S0OPS,usergroup:S0DEV" || got["U0EVE"] != "" {
+		t.Fatalf("groups by clicker: %v", got)
+	}
+	if n := fake.UserGroupReads(); n != 1 {
+		t.Errorf("usergroups.list was read %d times for three clicks within a minute, want 1", n)
+	}
+	// Without the scope: no groups, the click still the clicker's.
+	fake2 := slacktest.New(t, slacktest.Options{})
+	fake2.RefuseUserGroups("missing_scope")
+	sink2 := newSink()
+	c2, _ := startSocket(t, fake2, sink2, nil)
+	if err := c2.Send(ctx, connector.Reply{RunID: "ask-1", MessageID: "C0CHAN:1.1", Channel: "C0CHAN", Thread: "1.1", Text: "may it?", Question: testQuestion}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fake2.Click(ctx, "U0BOB", fake2.Posts()[0], allow); err != nil {
+		t.Fatal(err)
+	}
+	if m := sink2.wait(ctx, t, 1)[0]; m.AuthorID != "U0BOB" || len(m.AuthorGroups) != 0 || m.Decision == nil {
+		t.Fatalf("without the scope: %+v", m)
+	}
+}

@@ -115,6 +115,8 @@ type Connector struct {
 	progress map[string]sendProgress
 	// badSignatures counts rejected Events API requests in a row (under mu).
 	badSignatures int
+	// groups are the workspace's user groups by member (interactive.go).
+	groups userGroupCache
 }
 
 var (

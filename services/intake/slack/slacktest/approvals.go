@@ -154,3 +154,58 @@ func (s *Server) PostInteraction(ctx context.Context, target, secret string, ts 
 	_ = resp.Body.Close()
 	return resp.StatusCode, nil
 }
+
+// UserGroup is a workspace's user group, as usergroups.list lists it.
+type UserGroup struct {
+	ID     string   `json:"id"`
+	Handle string   `json:"handle"`
+	Users  []string `json:"users,omitempty"`
+}
+
+// SetUserGroups makes usergroups.list answer groups.
+func (s *Server) SetUserGroups(groups ...UserGroup) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.userGroups = groups
+}
+
+// RefuseUserGroups makes usergroups.list answer error code (Slack answers
+// missing_scope to a bot without usergroups:read); "" answers again.
+func (s *Server) RefuseUserGroups(code string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.groupsRefusal = code
+}
+
+// UserGroupReads counts usergroups.list calls.
+func (s *Server) UserGroupReads() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.groupReads
+}
+
+// userGroupsList is usergroups.list: the users of each group only with
+// include_users.
+func (s *Server) userGroupsList(w http.ResponseWriter, r *http.Request) {
+	_ = r.ParseForm()
+	if token(r) != s.o.BotToken {
+		refuse(w, "invalid_auth")
+		return
+	}
+	s.mu.Lock()
+	s.groupReads++
+	code, groups := s.groupsRefusal, append([]UserGroup(nil), s.userGroups...)
+	s.mu.Unlock()
+	if code != "" {
+		refuse(w, code)
+		return
+	}
+	out := make([]map[string]any, len(groups))
+	for i, g := range groups {
+		out[i] = map[string]any{"id": g.ID, "team_id": s.o.TeamID, "is_usergroup": true, "handle": g.Handle, "name": g.Handle, "user_count": len(g.Users)}
+		if r.PostForm.Get("include_users") == "true" {
+			out[i]["users"] = g.Users
+		}
+	}
+	reply(w, map[string]any{"ok": true, "usergroups": out})
+}

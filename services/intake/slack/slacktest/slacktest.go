@@ -135,6 +135,9 @@ type Server struct {
 	files         fileState         // files.go
 	shared        map[string][]byte // Share: file id → bytes
 	sharedFetches int
+	userGroups    []UserGroup // approvals.go
+	groupsRefusal string      // usergroups.list's error code, "" for ok
+	groupReads    int
 }
 
 type envelope struct {
@@ -180,6 +183,7 @@ func New(t testing.TB, o Options) *Server {
 	mux := http.NewServeMux()
 	s.handleProgress(mux)
 	s.handleFiles(mux)
+	mux.HandleFunc("POST /api/usergroups.list", s.userGroupsList)
 	mux.HandleFunc("POST /api/apps.connections.open", s.connectionsOpen)
 	mux.HandleFunc("POST /api/auth.test", s.authTest)
 	mux.HandleFunc("POST /api/chat.postMessage", s.postMessage)
