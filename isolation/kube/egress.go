@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -182,6 +183,10 @@ func serveProbe(ln net.Listener, body string) func() {
 	return func() { srv.Close() }
 }
 
+// probeCreated, when set, is called with each probe pod once created: a
+// test seam (a sweep at that moment).
+var probeCreated atomic.Pointer[func(ns, name string)]
+
 // probe runs a pod of the plan's image, under the plan's confinement and
 // the namespace's NetworkPolicy, that tries each canary directly and
 // berth's router: every canary must fail and the router must answer, or
@@ -220,15 +225,23 @@ func (b *Backend) probe(ctx context.Context, p isolation.Plan) error {
 	}
 	pod.Name = podName("probe-" + p.AgentID)
 	pod.Labels[LabelProbe] = "true"
+	pod.Spec.Containers = pod.Spec.Containers[:1] // no run's files: no files container
 	pod.Spec.ActiveDeadlineSeconds = ptr(int64(120))
 	c := &pod.Spec.Containers[0]
 	c.Stdin, c.StdinOnce = false, false
 	c.Command = []string{"/bin/sh", "-c", script.String()}
+	// This scheduler's while it runs: a sweep at the same time (a restart
+	// sweeps what the dead one left) must not take it for a leftover.
+	b.own(pod.Name)
+	defer b.disown(pod.Name)
 	createCtx, cancel := b.call(ctx)
 	_, err = b.cs.CoreV1().Pods(pod.Namespace).Create(createCtx, pod, metav1.CreateOptions{})
 	cancel()
 	if err != nil {
 		return b.apiError("create the probe pod that checks pods have no way out", err)
+	}
+	if hook := probeCreated.Load(); hook != nil {
+		(*hook)(pod.Namespace, pod.Name)
 	}
 	defer func() {
 		if err := b.deletePod(pod.Namespace, pod.Name); err != nil {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +19,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -57,7 +59,17 @@ const (
 func ListenForPods(t testing.TB) net.Listener {
 	t.Helper()
 	var last error
-	for port := HostPortMin; port <= HostPortMax; port++ {
+	// A test may close the listener and have a scheduler listen there
+	// later: a port is handed out once per process, and each process
+	// starts at a port of its own, so that two tests (in one binary or two
+	// run at once) are not given the same free port in between.
+	n := HostPortMax - HostPortMin + 1
+	start := rand.IntN(n)
+	for i := range n {
+		port := HostPortMin + (start+i)%n
+		if _, given := handedPorts.LoadOrStore(port, true); given {
+			continue
+		}
 		ln, err := net.Listen("tcp4", net.JoinHostPort(BridgeIP, strconv.Itoa(port)))
 		if err == nil {
 			t.Cleanup(func() { ln.Close() })
@@ -68,6 +80,9 @@ func ListenForPods(t testing.TB) net.Listener {
 	testenv.Need(t, false, "cannot listen for pods on %s:%d-%d (is scripts/kube-cluster.sh up?): %v", BridgeIP, HostPortMin, HostPortMax, last)
 	return nil
 }
+
+// handedPorts are the ports ListenForPods gave out in this process.
+var handedPorts sync.Map
 
 // callTimeout bounds every API and engine call the helpers make.
 const callTimeout = 30 * time.Second
