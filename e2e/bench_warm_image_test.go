@@ -2,10 +2,14 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -15,7 +19,9 @@ import (
 
 	"github.com/berth-dev/berth/imagectl"
 	"github.com/berth-dev/berth/internal/bus"
+	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/testkit/devstack"
+	"github.com/berth-dev/berth/internal/testkit/otlpsink"
 	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 	boxes "github.com/berth-dev/berth/isolation/container"
@@ -73,7 +79,11 @@ func BenchmarkWarmContainerOwnImage(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("BENCH_E2E_RUNS")); err == nil && v > 0 {
 		runs = v / 2
 	}
-	st, sink := ownImageStack(b)
+	var spans *otlpsink.Sink
+	if os.Getenv("BENCH_E2E_TRACE") != "" {
+		spans = otlpsink.Start(b)
+	}
+	st, sink := ownImageStack(b, spans)
 	conn, err := st.Conn()
 	if err != nil {
 		b.Fatal(err)
@@ -101,6 +111,7 @@ func BenchmarkWarmContainerOwnImage(b *testing.B) {
 	agents := []string{"wdefault", "wown", "a0"}
 	took := map[string][]time.Duration{}
 	runIDs := map[string][]string{}
+	posted := map[string][]time.Time{}
 	measure := func(n int) {
 		for i := range n {
 			// The order turns every message, so no agent always follows another.
@@ -114,6 +125,7 @@ func BenchmarkWarmContainerOwnImage(b *testing.B) {
 				waitFor(b, sink.expect(id), id)
 				took[agent] = append(took[agent], sink.at(id).Sub(start))
 				runIDs[agent] = append(runIDs[agent], sink.runID(id))
+				posted[agent] = append(posted[agent], start)
 			}
 		}
 	}
@@ -121,6 +133,7 @@ func BenchmarkWarmContainerOwnImage(b *testing.B) {
 	measure(2)
 	clear(took)
 	clear(runIDs)
+	clear(posted)
 	b.ResetTimer()
 	measure(runs)
 	b.StopTimer()
@@ -137,15 +150,101 @@ func BenchmarkWarmContainerOwnImage(b *testing.B) {
 		b.ReportMetric(ms(quantile(toEnd, 0.5)), name+"_confined_to_end_p50_ms")
 	}
 	b.Logf("%s is berth-agent on %s", ownImage, base)
+	if spans != nil {
+		for _, agent := range agents {
+			logWaterfall(b, st, spans, agent, runIDs[agent], posted[agent], took[agent])
+		}
+	}
+}
+
+// logWaterfall logs where agent's POST → reply went, from its runs' traces:
+// each span as the median of its start and its end after the POST, in the
+// order they start, then the reply's arrival at the platform.
+func logWaterfall(b *testing.B, st *devstack.Stack, sink *otlpsink.Sink, agent string, runIDs []string, posted []time.Time, took []time.Duration) {
+	b.Helper()
+	conn, err := st.Conn()
+	if err != nil {
+		b.Fatalf("cannot connect to the suite's bus: %v", err)
+	}
+	defer conn.Close()
+	sched := busapi.NewScheduler(conn)
+	traces := map[string]time.Time{}       // trace id → its POST
+	logged := map[string][]time.Duration{} // the agent's log lines, the record's end: after the POST
+	for i, id := range runIDs {
+		run, err := sched.GetRun(context.Background(), id)
+		if err != nil {
+			b.Fatalf("GetRun %s: %v", id, err)
+		}
+		if run.TraceID != "" {
+			traces[run.TraceID] = posted[i]
+		}
+		for line := range strings.Lines(run.StderrTail.Text) {
+			var l struct {
+				Time time.Time `json:"time"`
+				Msg  string    `json:"msg"`
+			}
+			if json.Unmarshal([]byte(line), &l) == nil && l.Msg != "" {
+				logged["berth-agent log \""+l.Msg+"\""] = append(logged["berth-agent log \""+l.Msg+"\""], l.Time.Sub(posted[i]))
+			}
+		}
+		logged["scheduler run ended (record)"] = append(logged["scheduler run ended (record)"], run.FinishedAt.Sub(posted[i]))
+	}
+	all := sink.Wait(b, 30*time.Second, func(spans []otlpsink.Span) bool {
+		delivered := map[string]bool{}
+		for _, sp := range spans {
+			if sp.Name == "intake.deliver" {
+				delivered[sp.TraceID] = true
+			}
+		}
+		for tr := range traces {
+			if !delivered[tr] {
+				return false
+			}
+		}
+		return true
+	})
+	type offsets struct{ start, end []time.Duration }
+	byName := map[string]*offsets{}
+	for _, sp := range all {
+		post, ok := traces[sp.TraceID]
+		if !ok {
+			continue
+		}
+		name := sp.Service + " " + sp.Name
+		o := byName[name]
+		if o == nil {
+			o = &offsets{}
+			byName[name] = o
+		}
+		o.start = append(o.start, sp.Start.Sub(post))
+		o.end = append(o.end, sp.End.Sub(post))
+	}
+	for name, at := range logged {
+		byName[name] = &offsets{start: at, end: at}
+	}
+	names := slices.Collect(maps.Keys(byName))
+	slices.SortFunc(names, func(x, y string) int {
+		return cmp.Compare(quantile(byName[x].start, 0.5), quantile(byName[y].start, 0.5))
+	})
+	var w strings.Builder
+	fmt.Fprintf(&w, "%s: %d traces, POST → reply p50 %.1f ms; spans as p50 start → end after the POST (n):\n", agent, len(traces), ms(quantile(took, 0.5)))
+	for _, n := range names {
+		o := byName[n]
+		fmt.Fprintf(&w, "  %-36s %7.2f → %7.2f ms (%d)\n", n, ms(quantile(o.start, 0.5)), ms(quantile(o.end, 0.5)), len(o.start))
+	}
+	fmt.Fprint(os.Stderr, w.String()) // b.Log cuts a benchmark's log at ten lines
 }
 
 // ownImageStack is the suite as systemd runs it with three agents: a0
 // (Landlock), wdefault (container, warm = 1, berth's isolation image) and
 // wown (container, warm = 1, container_mode.image = ownImage).
-func ownImageStack(b *testing.B) (*devstack.Stack, *fastSink) {
+func ownImageStack(b *testing.B, spans *otlpsink.Sink) (*devstack.Stack, *fastSink) {
 	b.Helper()
 	sink := newFastSink(b)
 	var cfg strings.Builder
+	if spans != nil {
+		fmt.Fprintf(&cfg, "[tracing]\nendpoint = %q\n\n", spans.HTTP)
+	}
 	fmt.Fprintf(&cfg, "[providers]\nprimary = \"local\"\n\n")
 	fmt.Fprintf(&cfg, "[[agents]]\nid = \"a0\"\nmax_iterations = 4\n\n")
 	fmt.Fprintf(&cfg, "[[agents]]\nid = \"wdefault\"\nmax_iterations = 4\n%s\nwarm = 1\n\n", containerAgent)
