@@ -39,7 +39,7 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 		return agentproto.ExitConfinement
 	}
 
-	req, err := readRequest(stdin)
+	req, rest, err := readRequest(stdin)
 	if err != nil {
 		log.Error("bad request", "reason", err.Error())
 		return agentproto.ExitBadRequest
@@ -52,6 +52,13 @@ func Main(stdin io.Reader, stdout, stderr io.Writer) int {
 		return agentproto.ExitConfinement
 	}
 	defer release()
+	// The end of stdin may come milliseconds after the request (a
+	// container's stdin is closed by the engine); confining did not wait
+	// for it, nothing of the request is acted on before it.
+	if err := rest(); err != nil {
+		log.Error("bad request", "reason", err.Error())
+		return agentproto.ExitBadRequest
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -212,13 +219,58 @@ func newLogger(stderr io.Writer) *slog.Logger {
 }
 
 // readRequest reads and validates one request. Unknown fields are refused: a
-// misspelt policy key must not silently weaken the sandbox.
-func readRequest(r io.Reader) (agentproto.Request, error) {
-	var req agentproto.Request
-	data, err := io.ReadAll(io.LimitReader(r, MaxRequestSize+1))
-	if err != nil {
-		return req, fmt.Errorf("cannot read stdin: %w", err)
+// misspelt policy key must not silently weaken the sandbox. It returns as
+// soon as the request's JSON object is complete; rest then reads stdin to
+// its end and refuses what follows the object or makes stdin too large.
+func readRequest(r io.Reader) (req agentproto.Request, rest func() error, err error) {
+	limited := &countingReader{r: io.LimitReader(r, MaxRequestSize+1)}
+	var read bytes.Buffer
+	dec := json.NewDecoder(io.TeeReader(limited, &read))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err == nil && req.Version == agentproto.Version {
+		if err := validate(req); err != nil {
+			return req, nil, err
+		}
+		read = bytes.Buffer{} // not needed any more: the object decoded
+		return req, func() error {
+			more := dec.More()
+			if _, err := io.Copy(io.Discard, limited); err != nil {
+				return fmt.Errorf("cannot read stdin: %w", err)
+			}
+			if limited.n > MaxRequestSize {
+				return fmt.Errorf("request is larger than %d bytes", MaxRequestSize)
+			}
+			if more {
+				return errors.New("malformed request: trailing data after the JSON object")
+			}
+			return nil
+		}, nil
 	}
+	// Not a request of this version: everything is read and explained as
+	// a whole.
+	if _, err := io.Copy(&read, limited); err != nil {
+		return req, nil, fmt.Errorf("cannot read stdin: %w", err)
+	}
+	req, err = decodeRequest(read.Bytes())
+	return req, func() error { return nil }, err
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// decodeRequest decodes and validates one whole request, data (all of
+// stdin, or one line of a sandbox's).
+func decodeRequest(data []byte) (agentproto.Request, error) {
+	var req agentproto.Request
 	if len(data) > MaxRequestSize {
 		return req, fmt.Errorf("request is larger than %d bytes", MaxRequestSize)
 	}

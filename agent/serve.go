@@ -68,7 +68,7 @@ func Serve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		log.Error("bad request", "reason", err.Error())
 		return agentproto.ExitBadRequest
 	}
-	open, err := readRequest(bytes.NewReader(first))
+	open, err := decodeRequest(first)
 	if err != nil {
 		log.Error("bad request", "reason", err.Error())
 		return agentproto.ExitBadRequest
@@ -137,7 +137,7 @@ func Serve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 // serveOne runs one request of a served sandbox.
 func serveOne(ctx context.Context, open agentproto.Request, line []byte, launcher *confine.Launcher, log *slog.Logger) agentproto.Response {
-	req, err := readRequest(bytes.NewReader(line))
+	req, err := decodeRequest(line)
 	if err == nil {
 		err = sameConfinement(open, req)
 	}
