@@ -22,16 +22,10 @@
 #              suite runs 8 Landlock agents without end, the runs' group at
 #              runs_cpu_weight 20 (ADR 30) and at full weight, and idle,
 #              interleaved; the load average of the run
-#   besidectr  go test -bench AcceptBesideContainerRuns in services/intake:
-#              the same beside 8 container agents (warm = 1, a tool call that
-#              keeps each container on the CPU), their containers' group
-#              (/berth-containers) at runs_cpu_weight 20 and at full weight
 #   ownimage   go test -bench WarmContainerOwnImage in e2e: POST → reply
 #              through a warm pool for an agent with an image of its own
 #              (container_mode.image) beside berth's default image and a
 #              Landlock agent, interleaved message by message
-#              (BENCH_E2E_TRACE=1 prints where each agent's time went, from
-#              its runs' traces)
 #   egress     scripts/bench-egress.sh, when it exists: the egress proxy
 #              beside direct requests
 #   sandboxes  go test -bench ConversationSandbox in e2e: a conversation's
@@ -43,12 +37,11 @@
 #              POST → reply through the real daemons from a warm pod and from
 #              a cold one, and a hardened pod's create → running
 #
-#   scripts/bench.sh [container] [scheduler] [intake] [beside] [besidectr] [e2e]
-#                    [ownimage] [egress] [sandboxes] [kubernetes]
-#                    (as root; default: all)
+#   scripts/bench.sh [container] [scheduler] [intake] [beside] [e2e] [ownimage]
+#                    [egress] [sandboxes] [kubernetes]   (as root; default: all)
 #
-# Finishes within 10 minutes on a 2-core machine without beside, besidectr and
-# ownimage (each of those builds a suite and has a box of 10 minutes of its own,
+# Finishes within 10 minutes on a 2-core machine without beside and ownimage
+# (each of those two builds a suite and has a box of 10 minutes of its own,
 # 3–5 minutes when the build cache is warm): each part has a time box
 # (BENCH_CONTAINER_RUNS, default 20 runs per variant; BENCH_REPS, default 3
 # repetitions of each intake figure, medians reported; BENCH_E2E_RUNS,
@@ -58,7 +51,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(container scheduler intake beside besidectr e2e ownimage egress sandboxes kubernetes)
+[ ${#parts[@]} -gt 0 ] || parts=(container scheduler intake beside e2e ownimage egress sandboxes kubernetes)
 has() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 
 out=$(mktemp -d)
@@ -163,23 +156,6 @@ if has beside; then
 			"$(m x_naive_full)×; load average $(m load1_min)–$(m load1_max)"
 	else
 		row "beside" "did not run: $(grep -m1 -E 'FAIL|panic|cannot' "$out/beside" || tail -n1 "$out/beside")" "" ""
-	fi
-fi
-
-if has besidectr; then
-	echo "== besidectr (go test ./services/intake -bench AcceptBesideContainerRuns)" >&2
-	if timeout 600 go test ./services/intake -run '^$' -bench '^BenchmarkAcceptBesideContainerRuns$' -benchtime 1x -count 1 -timeout 10m >"$out/besidectr" 2>&1; then
-		m() { bench_metric "$out/besidectr" BenchmarkAcceptBesideContainerRuns "$1"; }
-		row "intake beside 8 container agents' runs, containers at runs_cpu_weight 20 (50 senders)" \
-			"$(m intake_low_msg/s) msg/s ($(m of_idle_low) of idle), $(m runs/s_low) runs/s" \
-			"naive beside the same runs: $(m naive_low_msg/s) msg/s; idle: intake $(m intake_idle_msg/s), naive $(m naive_idle_msg/s)" \
-			"$(m x_naive_low)× (target ≥ 3×)"
-		row "intake beside 8 container agents' runs, containers at full weight (cpu.shares 1024, the engine's /docker before)" \
-			"$(m intake_full_msg/s) msg/s ($(m of_idle_full) of idle), $(m runs/s_full) runs/s" \
-			"naive beside the same runs: $(m naive_full_msg/s) msg/s" \
-			"$(m x_naive_full)×; load average $(m load1_min)–$(m load1_max)"
-	else
-		row "besidectr" "did not run: $(grep -m1 -E 'FAIL|panic|cannot' "$out/besidectr" || tail -n1 "$out/besidectr")" "" ""
 	fi
 fi
 

@@ -33,7 +33,6 @@ import (
 // arrives, so up to max_concurrent_runs (8) runs execute all the time.
 type runLoad struct {
 	prefix  string // of its agents' ids: a (Landlock) or c (container)
-	text    string // of every message, after its id
 	st      *devstack.Stack
 	sink    *httptest.Server
 	replies chan string // the agent each reply was for
@@ -64,13 +63,10 @@ func startRunStack(b *testing.B, containers bool) *runLoad {
 	if err := devstack.Build(filepath.Join(filepath.Dir(file), "..", ".."), binDir); err != nil {
 		b.Fatalf("cannot build berth: %v", err)
 	}
-	l := &runLoad{prefix: "a", text: "ping", replies: make(chan string, 1024)}
+	l := &runLoad{prefix: "a", replies: make(chan string, 1024)}
 	agentExtra := ""
 	if containers {
 		l.prefix = "c"
-		// A tool call that keeps the agent's container on the CPU for a few
-		// hundred milliseconds: the work a weight orders, beside the engine's.
-		l.text = "/sh i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo"
 		agentExtra = "[agents.container_mode]\nenabled = true\nnetwork = \"none\"\ntimeout_seconds = 120\nwarm = 1\n"
 	}
 	l.sink = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -123,7 +119,7 @@ func startRunStack(b *testing.B, containers bool) *runLoad {
 // post sends one message to agent's channel through the suite's intake.
 func (l *runLoad) post(b *testing.B, agent string) {
 	id := fmt.Sprintf("load-%s-%d", agent, l.seq.Add(1))
-	body, _ := json.Marshal(map[string]string{"id": id, "channel": agent, "author": "bench", "text": l.text + " " + id})
+	body, _ := json.Marshal(map[string]string{"id": id, "channel": agent, "author": "bench", "text": "ping " + id})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	resp, err := l.st.Post(ctx, "hooks", []byte(testSecret), body)
@@ -267,8 +263,7 @@ func load1() float64 {
 func BenchmarkAcceptBesideRuns(b *testing.B) { acceptBesideRuns(b, false) }
 
 // BenchmarkAcceptBesideContainerRuns is BenchmarkAcceptBesideRuns with
-// container runs (8 container agents, warm = 1, each message a tool call
-// that counts to 200,000 in the container's shell): their containers' group
+// container runs (8 container agents, warm = 1): their containers' group
 // (/berth-containers, the engine's cgroupfs driver) at the default
 // runs_cpu_weight ("low") and at full weight ("full": cpu.shares 1024, what
 // all containers together had in the engine's /docker before ADR 30
