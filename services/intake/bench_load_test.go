@@ -22,7 +22,6 @@ import (
 
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/testkit/devstack"
-	"github.com/berth-dev/berth/internal/testkit/testdocker"
 	"github.com/berth-dev/berth/internal/testkit/testenv"
 )
 
@@ -32,7 +31,6 @@ import (
 // a0…a7 always has two messages in its line, the next posted as a reply
 // arrives, so up to max_concurrent_runs (8) runs execute all the time.
 type runLoad struct {
-	prefix  string // of its agents' ids: a (Landlock) or c (container)
 	st      *devstack.Stack
 	sink    *httptest.Server
 	replies chan string // the agent each reply was for
@@ -46,9 +44,8 @@ type runLoad struct {
 const loadAgents = 8
 
 // startRunStack builds berth and starts the suite; its load is off until
-// run is called. With containers its agents c0…c7 are container agents
-// (container_mode, warm = 1) instead of Landlock agents a0…a7.
-func startRunStack(b *testing.B, containers bool) *runLoad {
+// run is called.
+func startRunStack(b *testing.B) *runLoad {
 	b.Helper()
 	testenv.NeedRoot(b)
 	// 0755 all the way down: agents run as nobody and must exec berth-agent.
@@ -63,12 +60,7 @@ func startRunStack(b *testing.B, containers bool) *runLoad {
 	if err := devstack.Build(filepath.Join(filepath.Dir(file), "..", ".."), binDir); err != nil {
 		b.Fatalf("cannot build berth: %v", err)
 	}
-	l := &runLoad{prefix: "a", replies: make(chan string, 1024)}
-	agentExtra := ""
-	if containers {
-		l.prefix = "c"
-		agentExtra = "[agents.container_mode]\nenabled = true\nnetwork = \"none\"\ntimeout_seconds = 120\nwarm = 1\n"
-	}
+	l := &runLoad{replies: make(chan string, 1024)}
 	l.sink = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var reply struct {
 			ID    string `json:"id"`
@@ -92,12 +84,12 @@ func startRunStack(b *testing.B, containers bool) *runLoad {
 	var cfg strings.Builder
 	fmt.Fprintf(&cfg, "[providers]\nprimary = \"local\"\n\n")
 	for i := range loadAgents {
-		fmt.Fprintf(&cfg, "[[agents]]\nid = \"%s%d\"\nmax_iterations = 4\n%s\n", l.prefix, i, agentExtra)
+		fmt.Fprintf(&cfg, "[[agents]]\nid = \"a%d\"\nmax_iterations = 4\n\n", i)
 	}
-	fmt.Fprintf(&cfg, "[intake]\ndefault_agent = \"%s0\"\n\n", l.prefix)
+	fmt.Fprintf(&cfg, "[intake]\ndefault_agent = \"a0\"\n\n")
 	fmt.Fprintf(&cfg, "[[connectors]]\nid = \"hooks\"\ntype = \"webhook\"\nsecret = %q\nreply_url = %q\n\n", testSecret, l.sink.URL+"/replies")
 	for i := range loadAgents {
-		fmt.Fprintf(&cfg, "[[bindings]]\nconnector = \"hooks\"\nchannel_id = \"%s%d\"\nagent = \"%[1]s%[2]d\"\n\n", l.prefix, i)
+		fmt.Fprintf(&cfg, "[[bindings]]\nconnector = \"hooks\"\nchannel_id = \"a%d\"\nagent = \"a%d\"\n\n", i, i)
 	}
 	fmt.Fprintf(&cfg, "[scheduler]\nmax_concurrent_runs = %d\ndefault_timeout_seconds = 60\nrun_as = \"nobody\"\nagent_binary = %q\n", loadAgents, filepath.Join(binDir, "berth-agent"))
 	dir := filepath.Join(base, "s")
@@ -107,7 +99,7 @@ func startRunStack(b *testing.B, containers bool) *runLoad {
 	}
 	b.Cleanup(l.st.Stop)
 	// The first run activates the scheduler and warms its caches.
-	l.post(b, l.prefix+"0")
+	l.post(b, "a0")
 	select {
 	case <-l.replies:
 	case <-time.After(2 * time.Minute):
@@ -145,7 +137,7 @@ func (l *runLoad) run(b *testing.B) func() (int64, time.Duration) {
 	for i := range loadAgents {
 		for range 2 {
 			inFlight.Add(1)
-			l.post(b, fmt.Sprintf("%s%d", l.prefix, i))
+			l.post(b, fmt.Sprintf("a%d", i))
 		}
 	}
 	l.wg.Go(func() {
@@ -213,18 +205,6 @@ func runsCPUFile() string {
 	return ""
 }
 
-// containersCPUFile is the file that holds the CPU weight of the suite's
-// container runs (isolation/container: /berth-containers on the engine's
-// cgroupfs driver, v1 cpu.shares or v2 cpu.weight); "" when there is none.
-func containersCPUFile() string {
-	for _, f := range []string{"cpu/berth-containers/cpu.shares", "cpu,cpuacct/berth-containers/cpu.shares", "cpuacct,cpu/berth-containers/cpu.shares", "berth-containers/cpu.weight"} {
-		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", f)); err == nil {
-			return filepath.Join("/sys/fs/cgroup", f)
-		}
-	}
-	return ""
-}
-
 // setRunsWeight writes weight w (systemd's scale: 100 is a service) to
 // file as the scheduler does, and returns what the file then says.
 func setRunsWeight(b *testing.B, file string, w int) string {
@@ -260,27 +240,11 @@ func load1() float64 {
 // of a shared machine falls on all alike. The accepts are measured in this
 // process, as in BenchmarkAccept; the runs are the suite's. BENCH_REPS
 // repetitions (default 3), medians; the load average is reported too.
-func BenchmarkAcceptBesideRuns(b *testing.B) { acceptBesideRuns(b, false) }
-
-// BenchmarkAcceptBesideContainerRuns is BenchmarkAcceptBesideRuns with
-// container runs (8 container agents, warm = 1): their containers' group
-// (/berth-containers, the engine's cgroupfs driver) at the default
-// runs_cpu_weight ("low") and at full weight ("full": cpu.shares 1024, what
-// all containers together had in the engine's /docker before ADR 30
-// covered them).
-func BenchmarkAcceptBesideContainerRuns(b *testing.B) {
-	testdocker.Engine(b)
-	acceptBesideRuns(b, true)
-}
-
-func acceptBesideRuns(b *testing.B, containers bool) {
-	l := startRunStack(b, containers)
+func BenchmarkAcceptBesideRuns(b *testing.B) {
+	l := startRunStack(b)
 	weightFile := runsCPUFile()
-	if containers {
-		weightFile = containersCPUFile()
-	}
 	if weightFile == "" {
-		b.Fatal("the suite's runs have no cgroup with a CPU weight (berth-runs, berth-containers)")
+		b.Fatal("the suite's runs have no berth-runs cgroup with a CPU weight")
 	}
 	b.Cleanup(func() { setRunsWeight(b, weightFile, config.DefaultRunsCPUWeight) })
 	const senders = 50
