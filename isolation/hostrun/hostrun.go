@@ -446,7 +446,12 @@ func Kill(ctx context.Context, handle string) error {
 // killSession SIGKILLs every process in session sid that started no earlier
 // than the session leader (so a reused session id is left alone), repeating
 // until none is left: a process may fork while we scan.
-func killSession(sid int, leaderStart uint64) {
+func killSession(sid int, leaderStart uint64) { killSessionRounds(sid, leaderStart) }
+
+// killSessionRounds is killSession, saying how many rounds found a live
+// process to kill (each followed by a 10 ms sleep): 0 when the session had
+// none left.
+func killSessionRounds(sid int, leaderStart uint64) int {
 	for round := 0; round < 10; round++ {
 		found := false
 		entries, _ := os.ReadDir("/proc")
@@ -466,10 +471,11 @@ func killSession(sid int, leaderStart uint64) {
 			}
 		}
 		if !found {
-			return
+			return round
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	return 10
 }
 
 func parseHandle(handle string) (int, uint64, error) {
