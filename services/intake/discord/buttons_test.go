@@ -16,6 +16,10 @@ var bob = discordtest.User{ID: "500000000000000003", Username: "bob"}
 
 const approvalID = "run-7f3a-a1"
 
+// keywordApprovalID has the shape of the scheduler's approval ids, as a
+// typed decision must.
+const keywordApprovalID = "20261203T111500_123456789_abcdef0123-0123456789abcdef"
+
 var allChoices = []string{connector.DecideAllowOnce, connector.DecideAllowConversation, connector.DecideDeny}
 
 // askQuestion posts a question in chanID as the scheduler's reply to

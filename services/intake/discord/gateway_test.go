@@ -84,6 +84,7 @@ func TestGatewayFiltersMessages(t *testing.T) {
 		{"Other_bots_pass_with_allow_bots_but_without_an_author_id", func(o *discord.Options) { o.AllowBots = true }, discordtest.MessageSpec{Author: robot, Guild: guild, Content: "beep", MentionBot: true}, true, "beep", "none"},
 		{"A_webhook_message_has_no_author_id", func(o *discord.Options) { o.AllowBots = true }, discordtest.MessageSpec{Author: alice, Webhook: "990000000000000001", Guild: guild, Content: "approve run-1-a1", MentionBot: true}, true, "approve run-1-a1", "none"},
 		{"Guild_messages_without_a_mention_are_ignored", nil, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "just chatting"}, false, "", ""},
+		{"A_decision_on_an_approval_needs_no_mention", nil, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "deny " + keywordApprovalID}, true, "deny " + keywordApprovalID, ""},
 		{"Trigger_all_takes_guild_messages_without_a_mention", func(o *discord.Options) { o.Trigger = discord.TriggerAll }, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "just chatting"}, true, "just chatting", ""},
 		{"DMs_trigger_without_a_mention", nil, discordtest.MessageSpec{Author: alice, Content: "psst"}, true, "psst", ""},
 		{"The_mention_is_stripped", nil, discordtest.MessageSpec{Author: alice, Guild: guild, Content: "what time is it?", MentionBot: true}, true, "what time is it?", ""},

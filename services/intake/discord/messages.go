@@ -137,7 +137,8 @@ func (c *Connector) toMessage(ctx context.Context, m *discordgo.Message, selfID 
 		return skip("no content")
 	}
 	text := m.Content
-	if !dm && c.o.Trigger == TriggerMention {
+	// A decision on one of berth's approvals is for the bot, mention or not.
+	if _, decision := connector.ParseDecision(text); !dm && c.o.Trigger == TriggerMention && !decision {
 		if !mentions(m, selfID) {
 			return skip("does not mention the bot")
 		}

@@ -370,7 +370,8 @@ func (c *Connector) message(data json.RawMessage) (connector.Message, bool) {
 		log.Debug("meepachat message without text or files; ignored")
 		return connector.Message{}, false
 	}
-	if c.o.Trigger == TriggerMention && !info.dm && !mentions(w, bot) {
+	// A decision on one of berth's approvals is for the bot, mention or not.
+	if _, decision := connector.ParseDecision(w.Content); c.o.Trigger == TriggerMention && !info.dm && !mentions(w, bot) && !decision {
 		// A file alone mentions nobody: in a channel it is for the bot only
 		// with a mention, as text is.
 		log.Debug("meepachat message does not mention the bot; ignored")

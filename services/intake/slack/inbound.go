@@ -117,7 +117,9 @@ func (c *Connector) message(cb callback, ev event, self identity) (connector.Mes
 		return connector.Message{}, "no author"
 	}
 	mention := "<@" + self.UserID + ">"
-	if c.o.Trigger == TriggerMention && ev.Type == "message" &&
+	// A decision on one of berth's approvals is for the bot, mention or not.
+	_, decision := connector.ParseDecision(ev.Text)
+	if c.o.Trigger == TriggerMention && ev.Type == "message" && !decision &&
 		ev.ChannelType != "im" && (self.UserID == "" || !strings.Contains(ev.Text, mention)) {
 		return connector.Message{}, "no mention of the bot"
 	}

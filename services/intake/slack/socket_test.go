@@ -89,6 +89,10 @@ func TestSocketModeKeepsOrIgnoresEvents(t *testing.T) {
 			event: func(f *slacktest.Server) slacktest.Event {
 				return slacktest.Event{Type: "message", Channel: "C0CHAN", ChannelType: "channel", User: "U0ALICE", Text: "chatter", TS: newTS()}
 			}},
+		{name: "A_decision_on_an_approval_without_mention_is_handed_on_with_trigger_mention", accept: true,
+			event: func(f *slacktest.Server) slacktest.Event {
+				return slacktest.Event{Type: "message", Channel: "C0CHAN", ChannelType: "channel", User: "U0ALICE", Text: "approve " + testApprovalID, TS: newTS()}
+			}},
 		{name: "A_channel_message_without_mention_is_handed_on_with_trigger_all", accept: true,
 			edit: func(o *Options) { o.Trigger = TriggerAll },
 			event: func(f *slacktest.Server) slacktest.Event {
