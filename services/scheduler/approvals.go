@@ -124,6 +124,7 @@ func (s *Service) asked(r Run, timeout time.Duration, a egresspolicy.Ask, answer
 			log.Error("cannot record an approval the conversation's allow decided", "err", err)
 		}
 		log.Info("approval allowed for this conversation earlier", "by", g.By, "granted_at", g.At)
+		s.countApproval(ap.Agent, "remembered")
 		if err := answer(egresspolicy.Answer{ID: a.ID, Allow: true, Standing: true, By: ap.By}); err != nil {
 			log.Warn("cannot hand the conversation's allow to the run's egress proxy", "err", err)
 		}
@@ -142,6 +143,7 @@ func (s *Service) asked(r Run, timeout time.Duration, a egresspolicy.Ask, answer
 	s.approvals.live[ap.ID] = liveAsk{askID: a.ID, answer: answer, timer: timer}
 	s.approvals.mu.Unlock()
 	log.Info("approval asked", "deadline", ap.Deadline)
+	s.countApproval(ap.Agent, "asked")
 	s.askInConversation(r, ap)
 }
 
@@ -274,6 +276,7 @@ func (s *Service) decide(id string, d decision, by string) (Approval, error) {
 	if err := live.answer(egresspolicy.Answer{ID: live.askID, Allow: allow, Standing: ap.Standing, By: by}); err != nil {
 		return ap, fmt.Errorf("cannot hand the decision to the run's egress proxy: %w", err)
 	}
+	s.countApproval(ap.Agent, ap.State)
 	s.log.Info("approval decided", "approval_id", id, "run_id", ap.RunID, "agent", ap.Agent, "what", ap.What, "state", ap.State, "standing", ap.Standing, "conversation", ap.Conversation, "by", by)
 	return ap, nil
 }
@@ -292,6 +295,7 @@ func (s *Service) expire(id string) {
 		}
 	}
 	_ = live.answer(egresspolicy.Answer{ID: live.askID, By: "timeout"})
+	s.countApproval(ap.Agent, ApprovalExpired)
 	s.log.Info("approval expired: denied", "approval_id", id, "run_id", ap.RunID, "what", ap.What)
 }
 
@@ -321,6 +325,7 @@ func (s *Service) closeApproval(id, state string) {
 	if state == ApprovalExpired {
 		ap.By = egresspolicy.ByTimeout
 	}
+	s.countApproval(ap.Agent, state)
 	if err := s.putApproval(ap); err != nil {
 		s.log.Error("cannot close an approval", "approval_id", id, "err", err)
 	}
@@ -507,4 +512,12 @@ func mayApprove(cfg *config.Config, agent, approver string, groups []string) boo
 // "usergroup:<id>"), as no user id does.
 func isGroup(id string) bool {
 	return strings.HasPrefix(id, "role:") || strings.HasPrefix(id, "usergroup:")
+}
+
+// countApproval counts one approval's outcome for its agent (the label
+// set is the config's agents and the outcomes above).
+func (s *Service) countApproval(agent, outcome string) {
+	if s.metrics != nil {
+		s.metrics.approvals.WithLabelValues(agent, outcome).Inc()
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/berth-dev/berth/internal/busapi"
 	"github.com/berth-dev/berth/internal/config"
 	"github.com/berth-dev/berth/internal/egresspolicy"
+	"github.com/berth-dev/berth/internal/metrics"
 )
 
 // approversConfig is testConfig with slack:U1 approving alpha's asks.
@@ -204,5 +205,46 @@ func TestAUserGroupNamedAsApproverLetsItsMembersDecide(t *testing.T) {
 	}
 	if ap, err := s.DecideApprovalFor("run1-a1", decision{}, "slack:U2", "slack:usergroup:S0OPS"); err != nil || ap.State != ApprovalDenied || ap.By != "slack:U2" {
 		t.Fatalf("a member of the group: %+v, %v", ap, err)
+	}
+}
+
+// Approvals are counted by agent and outcome, and the pending ones are a
+// gauge: asked, refused clicks (not counted), a decision, a conversation's
+// earlier allow, and an approval whose run ended.
+func TestApprovalsAreCountedByOutcome(t *testing.T) {
+	t.Parallel()
+	s := newTestService(t, approversConfig(), "", newGateBackend("landlock"), nil, withClock(clockwork.NewFakeClock()))
+	proxy := make(proxyAnswers, 8)
+	sample := func(name string, labels ...string) float64 {
+		t.Helper()
+		fams, err := s.Metrics().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := metrics.Sample(fams, name, labels...)
+		return v
+	}
+	askIn(s, "run1", "C1", "T1", proxy, stripe)
+	waitApproval(t, s, "run1-a1")
+	if p := sample("berth_scheduler_approvals_pending"); p != 1 {
+		t.Fatalf("pending = %v with one ask waiting, want 1", p)
+	}
+	_, _ = s.DecideApprovalFor("run1-a1", decision{allow: true}, "slack:U2") // refused: not counted
+	if _, err := s.DecideApprovalFor("run1-a1", decision{allow: true, standing: true, conversation: true}, "slack:U1"); err != nil {
+		t.Fatal(err)
+	}
+	proxy.next(t)
+	askIn(s, "run2", "C1", "T1", proxy, stripe) // answered by the conversation's allow
+	proxy.next(t)
+	askIn(s, "run3", "C9", "", proxy, stripe)
+	waitApproval(t, s, "run3-a1")
+	s.endApprovals("run3")
+	for outcome, want := range map[string]float64{"asked": 2, "allowed": 1, "remembered": 1, "ended": 1, "denied": 0} {
+		if got := sample("berth_scheduler_approvals_total", "agent", "alpha", "outcome", outcome); got != want {
+			t.Errorf("approvals_total{outcome=%q} = %v, want %v", outcome, got, want)
+		}
+	}
+	if p := sample("berth_scheduler_approvals_pending"); p != 0 {
+		t.Errorf("pending = %v after all were answered, want 0", p)
 	}
 }

@@ -60,6 +60,8 @@ type schedulerMetrics struct {
 
 	calls, callErrors, tokens, cost, budgetRefusals *prometheus.CounterVec
 	callLatency                                     *prometheus.HistogramVec
+	// approvals counts asks by agent and outcome (approvals.go).
+	approvals *prometheus.CounterVec
 
 	allowedHosts, refusedHosts, models *metrics.LabelCap
 }
@@ -118,21 +120,26 @@ func newSchedulerMetrics(s *Service) *schedulerMetrics {
 			Help:    "Time one provider call took at the egress proxy, its answer relayed whole, by agent, provider and model.",
 			Buckets: callBuckets,
 		}, []string{"agent", "provider", "model"}),
+		approvals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metrics.Namespace, Subsystem: "scheduler", Name: "approvals_total",
+			Help: "Approvals by agent and outcome: asked (a person was asked), remembered (a conversation's earlier allow answered), allowed, denied, expired (approval_timeout passed), ended (the run ended first).",
+		}, []string{"agent", "outcome"}),
 		allowedHosts: metrics.NewLabelCap(maxAllowedHostLabels),
 		refusedHosts: metrics.NewLabelCap(maxRefusedHostLabels),
 		models:       metrics.NewLabelCap(maxModelLabels),
 	}
 	m.reg.MustRegister(m.runs, m.failures, m.duration, m.stage, m.egress, m.bytes,
-		m.calls, m.callErrors, m.tokens, m.cost, m.budgetRefusals, m.callLatency,
+		m.calls, m.callErrors, m.tokens, m.cost, m.budgetRefusals, m.callLatency, m.approvals,
 		schedulerState{s: s,
-			running:     prometheus.NewDesc("berth_scheduler_runs_running", "Runs running now.", nil, nil),
-			queued:      prometheus.NewDesc("berth_scheduler_queue_depth", "Runs queued.", nil, nil),
-			quarantined: prometheus.NewDesc("berth_scheduler_runs_quarantined", "Undecodable runs set aside (berthctl status).", nil, nil),
-			sandboxes:   prometheus.NewDesc("berth_scheduler_sandboxes_alive", "Conversation sandboxes alive, by agent.", []string{"agent"}, nil),
-			poolWaiting: prometheus.NewDesc("berth_scheduler_warm_pool_waiting", "Warm sandboxes waiting for a run, by agent and backend.", []string{"agent", "backend"}, nil),
-			poolSize:    prometheus.NewDesc("berth_scheduler_warm_pool_size", "Warm sandboxes the pool keeps (the agent's warm setting), by agent and backend.", []string{"agent", "backend"}, nil),
-			poolHits:    prometheus.NewDesc("berth_scheduler_warm_pool_hits_total", "Runs that took a waiting warm sandbox, by agent and backend.", []string{"agent", "backend"}, nil),
-			poolMisses:  prometheus.NewDesc("berth_scheduler_warm_pool_misses_total", "Runs that asked the warm pool and found no sandbox waiting, so started their own, by agent and backend.", []string{"agent", "backend"}, nil),
+			running:          prometheus.NewDesc("berth_scheduler_runs_running", "Runs running now.", nil, nil),
+			queued:           prometheus.NewDesc("berth_scheduler_queue_depth", "Runs queued.", nil, nil),
+			quarantined:      prometheus.NewDesc("berth_scheduler_runs_quarantined", "Undecodable runs set aside (berthctl status).", nil, nil),
+			sandboxes:        prometheus.NewDesc("berth_scheduler_sandboxes_alive", "Conversation sandboxes alive, by agent.", []string{"agent"}, nil),
+			poolWaiting:      prometheus.NewDesc("berth_scheduler_warm_pool_waiting", "Warm sandboxes waiting for a run, by agent and backend.", []string{"agent", "backend"}, nil),
+			poolSize:         prometheus.NewDesc("berth_scheduler_warm_pool_size", "Warm sandboxes the pool keeps (the agent's warm setting), by agent and backend.", []string{"agent", "backend"}, nil),
+			poolHits:         prometheus.NewDesc("berth_scheduler_warm_pool_hits_total", "Runs that took a waiting warm sandbox, by agent and backend.", []string{"agent", "backend"}, nil),
+			poolMisses:       prometheus.NewDesc("berth_scheduler_warm_pool_misses_total", "Runs that asked the warm pool and found no sandbox waiting, so started their own, by agent and backend.", []string{"agent", "backend"}, nil),
+			approvalsPending: prometheus.NewDesc("berth_scheduler_approvals_pending", "Requests and tool calls waiting for a person's decision now.", nil, nil),
 		},
 		metrics.NewBolt(DBName, s.store.db, s.store.w))
 	return m
@@ -319,6 +326,7 @@ type schedulerState struct {
 	running, queued, quarantined, sandboxes *prometheus.Desc
 
 	poolWaiting, poolSize, poolHits, poolMisses *prometheus.Desc
+	approvalsPending                            *prometheus.Desc
 }
 
 func (c schedulerState) Describe(ch chan<- *prometheus.Desc) {
@@ -330,6 +338,7 @@ func (c schedulerState) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.poolSize
 	ch <- c.poolHits
 	ch <- c.poolMisses
+	ch <- c.approvalsPending
 }
 
 func (c schedulerState) Collect(ch chan<- prometheus.Metric) {
@@ -338,6 +347,10 @@ func (c schedulerState) Collect(ch chan<- prometheus.Metric) {
 	running := len(s.active)
 	s.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(c.running, prometheus.GaugeValue, float64(running))
+	s.approvals.mu.Lock()
+	pending := len(s.approvals.live)
+	s.approvals.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(c.approvalsPending, prometheus.GaugeValue, float64(pending))
 	var queued, quarantined int
 	if err := s.store.db.View(func(tx *bolt.Tx) error {
 		queued = queueBucket(tx).Stats().KeyN
