@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,20 +32,13 @@ func TestApprovalsAnApproverDecidesInTheChat(t *testing.T) {
 }
 
 func approversOn(t *testing.T, extra string) {
-	var hits atomic.Int32
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		fmt.Fprint(w, "the-upstream-answered")
-	}))
-	t.Cleanup(upstream.Close)
-	host := strings.TrimPrefix(upstream.URL, "http://")
+	host, hits := askedUpstream(t)
 	testenv.NeedRoot(t)
 	if buildErr != nil {
 		t.Fatalf("cannot build berth: %v", buildErr)
 	}
 	sink := newReplySink(t)
-	cfg := strings.Replace(suiteConfig([]agentSpec{{id: "asker", extra: fmt.Sprintf("[agents.egress]\nask = [%q]\n%s", "GET "+host, extra)}}, sink.srv.URL+"/replies"),
-		"[scheduler]\n", "[scheduler]\negress_user = \"daemon\"\n", 1)
+	cfg := askerConfig(sink, fmt.Sprintf("[agents.egress]\nask = [%q]\n%s", "GET "+host, extra))
 	cfg += "\n[[approvers]]\nagent = \"asker\"\nusers = [\"webhook:alice\"]\n"
 	s := launch(t, sink, cfg, nil, secret)
 	say := func(author, thread, text string) string {

@@ -2,11 +2,8 @@ package e2e
 
 import (
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,13 +26,7 @@ func TestPlatformDiscordApprovalButtonsOnlyTheApproverDecides(t *testing.T) {
 	if buildErr != nil {
 		t.Fatalf("cannot build berth: %v", buildErr)
 	}
-	var hits atomic.Int32
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		fmt.Fprint(w, "the-upstream-answered")
-	}))
-	t.Cleanup(upstream.Close)
-	host := strings.TrimPrefix(upstream.URL, "http://")
+	host, hits := askedUpstream(t)
 	fake := discordtest.New(t)
 	const guild, channel = "300000000000000101", "300000000000000102"
 	approver := discordtest.User{ID: "400000000000000777", Username: "approver"}

@@ -2,11 +2,8 @@ package e2e
 
 import (
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -29,13 +26,7 @@ func TestPlatformSlackApprovalButtonsOnlyTheApproverDecides(t *testing.T) {
 	if buildErr != nil {
 		t.Fatalf("cannot build berth: %v", buildErr)
 	}
-	var hits atomic.Int32
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		fmt.Fprint(w, "the-upstream-answered")
-	}))
-	t.Cleanup(upstream.Close)
-	host := strings.TrimPrefix(upstream.URL, "http://")
+	host, hits := askedUpstream(t)
 
 	fake := slacktest.New(t, slacktest.Options{AppToken: "xapp-1-e2e-approve-app", BotToken: "xoxb-e2e-approve-bot"})
 	o := fake.Options()

@@ -97,20 +97,13 @@ func TestApprovalsAnAskedRequestWaitsForTheAdminsDecision(t *testing.T) {
 }
 
 func approvalsOn(t *testing.T, extra string) {
-	var hits atomic.Int32
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		fmt.Fprint(w, "the-upstream-answered")
-	}))
-	t.Cleanup(upstream.Close)
-	host := strings.TrimPrefix(upstream.URL, "http://")
+	host, hits := askedUpstream(t)
 	testenv.NeedRoot(t)
 	if buildErr != nil {
 		t.Fatalf("cannot build berth: %v", buildErr)
 	}
 	sink := newReplySink(t)
-	cfg := strings.Replace(suiteConfig([]agentSpec{{id: "asker", extra: fmt.Sprintf("[agents.egress]\nask = [%q]\n%s", "GET "+host, extra)}}, sink.srv.URL+"/replies"),
-		"[scheduler]\n", "[scheduler]\negress_user = \"daemon\"\n", 1)
+	cfg := askerConfig(sink, fmt.Sprintf("[agents.egress]\nask = [%q]\n%s", "GET "+host, extra))
 	s := launch(t, sink, cfg, nil, secret)
 	// Each message its own URL: the same signed body in the same second is
 	// the same message.
@@ -174,14 +167,9 @@ func TestApprovalsASchedulerKilledWhileWaitingAsksAgainAndLosesNothing(t *testin
 	if buildErr != nil {
 		t.Fatalf("cannot build berth: %v", buildErr)
 	}
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprint(w, "the-upstream-answered")
-	}))
-	t.Cleanup(upstream.Close)
-	host := strings.TrimPrefix(upstream.URL, "http://")
+	host, _ := askedUpstream(t)
 	sink := newReplySink(t)
-	cfg := strings.Replace(suiteConfig([]agentSpec{{id: "asker", extra: fmt.Sprintf("[agents.egress]\nask = [%q]\n", "GET "+host)}}, sink.srv.URL+"/replies"),
-		"[scheduler]\n", "[scheduler]\negress_user = \"daemon\"\n", 1)
+	cfg := askerConfig(sink, fmt.Sprintf("[agents.egress]\nask = [%q]\n", "GET "+host))
 	s := launch(t, sink, cfg, nil, secret)
 	id := s.mustPost(t, "asker", fmt.Sprintf(`/tool web_fetch {"url":"http://%s/after-a-crash"}`, host))
 	first := s.pendingApproval(t, host)
@@ -214,4 +202,24 @@ func TestApprovalsASchedulerKilledWhileWaitingAsksAgainAndLosesNothing(t *testin
 	if r := s.getRun(t, first.RunID); r.Attempts != 2 || r.State != busapi.StateSucceeded {
 		t.Fatalf("run %s is %s after %d attempts; want succeeded in the second", r.ID, r.State, r.Attempts)
 	}
+}
+
+// askedUpstream is the host:port an ask rule names in these tests: it
+// answers "the-upstream-answered" and counts the requests that reached it.
+func askedUpstream(t *testing.T) (host string, hits *atomic.Int32) {
+	t.Helper()
+	hits = new(atomic.Int32)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		fmt.Fprint(w, "the-upstream-answered")
+	}))
+	t.Cleanup(upstream.Close)
+	return strings.TrimPrefix(upstream.URL, "http://"), hits
+}
+
+// askerConfig is the suite's config with one agent, "asker", its settings
+// extra, and the runs' egress proxies as user daemon.
+func askerConfig(sink *replySink, extra string) string {
+	return strings.Replace(suiteConfig([]agentSpec{{id: "asker", extra: extra}}, sink.srv.URL+"/replies"),
+		"[scheduler]\n", "[scheduler]\negress_user = \"daemon\"\n", 1)
 }

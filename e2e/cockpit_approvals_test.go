@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,16 +26,9 @@ func approvalSuite(t *testing.T) (s *suite, host string, hits *atomic.Int32) {
 	if buildErr != nil {
 		t.Fatalf("cannot build berth: %v", buildErr)
 	}
-	hits = new(atomic.Int32)
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		hits.Add(1)
-		fmt.Fprint(w, "the-upstream-answered")
-	}))
-	t.Cleanup(upstream.Close)
-	host = strings.TrimPrefix(upstream.URL, "http://")
+	host, hits = askedUpstream(t)
 	sink := newReplySink(t)
-	cfg := strings.Replace(suiteConfig([]agentSpec{{id: "asker", extra: fmt.Sprintf("[agents.egress]\nask = [%q]\n", "GET "+host)}}, sink.srv.URL+"/replies"),
-		"[scheduler]\n", "[scheduler]\negress_user = \"daemon\"\n", 1)
+	cfg := askerConfig(sink, fmt.Sprintf("[agents.egress]\nask = [%q]\n", "GET "+host))
 	s = launch(t, sink, cfg, nil, secret)
 	stopImaged(t, s)
 	return s, host, hits

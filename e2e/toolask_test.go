@@ -40,8 +40,7 @@ func toolAsksOn(t *testing.T, extra string) {
 	}
 	sink := newReplySink(t)
 	tools := fmt.Sprintf("[agents.tools]\nask = [%q, %q]\n", "shell: touch *", "shell: git push *")
-	cfg := strings.Replace(suiteConfig([]agentSpec{{id: "asker", extra: tools + extra}}, sink.srv.URL+"/replies"),
-		"[scheduler]\n", "[scheduler]\negress_user = \"daemon\"\n", 1)
+	cfg := askerConfig(sink, tools+extra)
 	s := launch(t, sink, cfg, nil, secret)
 	exists := func(name string) bool {
 		_, err := os.Stat(s.workspace("asker", name))
