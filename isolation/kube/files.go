@@ -17,8 +17,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/util/httpstream"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
 
 	"github.com/berth-dev/berth/internal/agentproto"
@@ -113,20 +111,8 @@ func (b *Backend) execFiles(ctx context.Context, ns, name, container string, arg
 	if container == "" {
 		container = filesContainer
 	}
-	req := b.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: container, Command: append([]string{agentBinary}, args...),
-			Stdin: stdin != nil, Stdout: stdout != nil, Stderr: true}, scheme.ParameterCodec)
-	ws, err := remotecommand.NewWebSocketExecutor(b.rest, "GET", req.URL().String())
-	if err != nil {
-		return err
-	}
-	spdy, err := remotecommand.NewSPDYExecutor(b.rest, "POST", req.URL())
-	if err != nil {
-		return err
-	}
-	exec, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
-		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
-	})
+	exec, err := b.streamer(ns, name, "exec", &corev1.PodExecOptions{Container: container, Command: append([]string{agentBinary}, args...),
+		Stdin: stdin != nil, Stdout: stdout != nil, Stderr: true})
 	if err != nil {
 		return err
 	}

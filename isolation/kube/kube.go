@@ -49,6 +49,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
@@ -708,15 +709,26 @@ func (s *session) attach(input []byte, stdout, stderr io.Writer) {
 // executor is a pods/attach stream of the pod's agent container:
 // WebSocket, falling back to SPDY for an API server without it.
 func (b *Backend) executor(ns, name string) (remotecommand.Executor, error) {
-	req := b.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource("attach").
-		VersionedParams(&corev1.PodAttachOptions{Container: agentContainer, Stdin: true, Stdout: true, Stderr: true}, scheme.ParameterCodec)
-	ws, err := remotecommand.NewWebSocketExecutor(b.rest, "GET", req.URL().String())
+	exec, err := b.streamer(ns, name, "attach", &corev1.PodAttachOptions{Container: agentContainer, Stdin: true, Stdout: true, Stderr: true})
 	if err != nil {
 		return nil, fmt.Errorf("cannot attach to pod %s/%s: %w", ns, name, err)
 	}
+	return exec, nil
+}
+
+// streamer is the executor of a pod's attach or exec subresource with
+// opts: WebSocket, falling back to SPDY where the API server or a proxy
+// cannot upgrade.
+func (b *Backend) streamer(ns, name, subresource string, opts runtime.Object) (remotecommand.Executor, error) {
+	req := b.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource(subresource).
+		VersionedParams(opts, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(b.rest, "GET", req.URL().String())
+	if err != nil {
+		return nil, err
+	}
 	spdy, err := remotecommand.NewSPDYExecutor(b.rest, "POST", req.URL())
 	if err != nil {
-		return nil, fmt.Errorf("cannot attach to pod %s/%s: %w", ns, name, err)
+		return nil, err
 	}
 	return remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
 		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)

@@ -12,8 +12,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/httpstream"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
 )
 
@@ -56,19 +54,7 @@ func (b *Backend) podMemory(ctx context.Context, ns, name string) (int64, error)
 
 // cgroupMemory reads the container's cgroup over pods/exec.
 func (b *Backend) cgroupMemory(ctx context.Context, ns, name string) (int64, error) {
-	req := b.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: agentContainer, Command: append([]string{"cat"}, cgroupMemoryFiles...), Stdout: true, Stderr: true}, scheme.ParameterCodec)
-	ws, err := remotecommand.NewWebSocketExecutor(b.rest, "GET", req.URL().String())
-	if err != nil {
-		return 0, fmt.Errorf("cannot exec in it: %w", err)
-	}
-	spdy, err := remotecommand.NewSPDYExecutor(b.rest, "POST", req.URL())
-	if err != nil {
-		return 0, fmt.Errorf("cannot exec in it: %w", err)
-	}
-	exec, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
-		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
-	})
+	exec, err := b.streamer(ns, name, "exec", &corev1.PodExecOptions{Container: agentContainer, Command: append([]string{"cat"}, cgroupMemoryFiles...), Stdout: true, Stderr: true})
 	if err != nil {
 		return 0, fmt.Errorf("cannot exec in it: %w", err)
 	}
