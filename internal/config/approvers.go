@@ -28,13 +28,38 @@ type Approvers map[string][]string
 // connector types.
 var approverPlatforms = []string{ConnectorSlack, ConnectorDiscord, ConnectorMeepaChat, ConnectorWebhook}
 
-// MayApprove reports whether user (platform-prefixed) may decide the
-// approvals of agent.
-func (c *Config) MayApprove(agent, user string) bool {
-	if user == "" || strings.HasSuffix(user, ":") {
+// MayApprove reports whether user (platform-prefixed, "slack:U012345"),
+// or one of groups the platform puts them in ("discord:role:<id>",
+// "slack:usergroup:<id>"), may decide the approvals of agent. A group
+// counts only for a named user of the same platform, and a user id shaped
+// as a group's counts for nothing, so one never passes for the other.
+func (c *Config) MayApprove(agent, user string, groups ...string) bool {
+	platform, id, _ := strings.Cut(user, ":")
+	if id == "" || isGroup(id) {
 		return false
 	}
-	return slices.Contains(c.Approvers[agent], user) || slices.Contains(c.Approvers["*"], user)
+	if c.named(agent, user) {
+		return true
+	}
+	for _, g := range groups {
+		p, gid, _ := strings.Cut(g, ":")
+		if p == platform && isGroup(gid) && c.named(agent, g) {
+			return true
+		}
+	}
+	return false
+}
+
+// named reports whether [[approvers]] name who (a user or a group) for
+// agent, or for every agent.
+func (c *Config) named(agent, who string) bool {
+	return slices.Contains(c.Approvers[agent], who) || slices.Contains(c.Approvers["*"], who)
+}
+
+// isGroup reports whether a platform id names a group ("role:<id>",
+// "usergroup:<id>"), as no user id does.
+func isGroup(id string) bool {
+	return strings.HasPrefix(id, "role:") || strings.HasPrefix(id, "usergroup:")
 }
 
 // HasApprovers reports whether anyone may decide agent's approvals in the

@@ -60,6 +60,28 @@ users = ["webhook:ops-bot"]
 	if !c.HasApprovers("other") || !c.HasApprovers("asker") {
 		t.Error("HasApprovers is false for an agent with approvers")
 	}
+	groups := load(t, approversBase+`
+[[approvers]]
+agent = "asker"
+users = ["discord:role:700", "slack:usergroup:S0OPS"]
+`)
+	for _, tc := range []struct {
+		user   string
+		groups []string
+		want   bool
+	}{
+		{"discord:900", []string{"discord:role:700"}, true},
+		{"slack:U9", []string{"slack:usergroup:S0DEV", "slack:usergroup:S0OPS"}, true},
+		{"discord:900", []string{"discord:role:701"}, false},      // another role
+		{"discord:900", []string{"slack:usergroup:S0OPS"}, false}, // another platform's group
+		{"discord:role:700", nil, false},                          // a user id shaped as the group
+		{"", []string{"discord:role:700"}, false},                 // nobody named
+		{"discord:900", []string{"discord:700"}, false},           // a group without its kind
+	} {
+		if got := groups.MayApprove("asker", tc.user, tc.groups...); got != tc.want {
+			t.Errorf("MayApprove(asker, %q, %v) = %v, want %v", tc.user, tc.groups, got, tc.want)
+		}
+	}
 	if none := load(t, approversBase); none.HasApprovers("asker") || none.MayApprove("asker", "slack:U012345") {
 		t.Error("without [[approvers]] someone may decide in the chat")
 	}

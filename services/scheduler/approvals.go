@@ -229,7 +229,7 @@ func (s *Service) DecideApprovalFor(id string, d decision, approver string, grou
 	if !ok {
 		return Approval{}, fmt.Errorf("%w: no approval %q", ErrNotFound, id)
 	}
-	if cfg := s.cfg.Load(); cfg == nil || !mayApprove(cfg, ap.Agent, approver, groups) {
+	if cfg := s.cfg.Load(); cfg == nil || !cfg.MayApprove(ap.Agent, approver, groups...) {
 		s.log.Warn("approval decision refused: not an approver", "approval_id", id, "agent", ap.Agent, "user", approver)
 		return ap, fmt.Errorf("%w: %s is not one of agent %s's approvers ([[approvers]]); approval %s is unchanged", ErrNotApprover, cmp.Or(approver, "an unknown user"), ap.Agent, id)
 	}
@@ -484,34 +484,6 @@ func (s *Service) putGrant(ap Approval) error {
 		}
 		return b.Put(grantKey(ap.Agent, ap.Connector, ap.Channel, ap.Thread, ap.Rule), v)
 	})
-}
-
-// mayApprove reports whether approver, or one of their groups, is one of
-// agent's [[approvers]]. A group counts only for a person the platform
-// named (approver set), and only as a group of that platform
-// ("discord:role:<id>", "slack:usergroup:<id>"), so that a group id never
-// passes for a user id.
-func mayApprove(cfg *config.Config, agent, approver string, groups []string) bool {
-	platform, id, _ := strings.Cut(approver, ":")
-	if id == "" || isGroup(id) {
-		return false // nobody, or a user id shaped as a group's
-	}
-	if cfg.MayApprove(agent, approver) {
-		return true
-	}
-	for _, g := range groups {
-		p, gid, _ := strings.Cut(g, ":")
-		if p == platform && isGroup(gid) && cfg.MayApprove(agent, g) {
-			return true
-		}
-	}
-	return false
-}
-
-// isGroup reports whether a platform id names a group ("role:<id>",
-// "usergroup:<id>"), as no user id does.
-func isGroup(id string) bool {
-	return strings.HasPrefix(id, "role:") || strings.HasPrefix(id, "usergroup:")
 }
 
 // countApproval counts one approval's outcome for its agent (the label
