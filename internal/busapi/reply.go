@@ -56,9 +56,9 @@ func (r Reply) Wire() map[string]string {
 // is asked, and the decisions a person in the chat may make (Decision…;
 // none when the agent has no [[approvers]]: admins decide).
 type Question struct {
-	ID      string
-	What    string
-	Choices []string
+	ID      string   `json:"id"`
+	What    string   `json:"what"`
+	Choices []string `json:"choices"`
 }
 
 // ReplyFromWire reads a Deliver argument.

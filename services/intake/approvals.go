@@ -36,24 +36,17 @@ func (b BusSubmitter) DecideApprovalFor(ctx context.Context, id, decision, appro
 	return ap, nil
 }
 
-// decisionEntry is a stored message's decision.
-type decisionEntry struct {
-	ApprovalID string `json:"approval_id"`
-	Decision   string `json:"decision"`
-}
-
 // decisionOf is m's decision: the platform's (a click), else its text's
 // keyword; nil for an ordinary message.
-func decisionOf(m connector.Message) *decisionEntry {
-	d := m.Decision
-	if d == nil {
-		parsed, ok := connector.ParseDecision(m.Text)
-		if !ok {
-			return nil
-		}
-		d = &parsed
+func decisionOf(m connector.Message) *connector.Decision {
+	if m.Decision != nil {
+		d := *m.Decision
+		return &d
 	}
-	return &decisionEntry{ApprovalID: d.ApprovalID, Decision: d.Decision}
+	if d, ok := connector.ParseDecision(m.Text); ok {
+		return &d
+	}
+	return nil
 }
 
 // approverOf is who made m's decision as [[approvers]] name people: the
@@ -165,21 +158,4 @@ func (s *Service) answerDecision(m inboxEntry, lane *forwardLane, attempts int, 
 	s.refreshCounters()
 	s.pokeDeliver(m.Connector)
 	return true
-}
-
-// connectorQuestion is a stored reply's question for its connector.
-func connectorQuestion(q *busapi.Question) *connector.Question {
-	if q == nil {
-		return nil
-	}
-	return &connector.Question{ID: q.ID, What: q.What, Choices: q.Choices}
-}
-
-// postApproval is a stored reply's question as a webhook's reply post
-// carries it.
-func postApproval(q *busapi.Question) *replyPostApproval {
-	if q == nil {
-		return nil
-	}
-	return &replyPostApproval{ID: q.ID, What: q.What, Choices: q.Choices}
 }

@@ -42,14 +42,7 @@ type replyPost struct {
 	// Approval is the question of an approval's ask (absent otherwise):
 	// the receiver answers with a message "approve ID", "approve ID for
 	// conversation" or "deny ID" from an author [[approvers]] names.
-	Approval *replyPostApproval `json:"approval,omitempty"`
-}
-
-// replyPostApproval is a reply post's question.
-type replyPostApproval struct {
-	ID      string   `json:"id"`
-	What    string   `json:"what"`
-	Choices []string `json:"choices"`
+	Approval *busapi.Question `json:"approval,omitempty"`
 }
 
 // replyPostFile is one file of a reply post.
@@ -329,7 +322,7 @@ func connectorReply(r outboxEntry) connector.Reply {
 		// An earlier attempt that failed, or that began and was never marked
 		// delivered (a crash), may have posted it.
 		Retry:    r.Attempts > 0 || !r.AttemptedAt.IsZero(),
-		Question: connectorQuestion(r.Question),
+		Question: r.Question,
 	}
 }
 
@@ -356,7 +349,7 @@ func (s *Service) post(ctx context.Context, r outboxEntry) error {
 	body, err := json.Marshal(replyPost{
 		ID: r.MessageID, RunID: r.RunID, Channel: r.Channel, Thread: r.Thread,
 		Agent: r.Agent, State: r.RunState, Text: r.Text, Error: r.Error, Files: files,
-		Approval: postApproval(r.Question),
+		Approval: r.Question,
 	})
 	if err != nil {
 		return fmt.Errorf("cannot encode reply: %w", err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-dev/berth/internal/boltstore"
 	"github.com/berth-dev/berth/internal/busapi"
+	"github.com/berth-dev/berth/services/intake/connector"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -76,7 +77,7 @@ type inboxEntry struct {
 	Refusal string `json:"refusal,omitempty"`
 	// Decision makes the message a person's answer to an approval
 	// (approvals.go): it runs nothing.
-	Decision *decisionEntry `json:"decision,omitempty"`
+	Decision *connector.Decision `json:"decision,omitempty"`
 }
 
 // Key is the message's inbox key and the scheduler's idempotency key.

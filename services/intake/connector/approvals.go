@@ -17,16 +17,10 @@ import (
 // person is one of the agent's [[approvers]]: a platform package never
 // decides anything, it only says who clicked what.
 
-// Question is an approval a reply asks for.
-type Question struct {
-	// ID is the approval's id.
-	ID string
-	// What is what is asked, as a person reads it
-	// ("POST api.stripe.com:443/v1/charges").
-	What string
-	// Choices are the decisions offered, in order.
-	Choices []string
-}
+// Question is an approval a reply asks for: its id, what is asked ("POST
+// api.stripe.com:443/v1/charges", as a person reads it) and the decisions
+// offered, in order. It is the scheduler's, as Deliver carries it.
+type Question = busapi.Question
 
 // Decisions a person can make: the scheduler's (busapi.Decision…).
 const (
@@ -50,8 +44,8 @@ func ChoiceLabel(decision string) string {
 
 // Decision is a person's answer to a Question.
 type Decision struct {
-	ApprovalID string
-	Decision   string // one of the Decide constants
+	ApprovalID string `json:"approval_id"`
+	Decision   string `json:"decision"` // one of the Decide constants
 }
 
 // choicePrefix starts every button value berth makes, so that a click on
