@@ -394,15 +394,23 @@ func (s *Service) putApproval(ap Approval) error {
 		return err
 	}
 	cutoff := s.clock.Now().Add(-approvalRetention)
+	return s.putPruned(bucketApprovals, []byte(ap.ID), v, func(v []byte) bool {
+		var o Approval
+		return json.Unmarshal(v, &o) == nil && o.State != ApprovalPending && o.DecidedAt.Before(cutoff)
+	})
+}
+
+// putPruned puts key in bucket (fsynced), deleting in the same commit the
+// entries stale says are past their retention.
+func (s *Service) putPruned(bucket, key, value []byte, stale func(v []byte) bool) error {
 	return s.store.update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists(bucketApprovals)
+		b, err := tx.CreateBucketIfNotExists(bucket)
 		if err != nil {
 			return err
 		}
 		var old [][]byte
 		_ = b.ForEach(func(k, v []byte) error {
-			var o Approval
-			if json.Unmarshal(v, &o) == nil && o.State != ApprovalPending && o.DecidedAt.Before(cutoff) {
+			if stale(v) {
 				old = append(old, slices.Clone(k))
 			}
 			return nil
@@ -412,7 +420,7 @@ func (s *Service) putApproval(ap Approval) error {
 				return err
 			}
 		}
-		return b.Put([]byte(ap.ID), v)
+		return b.Put(key, value)
 	})
 }
 
@@ -464,25 +472,9 @@ func (s *Service) putGrant(ap Approval) error {
 		return err
 	}
 	cutoff := s.clock.Now().Add(-approvalRetention)
-	return s.store.update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucketIfNotExists(bucketGrants)
-		if err != nil {
-			return err
-		}
-		var old [][]byte
-		_ = b.ForEach(func(k, v []byte) error {
-			var g grant
-			if json.Unmarshal(v, &g) != nil || g.At.Before(cutoff) {
-				old = append(old, slices.Clone(k))
-			}
-			return nil
-		})
-		for _, k := range old {
-			if err := b.Delete(k); err != nil {
-				return err
-			}
-		}
-		return b.Put(grantKey(ap.Agent, ap.Connector, ap.Channel, ap.Thread, ap.Rule), v)
+	return s.putPruned(bucketGrants, grantKey(ap.Agent, ap.Connector, ap.Channel, ap.Thread, ap.Rule), v, func(v []byte) bool {
+		var g grant
+		return json.Unmarshal(v, &g) != nil || g.At.Before(cutoff)
 	})
 }
 
