@@ -22,14 +22,17 @@ func (s *Server) opensForAsks(ctx context.Context, ref *egresspolicy.Refusal, ho
 		s.judgeFor(ctx).AsksInside(host, port)
 }
 
-// insideDestination judges one request of a tunnel opened for its asks
-// whose CONNECT the rules refused (ref): an inside ask rule that matches
-// its method holds it for a person; no rule, a refusal. d's reason names
-// who decided.
-func (s *Server) insideDestination(ctx context.Context, ref *egresspolicy.Refusal, d *egresspolicy.Decision, dest egresspolicy.Destination) (egresspolicy.Destination, *egresspolicy.Refusal) {
-	if open, _ := ctx.Value(askInsideKey{}).(bool); !open || ref == nil || ref.Ask != nil {
-		return dest, ref
-	}
+// openedForAsks reports whether ctx is a tunnel's opened for its asks.
+func openedForAsks(ctx context.Context) bool {
+	open, _ := ctx.Value(askInsideKey{}).(bool)
+	return open
+}
+
+// insideDestination judges one request of a tunnel opened for its asks,
+// whose CONNECT the rules refused: an inside ask rule that matches its
+// method holds it for a person; no rule, a refusal. d's reason names who
+// decided.
+func (s *Server) insideDestination(ctx context.Context, d *egresspolicy.Decision) (egresspolicy.Destination, *egresspolicy.Refusal) {
 	j := s.judgeFor(ctx)
 	rule, refusal := j.InsideAsk(d.Method, d.Host, d.Port)
 	if refusal != nil {

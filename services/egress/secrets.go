@@ -300,8 +300,10 @@ func (s *Server) interceptOne(conn net.Conn, transport *http.Transport, req *htt
 		return refuse(ref.Code, ref.Reason)
 	}
 	dest, ref := s.destination(ctx, http.MethodConnect, host, port)
-	// A tunnel opened for its asks: the request's own method is judged.
-	dest, ref = s.insideDestination(ctx, ref, &rd, dest)
+	if ref != nil && ref.Ask == nil && openedForAsks(ctx) {
+		// The request's own method is judged (askinside.go).
+		dest, ref = s.insideDestination(ctx, &rd)
+	}
 	if ref != nil {
 		return refuse(ref.Code, ref.Reason)
 	}
